@@ -1,0 +1,1 @@
+"""Harness: case grammar, checking, tolerances, timing, ceilings, tables, runs and the CLI."""

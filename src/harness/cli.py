@@ -1,0 +1,90 @@
+"""The ``hotpaths`` command-line tool: ``reproduce``, ``env``, and one subcommand per op.
+
+Op subcommands live in ``hotpaths.harness.cmd_<name>`` modules with a ``register(subparsers)`` function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+OP_COMMANDS = ("cmd_decode", "cmd_router")
+
+
+def _cmd_env(args) -> int:
+    from hotpaths.harness import bench, ceilings, env
+
+    info = env.device_info()
+    if env.has_cuda() and not args.no_measure:
+        info["ceilings"] = ceilings.measure()
+        floors = {f"floor_{n}_kernels_us": bench.timing_floor(n).median_us for n in (1, 3)}
+        info["timing_floor"] = floors
+    else:
+        info["ceilings"] = "not measured (no CUDA device)" if not env.has_cuda() else "skipped (--no-measure)"
+    if args.json:
+        print(json.dumps(info, default=str))
+    else:
+        width = max(map(len, info))
+        for k, v in info.items():
+            print(f"{k:<{width}}  {v}")
+    return 0
+
+
+def _cmd_reproduce(args) -> int:
+    from hotpaths.harness.reproduce import reproduce
+
+    return reproduce(profile=args.profile, only=args.only, device=args.device, dry_run=args.dry_run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hotpaths", description=(
+        "Reference and SM90 kernels for MoE serving hot paths: re-run the notebooks, inspect the device, run one "
+        "op. Case strings follow the articles: AxB = A requests of KV length B, joined with '+', K = 1024 "
+        "(e.g. 1x128K+31x4K)."))
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    r = sub.add_parser("reproduce", help="re-execute the notebooks with papermill and regenerate the tables",
+                       description="Runs every notebook (or --only) through papermill with the profile's parameter "
+                       "file papermill_runs/params/<nb>.<profile>.yaml; executed copies go to "
+                       "papermill_runs/<device-tag>/ with manifest.json, tables to data/results/<device-tag>/. "
+                       "A failing notebook fails the command and leaves the previous tables untouched.")
+    r.add_argument("--profile", choices=("quick", "full"), default="quick", help="parameter profile (default quick)")
+    r.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 00,04")
+    r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: the GPU if there is one; cpu: hide GPUs from the notebooks")
+    r.add_argument("--dry-run", action="store_true", help="list what would run and exit")
+    r.set_defaults(func=_cmd_reproduce)
+
+    e = sub.add_parser("env", help="device, versions and measured ceilings",
+                       description="Prints the device, library versions and, on a GPU, the measured copy bandwidth, "
+                       "BF16/FP8 matmul rates and the timing floor.")
+    e.add_argument("--json", action="store_true", help="one JSON object")
+    e.add_argument("--no-measure", action="store_true", help="skip the ceiling measurements")
+    e.set_defaults(func=_cmd_env)
+
+    for name in OP_COMMANDS:
+        try:
+            mod = importlib.import_module(f"hotpaths.harness.{name}")
+        except ModuleNotFoundError as exc:  # an op not built yet in this checkout
+            if exc.name != f"hotpaths.harness.{name}":
+                raise
+            continue
+        mod.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, TypeError) as exc:  # bad input that passed argparse: a clear message, exit 2
+        print(f"hotpaths {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Build path for the CUDA kernels: one C-ABI shared library per op, compiled with nvcc, loaded with ctypes.
+
+Why this mechanism: a plain ``extern "C"`` shared object has no dependency on the PyTorch C++ ABI, so a library
+compiled on the CPU machines (torch 2.13) runs unchanged beside the H200 image's torch 2.11; the wrappers pass raw
+device pointers and the current torch stream, so launches are stream-ordered and CUDA-graph capturable. The CUDA
+runtime is linked statically (``-cudart static``); streams and graphs are driver objects, shared with torch.
+
+Sources: every ``src/kernels/<op>/*.cu`` (headers ``*.cuh`` count in the cache key). Output:
+``build/<op>/<hash>/lib<op>.so`` plus ``ptxas.txt`` (registers / spills report), under the repository root or
+``$HOTPATHS_BUILD_DIR``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+KERNELS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = KERNELS_DIR.parent.parent
+ARCH_FLAGS = ["-gencode", "arch=compute_90a,code=sm_90a"]
+NVCC_FLAGS = ["-O3", "-std=c++17", *ARCH_FLAGS, "-Xptxas", "-v", "-lineinfo", "--expt-relaxed-constexpr",
+              "-Xcompiler", "-fPIC"]
+SPILLS_OK = "// spills-ok:"
+
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
+class KernelBuildError(RuntimeError):
+    """nvcc failed, or is missing; the message carries the compiler output."""
+
+
+def build_dir() -> Path:
+    return Path(os.environ.get("HOTPATHS_BUILD_DIR", REPO_ROOT / "build"))
+
+
+def nvcc_path() -> str:
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if nvcc is None:
+        raise KernelBuildError("nvcc not found on PATH (CUDA 12.4+ needed to build for sm_90a)")
+    return nvcc
+
+
+def sources(op: str) -> list[Path]:
+    """The .cu files of one op, sorted. Raises ValueError for an unknown op."""
+    d = KERNELS_DIR / op
+    cu = sorted(d.glob("*.cu"))
+    if not cu:
+        raise ValueError(f"op={op!r}: no .cu sources under {d}")
+    return cu
+
+
+def _key(op: str) -> str:
+    h = hashlib.sha256()
+    for p in sorted((KERNELS_DIR / op).glob("*.cu*")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    h.update(" ".join(NVCC_FLAGS).encode())
+    return h.hexdigest()[:16]
+
+
+def library_path(op: str) -> Path:
+    return build_dir() / op / _key(op) / f"lib{op}.so"
+
+
+def compile_op(op: str, *, force: bool = False) -> Path:
+    """Compile one op's sources to a shared library (cached by source hash). Returns the .so path."""
+    out = library_path(op)
+    if out.exists() and not force:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}.so")
+    cmd = [nvcc_path(), *NVCC_FLAGS, "--shared", "-cudart", "static", "-I", str(KERNELS_DIR / op),
+           "-I", str(KERNELS_DIR), "-o", str(tmp), *map(str, sources(op))]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    (out.parent / "ptxas.txt").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise KernelBuildError(f"nvcc failed for op={op!r} (exit {proc.returncode}):\n{' '.join(cmd)}\n"
+                               f"{proc.stderr[-6000:]}")
+    os.replace(tmp, out)  # atomic: concurrent builders never load a half-written file
+    return out
+
+
+def load(op: str) -> ctypes.CDLL:
+    """Compile (if needed) and load ``lib<op>.so``; cached per process."""
+    if op not in _loaded:
+        _loaded[op] = ctypes.CDLL(str(compile_op(op)))
+    return _loaded[op]
+
+
+def stream_ptr(device=None) -> ctypes.c_void_p:
+    """The current torch CUDA stream as a ``cudaStream_t`` for the C entry points."""
+    import torch
+
+    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+def check_status(code: int, what: str) -> None:
+    """Raise RuntimeError if a C entry point returned a non-zero cudaError_t."""
+    if code != 0:
+        raise RuntimeError(f"{what}: CUDA error {code} ({_error_name(code)})")
+
+
+def _error_name(code: int) -> str:
+    try:
+        from cuda.bindings import runtime  # type: ignore
+
+        return runtime.cudaGetErrorName(code)[1].decode()
+    except Exception:  # the name is a convenience; the code is what matters
+        return "see cudaError_t"
+
+
+def ptr(t) -> ctypes.c_void_p:
+    """Raw device pointer of a tensor (None -> NULL)."""
+    return ctypes.c_void_p(0 if t is None else t.data_ptr())
+
+
+# ---- compile check used by CI (no GPU needed) -------------------------------------------------------------
+
+_RESOURCE = re.compile(r"Compiling entry function '(\S+)'|Function properties for (\S+)|"
+                       r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads|"
+                       r"Used (\d+) registers")
+
+
+def ptxas_report(text: str) -> list[dict]:
+    """Parse ``-Xptxas -v`` output into rows: kernel, registers, stack, spill_stores, spill_loads."""
+    rows: dict[str, dict] = {}
+    current = None
+    for line in text.splitlines():
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            current = rows.setdefault(m.group(1), {"kernel": m.group(1)})
+            continue
+        m = re.search(r"Compiling entry function '(\S+)'", line)
+        if m:
+            current = rows.setdefault(m.group(1), {"kernel": m.group(1)})
+            continue
+        if current is None:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            current.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            current["registers"] = int(m.group(1))
+    return list(rows.values())
+
+
+def all_ops() -> list[str]:
+    return sorted({p.parent.name for p in KERNELS_DIR.glob("*/*.cu")})
+
+
+def compile_check(op: str) -> list[dict]:
+    """Compile an op for sm_90a (object code only) and return its ptxas rows.
+
+    Raises KernelBuildError if it does not compile, or if a kernel spills and no source of the op carries a
+    ``// spills-ok: <reason>`` line.
+    """
+    so = compile_op(op)
+    report = (so.parent / "ptxas.txt").read_text()
+    rows = ptxas_report(report)
+    spilling = [r for r in rows if r.get("spill_stores", 0) or r.get("spill_loads", 0)]
+    allowed = any(SPILLS_OK in p.read_text() for p in (KERNELS_DIR / op).glob("*.cu*"))
+    if spilling and not allowed:
+        raise KernelBuildError(f"op={op!r}: kernels spill registers and no source says why "
+                               f"('{SPILLS_OK} <reason>'): {spilling}")
+    return rows

@@ -1,0 +1,48 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hotpaths.harness.cli import build_parser, main
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "hotpaths", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_help_everywhere():
+    r = _run("--help")
+    assert r.returncode == 0 and "reproduce" in r.stdout and "env" in r.stdout
+    parser = build_parser()
+    subs = parser._subparsers._group_actions[0].choices
+    for name in subs:
+        r = _run(name, "--help")
+        assert r.returncode == 0 and "usage: hotpaths " + name in r.stdout, name
+
+
+def test_env_json_on_cpu():
+    r = _run("env", "--json", "--no-measure")
+    assert r.returncode == 0
+    info = json.loads(r.stdout)
+    assert {"python", "torch", "device", "git_revision", "ceilings"} <= set(info)
+
+
+def test_reproduce_dry_run_lists_notebooks():
+    r = _run("reproduce", "--dry-run", "--only", "00")
+    assert r.returncode == 0 and "00_conventions_and_ceilings.ipynb" in r.stdout
+
+
+def test_reproduce_unknown_notebook_exit_2(capsys):
+    assert main(["reproduce", "--only", "99", "--dry-run"]) == 2
+    assert "no notebook numbered ['99']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sub", ["decode"])
+def test_malformed_case_exit_2(sub):
+    parser = build_parser()
+    if sub not in parser._subparsers._group_actions[0].choices:
+        pytest.skip(f"subcommand {sub} not present in this checkout")
+    r = _run(sub, "--cases", "3y4K")
+    assert r.returncode == 2
+    assert "'3y4K' is not <count>x<length>[K]" in r.stderr
