@@ -1,0 +1,1 @@
+"""Pure-PyTorch references (exact and same-precision emulations), host plans and simulators, CPU and GPU."""
