@@ -20,17 +20,33 @@ class Tolerance:
 TOLERANCES: dict[tuple[str, str], Tolerance] = {
     # probe: a copy is exact
     ("probe", "exact"): Tolerance(rel_l2=0.0, max_abs=0.0),
-    # split_kv_decode
-    ("split_kv_decode", "bf16_vs_exact"): Tolerance(rel_l2=1e-2, max_abs=5e-2, min_cosine=0.9999),
-    ("split_kv_decode", "fp8_vs_exact"): Tolerance(rel_l2=1e-2, max_abs=5e-2, min_cosine=0.9999),
-    ("split_kv_decode", "bf16_vs_emulation"): Tolerance(rel_l2=8e-3, max_abs=3e-2, min_cosine=0.9999),
-    ("split_kv_decode", "fp8_vs_emulation"): Tolerance(rel_l2=8e-3, max_abs=3e-2, min_cosine=0.9999),
-    # router_gemm: scores vs FP64
-    ("router_gemm", "bf16x2_vs_emulation"): Tolerance(rel_l2=1e-5, max_abs=1e-4),
-    ("router_gemm", "bf16x2_vs_exact"): Tolerance(rel_l2=1e-4, max_abs=5e-3),
-    ("router_gemm", "bf16x3_vs_exact"): Tolerance(rel_l2=1e-5, max_abs=1e-3),
-    ("router_gemm", "tf32_vs_exact"): Tolerance(rel_l2=5e-3, max_abs=2e-1),
-    ("router_gemm", "bf16_vs_exact"): Tolerance(rel_l2=2e-2, max_abs=5e-1),
+    # split_kv_decode. Derived by hotpaths.reference.split_kv_decode.measure_emulation_error(): the emulation vs
+    # the exact fp64 reference over every GQA ratio, head_dim 64/128, pages 16-128, q_len 1-4, fp8 and bf16,
+    # dynamic and static maps. Worst measured: bf16 rel_l2 1.1e-3 / max_abs 3.8e-3; fp8 2.2e-3 / 7.6e-3 (the
+    # final bf16 rounding dominates). *_vs_exact = 2x measured rel_l2, max_abs + one bf16 ulp at |out| < 4.
+    # *_vs_emulation: a different fp32 summation order flips last bf16 bits: one ulp at |out| < 8 (3.2e-2).
+    # *_pfp8_*: a kernel rounding P to e4m3 before P.V measures rel_l2 1.1e-2.
+    ("split_kv_decode", "bf16_vs_exact"): Tolerance(rel_l2=2.5e-3, max_abs=2.5e-2, min_cosine=0.99999),
+    ("split_kv_decode", "fp8_vs_exact"): Tolerance(rel_l2=5e-3, max_abs=2.5e-2, min_cosine=0.99999),
+    ("split_kv_decode", "fp8_pfp8_vs_exact"): Tolerance(rel_l2=2.5e-2, max_abs=5e-2, min_cosine=0.9998),
+    ("split_kv_decode", "bf16_vs_emulation"): Tolerance(rel_l2=4e-3, max_abs=3.2e-2, min_cosine=0.99998),
+    ("split_kv_decode", "fp8_vs_emulation"): Tolerance(rel_l2=4e-3, max_abs=3.2e-2, min_cosine=0.99998),
+    # router_gemm: scores vs FP64, derived by hotpaths.reference.router_gemm.derive_tolerances() at the realistic
+    # weight scale (W ~ N(0, 1/K), logits of std ~1), K=4096, N=192, M in (1, 64, 4096). Measured -> row:
+    # bf16x2 5.2e-6 / 2.4e-5 -> x1.5 (the bound: kernel within 1.5x of the emulation); bf16x3 2.8e-7 /
+    # 1.2e-6 and fp32 5.8e-7 / 1.5e-6 -> ~x3; tf32 2.1e-4 / 1.1e-3 and bf16 1.7e-3 / 8.1e-3 -> ~x2;
+    # *_vs_emulation: fp32 summation order only (3.1e-7 / 1.9e-6 measured) -> ~x6-10, room for split-K partial
+    # sums and tensor-core accumulation order. rel_l2 is scale-free; max_abs scales with the logits (x sqrt(K)
+    # for unit-scale weights).
+    # On the H200 the kernel's tensor-core FP32 accumulation over a whole K=4096 (no split) differs from the
+    # emulation by rel 4.4e-6 / max 2.5e-5 (2.1e-6 with 2 K-splits): the vs_emulation rows allow that, x2.
+    ("router_gemm", "bf16x2_vs_emulation"): Tolerance(rel_l2=1e-5, max_abs=5e-5),
+    ("router_gemm", "bf16x3_vs_emulation"): Tolerance(rel_l2=1e-5, max_abs=5e-5),
+    ("router_gemm", "bf16x2_vs_exact"): Tolerance(rel_l2=8e-6, max_abs=4e-5),
+    ("router_gemm", "bf16x3_vs_exact"): Tolerance(rel_l2=2e-6, max_abs=1.5e-5),
+    ("router_gemm", "fp32_vs_exact"): Tolerance(rel_l2=1.5e-6, max_abs=5e-6),
+    ("router_gemm", "tf32_vs_exact"): Tolerance(rel_l2=4e-4, max_abs=2.5e-3),
+    ("router_gemm", "bf16_vs_exact"): Tolerance(rel_l2=3e-3, max_abs=1.6e-2),
 }
 
 

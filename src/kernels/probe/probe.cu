@@ -40,6 +40,8 @@ __global__ void probe_tail_kernel(uint8_t* __restrict__ dst, const uint8_t* __re
 
 }  // namespace
 
+// Host launcher: NVRTC (hotpaths.harness.nvrtc) compiles device code only, so it is guarded out there.
+#if !defined(__CUDACC_RTC__)
 extern "C" int hp_probe_copy(void* dst, const void* src, int64_t n_bytes, int grid, int use_pdl, void* stream) {
   if (n_bytes < 0 || grid <= 0) return (int)cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) return (int)cudaErrorMisalignedAddress;
@@ -67,3 +69,4 @@ extern "C" int hp_probe_copy(void* dst, const void* src, int64_t n_bytes, int gr
   }
   return (int)cudaGetLastError();
 }
+#endif  // !__CUDACC_RTC__

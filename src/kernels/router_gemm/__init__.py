@@ -1,0 +1,491 @@
+"""Router GEMM with a two-part BF16 weight on SM90: loader, public API, shape-aware dispatch, benchmark rows.
+
+``scores = x @ W.T`` with x BF16 [M, K] and an FP32 router weight W [N, K] held as BF16 parts
+(``W ~ w_high + w_low / 256``, split once by :func:`plan` with ``hotpaths.reference.router_gemm``'s split).
+The kernel (router_gemm.cu) loads each activation fragment once, runs two BF16 tensor-core products into FP32
+accumulators and writes ``acc_hi + acc_lo / 256``. Decode sizes (M <= 64) use a split-K kernel over every SM
+with a deterministic cluster (DSMEM) reduction; prefill sizes a cp.async-pipelined tiled kernel.
+
+``router_gemm(x, weights, impl="dispatch")`` picks between the kernel and FP32 cuBLAS by M using the crossover
+table measured on the device (data/dispatch/router_gemm_<device-tag>.json, written by :func:`measure_crossover`);
+without a table for the shape it runs the kernel.
+
+Concurrency: the kernels need no workspace, so one ``RouterWeights`` can be used from several streams and inside
+CUDA graphs (capture after one eager call, which sets the kernels' shared-memory attribute).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hotpaths.reference import router_gemm as ref
+
+OP = "router_gemm"
+IMPLS = ("dispatch", "bf16x2_kernel", "bf16x3_kernel", "fp32_cublas", "tf32_cublas", "bf16_cublas")
+KERNEL_IMPLS = ("dispatch", "bf16x2_kernel", "bf16x3_kernel")
+# The same-precision emulation each impl stands for (used without a GPU, and as the tight reference).
+EMULATION_OF = {"dispatch": "bf16x2_emulation", "bf16x2_kernel": "bf16x2_emulation",
+                "bf16x3_kernel": "bf16x3_emulation", "fp32_cublas": "fp32_emulation",
+                "tf32_cublas": "tf32_emulation", "bf16_cublas": "bf16_emulation"}
+DTYPE_OF = {"bf16x2_kernel": "x bf16, w fp32 as 2x bf16 (hi + lo/256), out fp32",
+            "bf16x3_kernel": "x bf16, w fp32 as 3x bf16 (exact split), out fp32",
+            "dispatch": "x bf16, w fp32 (bf16x2 kernel or fp32 cuBLAS by M), out fp32",
+            "fp32_cublas": "x bf16->fp32, w fp32, out fp32 (cuBLAS FP32)",
+            "tf32_cublas": "x bf16->fp32, w fp32, out fp32 (cuBLAS TF32)",
+            "bf16_cublas": "x bf16, w bf16 (RNE), out fp32 (cuBLAS BF16)"}
+# Kernel configurations: decode (split-K over a cluster, M <= 64; _n1/_n2 force 1 or 2 n8 tiles per warp), tiled
+# BM x 64 with BK = 32 and 4 stages ("tiled64", "tiled128"), BK = 64 and 4 stages ("tiled64d", "tiled128d"), BK = 64
+# and 6 / 5 stages ("tiled64x", "tiled128x"); "auto" = the built-in heuristic (a tuned table wins).
+VARIANTS = {"auto": 0, "decode": 1, "tiled64": 2, "tiled128": 3, "tiled64d": 4, "tiled128d": 5, "tiled64x": 6,
+            "tiled128x": 7, "decode_n1": 8, "decode_n2": 9}
+_VARIANT_NAMES = {v: k for k, v in VARIANTS.items()}
+_SCALE = 1.0 / 256.0
+DISPATCH_DIR = Path(__file__).resolve().parents[3] / "data" / "dispatch"
+DEFAULT_MS = (1, 2, 4, 8, 16, 48, 96, 208, 512, 1024, 2048, 4096)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# loader
+
+
+@functools.lru_cache(maxsize=None)
+def _lib() -> ctypes.CDLL:
+    from hotpaths.kernels import _build
+
+    lib = _build.load(OP)
+    vp, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    lib.hp_router_gemm.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, f, f, i, i, vp]
+    lib.hp_router_gemm.restype = i
+    lib.hp_router_gemm_config.argtypes = [i, i, i, i, i, ctypes.POINTER(ctypes.c_int)]
+    lib.hp_router_gemm_config.restype = i
+    return lib
+
+
+def kernel_config(m: int, n: int, k: int, *, variant: str = "auto", splits: int = 0) -> dict:
+    """The launch configuration the kernel uses for [M, K] x [N, K]^T: variant (decode / tiled64 / tiled128),
+    K splits (CTAs of one cluster), m16 tiles and n8 tiles per warp (decode). Raises ValueError if unsupported."""
+    buf = (ctypes.c_int * 4)()
+    code = _lib().hp_router_gemm_config(m, n, k, VARIANTS[variant], splits, buf)
+    if code:
+        raise ValueError(f"router GEMM kernel: no configuration for M={m}, N={n}, K={k}, variant={variant!r}, "
+                         f"splits={splits} (N, K multiples of 64; decode needs M <= 64; splits in 0, 1, 2, 4, 8)")
+    return {"variant": _VARIANT_NAMES[buf[0]], "splits": buf[1], "mt": buf[2], "nt": buf[3]}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# plan
+
+
+@dataclass
+class RouterWeights:
+    """The router weight prepared once (at load time) for every impl.
+
+    Fields (all [N, K], contiguous): w_high, w_low bf16: the two-part split (w_low = RNE((w - w_high) * 256));
+    w_mid, w_low2 bf16 (only when three_part, else None): the exact three-part split's middle and low parts
+    (w = w_high + w_mid / 2^8 + w_low2 / 2^16; w_mid is a truncation, so it is NOT the two-part w_low: the BF16x2
+    kernel always uses w_low); w fp32 (the original, for the cuBLAS FP32/TF32 paths); w_bf16 bf16 (RNE cast, for
+    BF16 cuBLAS); n, k.
+    """
+
+    w: torch.Tensor
+    w_high: torch.Tensor
+    w_low: torch.Tensor
+    w_mid: torch.Tensor | None
+    w_low2: torch.Tensor | None
+    w_bf16: torch.Tensor
+    n: int
+    k: int
+    three_part: bool
+
+    @property
+    def device(self) -> torch.device:
+        return self.w.device
+
+
+def plan(w_fp32: torch.Tensor, *, three_part: bool = False) -> RouterWeights:
+    """Split the FP32 router weight into BF16 parts on its device, once; the result is reused by every call
+    (and is safe under CUDA graphs: nothing is allocated per call).
+
+    Shape/Dtype: w_fp32 fp32 [N, K], contiguous, N and K positive multiples of 64 (the kernel's tiles).
+    three_part=True also prepares the exact three-part split (needed by impl="bf16x3_kernel").
+    Raises TypeError (not a tensor / not fp32), ValueError (not 2-D, N or K unsupported, non-contiguous,
+    Inf/NaN in the weight).
+    """
+    if not isinstance(w_fp32, torch.Tensor):
+        raise TypeError(f"w_fp32: expected a torch.Tensor, got {type(w_fp32).__name__}")
+    if w_fp32.dtype != torch.float32:
+        raise TypeError(f"w_fp32: expected dtype torch.float32 (the FP32 router weight), got {w_fp32.dtype}")
+    if w_fp32.dim() != 2:
+        raise ValueError(f"w_fp32: expected a 2-D [N, K] tensor, got shape {tuple(w_fp32.shape)}")
+    if not w_fp32.is_contiguous():
+        raise ValueError("w_fp32: expected a contiguous [N, K] tensor (row-major); call .contiguous() first")
+    n, k = (int(s) for s in w_fp32.shape)
+    ref.validate_kernel_shape(n, k)
+    hi, lo = ref.split_fp32_weight(w_fp32)
+    mid = lo2 = None
+    if three_part:
+        hi3, mid, lo2 = ref.split_fp32_weight_3(w_fp32)
+        if not torch.equal(hi3, hi):  # both splits truncate the high part; the kernel shares it between them
+            raise RuntimeError("plan: the two- and three-part splits disagree on w_high (reference changed?)")
+        mid, lo2 = mid.contiguous(), lo2.contiguous()
+    return RouterWeights(w=w_fp32, w_high=hi.contiguous(), w_low=lo.contiguous(), w_mid=mid, w_low2=lo2,
+                         w_bf16=w_fp32.to(torch.bfloat16).contiguous(), n=n, k=k, three_part=three_part)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# dispatch table
+
+
+def dispatch_path(tag: str | None = None) -> Path:
+    """data/dispatch/router_gemm_<device-tag>.json (directory overridable with env HOTPATHS_DISPATCH_DIR)."""
+    if tag is None:
+        from hotpaths.harness.env import device_tag
+
+        tag = device_tag()
+    d = Path(os.environ.get("HOTPATHS_DISPATCH_DIR", DISPATCH_DIR))
+    return d / f"{OP}_{tag}.json"
+
+
+@functools.lru_cache(maxsize=None)
+def _load_table(path: str) -> dict | None:
+    p = Path(path)
+    if not p.exists():
+        return None
+    return json.loads(p.read_text())
+
+
+def reload_dispatch_table() -> None:
+    """Forget the cached table (after measure_crossover or editing the file)."""
+    _load_table.cache_clear()
+
+
+def _nearest_row(m: int, n: int, k: int, table: dict | None):
+    if table is None:
+        table = _load_table(str(dispatch_path()))
+    if not table:
+        return None
+    for shape in table.get("shapes", []):
+        if int(shape["n"]) == n and int(shape["k"]) == k and shape.get("rows"):
+            return min(shape["rows"], key=lambda r: (abs(math.log2(int(r["m"])) - math.log2(max(m, 1))), -int(r["m"])))
+    return None
+
+
+def tuned_config(m: int, n: int, k: int, table: dict | None = None) -> tuple[str, int] | None:
+    """The kernel (variant, splits) measured fastest at the M nearest to m (log2) for (N, K), or None (no table,
+    shape not measured, or the tuned variant cannot run this M: decode needs M <= 64)."""
+    row = _nearest_row(m, n, k, table)
+    cfg = (row or {}).get("kernel")
+    if not cfg or (cfg["variant"].startswith("decode") and m > 64):
+        return None
+    return cfg["variant"], int(cfg["splits"])
+
+
+def choose_impl(m: int, n: int, k: int, table: dict | None = None) -> str:
+    """The impl dispatch runs for M x (N, K): the faster of "bf16x2_kernel" and "fp32_cublas" at the measured M
+    nearest to m (log scale; ties to the larger M) for the measured (N, K); "bf16x2_kernel" when the table or
+    the shape is absent. ``table`` defaults to the device's file (dispatch_path())."""
+    row = _nearest_row(m, n, k, table)
+    return row["choice"] if row else "bf16x2_kernel"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the op
+
+
+@contextlib.contextmanager
+def _allow_tf32(flag: bool):
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = flag
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def _bf16_mm_fp32_out(x: torch.Tensor, wb: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    try:  # cuBLAS BF16 GEMM writing FP32 (torch >= 2.9 on CUDA)
+        r = torch.mm(x, wb.t(), out_dtype=torch.float32)
+    except (TypeError, RuntimeError):  # older torch: the same numbers via FP32 operands (slower)
+        with _allow_tf32(False):
+            r = torch.mm(x.float(), wb.float().t())
+    out.copy_(r)
+    return out
+
+
+def _validate(x, weights, impl, out):
+    if impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    if not isinstance(weights, RouterWeights):
+        raise TypeError(f"weights: expected RouterWeights from plan(w_fp32), got {type(weights).__name__}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"x: expected dtype torch.bfloat16 (router activations), got {x.dtype}")
+    if x.dim() != 2 or x.shape[1] != weights.k:
+        raise ValueError(f"x: expected a 2-D [M, K={weights.k}] tensor, got shape {tuple(x.shape)}")
+    if not x.is_contiguous():
+        raise ValueError("x: expected a contiguous [M, K] tensor; call .contiguous() first")
+    if x.device != weights.device:
+        raise ValueError(f"x: expected device {weights.device} (the weights' device), got {x.device}")
+    if impl == "bf16x3_kernel" and not weights.three_part:
+        raise ValueError("impl='bf16x3_kernel' needs plan(w, three_part=True)")
+    m = int(x.shape[0])
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.float32:
+            raise TypeError(f"out: expected a torch.float32 tensor, got "
+                            f"{out.dtype if isinstance(out, torch.Tensor) else type(out).__name__}")
+        if tuple(out.shape) != (m, weights.n) or not out.is_contiguous() or out.device != x.device:
+            raise ValueError(f"out: expected a contiguous fp32 [{m}, {weights.n}] tensor on {x.device}, got "
+                             f"shape {tuple(out.shape)} on {out.device} (contiguous={out.is_contiguous()})")
+    return m
+
+
+def _run_kernel(x, weights, out, *, parts, variant="auto", splits=0):
+    if x.device.type != "cuda":
+        raise RuntimeError(f"the router GEMM kernel needs an SM90 CUDA device; x is on {x.device} (use the "
+                           f"emulations in hotpaths.reference.router_gemm on CPU)")
+    for name, t in (("x", x), ("out", out)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}: expected a 16-byte aligned data pointer (vector loads/stores); got a view "
+                             f"at offset {t.data_ptr() % 16} mod 16: pass a fresh tensor or .clone()")
+    from hotpaths.kernels._build import check_status, ptr, stream_ptr
+
+    m, n, k = int(x.shape[0]), weights.n, weights.k
+    if variant == "auto" and splits == 0:  # the configuration tuned on this device, when there is one
+        variant, splits = tuned_config(m, n, k) or ("auto", 0)
+    # BF16x3: (high, mid, low) with the kernel's epilogue acc0 + (acc1 + acc2 / 256) / 256
+    p1, p2 = (weights.w_mid, weights.w_low2) if parts == 3 else (weights.w_low, None)
+    with torch.cuda.device(x.device):
+        code = _lib().hp_router_gemm(ptr(x), ptr(weights.w_high), ptr(p1), ptr(p2), ptr(out), m, n, k,
+                                     parts, _SCALE, _SCALE, VARIANTS[variant], splits, stream_ptr(x.device))
+    if code == 1:  # cudaErrorInvalidValue: a shape/config the C side refuses
+        kernel_config(m, n, k, variant=variant, splits=splits)  # raises the descriptive ValueError
+    check_status(code, f"hp_router_gemm(M={m}, N={n}, K={k}, parts={parts}, variant={variant})")
+    return out
+
+
+def router_gemm(x: torch.Tensor, weights: RouterWeights, *, impl: str = "dispatch", out: torch.Tensor | None = None,
+                variant: str = "auto", splits: int = 0) -> torch.Tensor:
+    """Router scores ``x @ W.T`` in FP32.
+
+    Shape/Dtype: x bf16 [M, K] contiguous, 16-byte aligned, on the weights' device; weights from plan(W [N, K]);
+    out (optional) fp32 [M, N] contiguous. Returns fp32 [M, N] (``out`` when given). M == 0 returns an empty
+    [0, N] tensor.
+    impl: "dispatch" (kernel or FP32 cuBLAS by the measured crossover), "bf16x2_kernel", "bf16x3_kernel"
+    (needs plan(..., three_part=True)), "fp32_cublas", "tf32_cublas", "bf16_cublas" (baselines via torch).
+    variant / splits: force a kernel configuration (experiments); "auto"/0 = the configuration tuned on this
+    device (dispatch table), else the built-in heuristic.
+    Raises TypeError (wrong dtype / type), ValueError (shape, contiguity, device, alignment, impl),
+    RuntimeError (a kernel impl on a non-CUDA device, or a CUDA error).
+    """
+    m = _validate(x, weights, impl, out)
+    if out is None:
+        out = torch.empty(m, weights.n, dtype=torch.float32, device=x.device)
+    if m == 0:
+        return out
+    if impl == "dispatch":
+        impl = choose_impl(m, weights.n, weights.k)
+    if impl == "bf16x2_kernel":
+        return _run_kernel(x, weights, out, parts=2, variant=variant, splits=splits)
+    if impl == "bf16x3_kernel":
+        return _run_kernel(x, weights, out, parts=3, variant=variant, splits=splits)
+    if impl == "bf16_cublas":
+        return _bf16_mm_fp32_out(x, weights.w_bf16, out)
+    with _allow_tf32(impl == "tf32_cublas"):
+        return torch.matmul(x.float(), weights.w.t(), out=out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# measurement
+
+
+def _gpu_ok() -> bool:
+    try:
+        from hotpaths.harness.env import has_sm90
+
+        return has_sm90()
+    except Exception:
+        return False
+
+
+def _parts_of(impl: str) -> int:
+    return {"bf16x3_kernel": 3, "bf16_cublas": 1, "bf16_emulation": 1, "bf16x3_emulation": 3}.get(impl, 2)
+
+
+def _time(x, weights, impl, out, iters):
+    from hotpaths.harness.bench import bench
+
+    return bench(lambda: router_gemm(x, weights, impl=impl, out=out), iters=iters)
+
+
+def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32_cublas", "tf32_cublas",
+                                              "bf16_cublas"), *, case_prefix: str = "hy3", seed: int = 0,
+                   ceilings: dict | None = None, iters: int = 100, topk: int = 8) -> list[dict]:
+    """Latency and error rows for each M and impl (CONTRACT.md columns plus m, n, k, speedup_vs_fp32,
+    speedup_vs_tf32, max_abs_err_vs_fp32, max_abs_err_vs_fp64, emulation_max_abs_err_vs_fp64, topk_flips,
+    topk_flips_emulation, config).
+
+    Inputs: make_router_inputs(m, n, k, seed=seed + m) (fresh random, "init" scale); outputs NaN-poisoned before
+    the correctness run. max_abs_err / rel_l2_err / cosine are vs FP64. Timing: harness bench (CUDA graph replay,
+    L2 flushed before each replay, median). ceilings: hotpaths.harness.ceilings.measure() output for
+    pct_of_ceiling (copy bandwidth), or None to leave it empty.
+    Without an SM90 GPU: one row per distinct emulation (impl "bf16x2_emulation", ...) with empty timing.
+    Raises ValueError on an unknown impl or unsupported N/K.
+    """
+    from hotpaths.harness.check import check
+    from hotpaths.harness.env import device_tag
+    from hotpaths.harness.runs import run_id
+
+    bad = [i for i in impls if i not in IMPLS]
+    if bad:
+        raise ValueError(f"impls: unknown {bad}; expected a subset of {IMPLS}")
+    ref.validate_kernel_shape(n, k)
+    gpu = _gpu_ok()
+    dev = "cuda" if gpu else "cpu"
+    tag, rid = device_tag(), run_id()
+    _, w = ref.make_router_inputs(1, n, k, seed=seed)
+    w = w.to(dev)
+    weights = plan(w, three_part="bf16x3_kernel" in impls)
+    rows = []
+    for m in ms:
+        x, _ = ref.make_router_inputs(m, n, k, seed=seed + 1 + m)
+        x = x.to(dev)
+        r64 = ref.router_gemm_ref(x, w)
+        f32 = ref.fp32_emulation(x, w)
+        emu_cache: dict[str, torch.Tensor] = {}
+        base_t: dict = {}
+        todo = list(impls) if gpu else list(dict.fromkeys(EMULATION_OF[i] for i in impls))
+        if gpu:  # the baselines the speedup columns divide by, timed once per M
+            for b in ("fp32_cublas", "tf32_cublas"):
+                base_t[b] = _time(x, weights, b, torch.empty(m, n, device=dev), iters)
+        for impl in todo:
+            emu_name = EMULATION_OF.get(impl, impl)
+            if emu_name not in emu_cache:
+                emu_cache[emu_name] = ref.EMULATIONS[emu_name](x, w)
+            timing, cfg = None, None
+            if gpu:
+                out = torch.full((m, n), float("nan"), device=dev)
+                router_gemm(x, weights, impl=impl, out=out)
+                torch.cuda.synchronize()
+                timing = base_t[impl] if impl in base_t else _time(x, weights, impl, out, iters)
+                med = timing.median_us
+                if impl in ("bf16x2_kernel", "bf16x3_kernel") or choose_impl(m, n, k) == "bf16x2_kernel":
+                    v, sp = tuned_config(m, n, k) or ("auto", 0)
+                    cfg = dict(kernel_config(m, n, k, variant=v, splits=sp), tuned=v != "auto")
+                else:
+                    cfg = choose_impl(m, n, k)
+            else:
+                out, med = emu_cache[emu_name], None
+            c = check(out, r64)
+            base_impl = impl if gpu else next(i for i in impls if EMULATION_OF[i] == impl)
+            nbytes = ref.bytes_moved(m, n, k, _parts_of(base_impl))
+            flips = int(ref.topk_sets_differ(out.cpu(), r64.cpu(), topk).sum()) if n > topk else None
+            eflips = int(ref.topk_sets_differ(emu_cache[emu_name].cpu(), r64.cpu(), topk).sum()) if n > topk \
+                else None
+            gbps = nbytes / med / 1e3 if med else None
+            cop = (ceilings or {}).get("copy_gbps")
+            row = {"op": OP, "case": f"{case_prefix}_m{m}", "impl": impl, "dtype": DTYPE_OF.get(base_impl, ""),
+                   "device": tag, "median_us": med,
+                   "p10_us": timing.p10_us if timing else None, "p90_us": timing.p90_us if timing else None,
+                   "bytes": nbytes, "gbps": gbps, "pct_of_ceiling": 100 * gbps / cop if gbps and cop else None,
+                   "rel_l2_err": c.rel_l2_err, "max_abs_err": c.max_abs_err, "cosine": c.cosine,
+                   "published_h20_us": None, "run_id": rid,
+                   "repro": f"hotpaths router --m {m} --n {n} --k {k} --impl {base_impl} --seed {seed} --json",
+                   "m": m, "n": n, "k": k,
+                   "speedup_vs_fp32": base_t["fp32_cublas"].median_us / med if med else None,
+                   "speedup_vs_tf32": base_t["tf32_cublas"].median_us / med if med else None,
+                   "max_abs_err_vs_fp32": ref.error_metrics(out, f32)["max_abs_err"],
+                   "max_abs_err_vs_fp64": c.max_abs_err,
+                   "emulation_max_abs_err_vs_fp64": ref.error_metrics(emu_cache[emu_name], r64)["max_abs_err"],
+                   "topk_flips": flips, "topk_flips_emulation": eflips,
+                   "config": json.dumps(cfg) if isinstance(cfg, dict) else cfg}
+            rows.append(row)
+    return rows
+
+
+def kernel_candidates(m: int, n: int, k: int) -> list[tuple[str, int]]:
+    """Kernel configurations worth timing at M x (N, K): decode (M <= 64) and each tiled variant with K splits
+    1, 2, 4, 8 while the grid stays under ~4 CTAs per SM and each split keeps >= 4 k-steps."""
+    if n % 64 or k % 64 or m < 1:
+        raise ValueError(f"kernel_candidates: unsupported M={m}, N={n}, K={k} (N, K multiples of 64, M >= 1)")
+    out = [("decode_n1", 0), ("decode_n2", 0)] if m <= 64 else []
+    for v, bm, bk in (("tiled64", 64, 32), ("tiled64d", 64, 64), ("tiled64x", 64, 64), ("tiled128", 128, 32),
+                      ("tiled128d", 128, 64), ("tiled128x", 128, 64)):
+        base = -(-m // bm) * (n // 64)
+        for s in (1, 2, 4, 8):
+            if (s == 1 or base * s <= 4 * 132) and (k // bk) // s >= 4:
+                out.append((v, s))
+    return out
+
+
+def measure_crossover(shapes, ms=DEFAULT_MS, *, path: str | Path | None = None, iters: int = 30,
+                      seed: int = 0, tune: bool = True) -> dict:
+    """Tune the kernel and find the crossover: at each (N, K) in ``shapes`` and each M in ``ms``, time every
+    kernel configuration (kernel_candidates; only the built-in one when tune=False) and FP32 cuBLAS, and write the
+    dispatch table (dispatch_path() unless ``path``); returns it. Needs an SM90 GPU (RuntimeError otherwise).
+
+    Table: {"op", "device", "run_id", "method", "shapes": [{"n", "k", "rows": [{"m", "kernel": {"variant",
+    "splits"}, "bf16x2_kernel_us", "fp32_cublas_us", "choice", "candidates_us"}]}]}.
+    """
+    if not _gpu_ok():
+        raise RuntimeError("measure_crossover needs an SM90 GPU (the table is a measurement of this device)")
+    from hotpaths.harness.bench import bench
+    from hotpaths.harness.env import device_tag
+    from hotpaths.harness.runs import run_id
+
+    table = {"op": OP, "device": device_tag(), "run_id": run_id(), "gpu": torch.cuda.get_device_name(),
+             "method": f"harness bench: CUDA graph replay, L2 flushed before each replay, median of {iters}",
+             "rule": "dispatch runs the faster impl at the measured M nearest (log2) to the call's M; the kernel "
+                     "runs the fastest configuration measured there",
+             "shapes": []}
+    for n, k in shapes:
+        ref.validate_kernel_shape(n, k)
+        _, w = ref.make_router_inputs(1, n, k, seed=seed)
+        weights = plan(w.cuda())
+        rows = []
+        for m in ms:
+            x, _ = ref.make_router_inputs(m, n, k, seed=seed + 1 + m)
+            x = x.cuda()
+            out = torch.empty(m, n, device="cuda")
+            cands = kernel_candidates(m, n, k) if tune else [("auto", 0)]
+            cand_us = {}
+            failed = {}
+            for v, sp in cands:
+                try:
+                    cand_us[f"{v}/{sp}"] = bench(lambda: router_gemm(x, weights, impl="bf16x2_kernel", out=out,
+                                                                     variant=v, splits=sp), iters=iters).median_us
+                except RuntimeError as e:  # e.g. a cluster that cannot be scheduled: record it, tune without it
+                    failed[f"{v}/{sp}"] = str(e)[:200]
+            if not cand_us:
+                raise RuntimeError(f"measure_crossover: every kernel configuration failed at M={m}, N={n}, K={k}: "
+                                   f"{failed}")
+            best = min(cand_us, key=cand_us.get)
+            v, sp = best.split("/")
+            if v == "auto":
+                c = kernel_config(m, n, k)
+                v, sp = c["variant"], c["splits"]
+            t32 = _time(x, weights, "fp32_cublas", out, iters).median_us
+            rows.append({"m": m, "kernel": {"variant": v, "splits": int(sp)}, "bf16x2_kernel_us": cand_us[best],
+                         "fp32_cublas_us": t32,
+                         "choice": "bf16x2_kernel" if cand_us[best] <= t32 else "fp32_cublas",
+                         "candidates_us": {c: round(t, 2) for c, t in cand_us.items()},
+                         **({"failed": failed} if failed else {})})
+        table["shapes"].append({"n": n, "k": k, "rows": rows})
+    p = Path(path) if path is not None else dispatch_path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(table, indent=1) + "\n")
+    reload_dispatch_table()
+    return table
+
+
+__all__ = ["IMPLS", "RouterWeights", "plan", "router_gemm", "choose_impl", "kernel_config", "benchmark_rows",
+           "measure_crossover", "kernel_candidates", "tuned_config", "dispatch_path", "reload_dispatch_table", "EMULATION_OF"]

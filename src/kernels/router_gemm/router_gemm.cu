@@ -1,0 +1,475 @@
+// Router GEMM with a split FP32 weight: out[M, N] (fp32) = x[M, K] (bf16) @ W[N, K]^T, where the FP32 router
+// weight is held as two (or three) BF16 parts, W ~ W0 + s1 * W1 (+ s1 * s2 * W2), s1 = s2 = 1/256.
+//
+// What runs: per CTA, each activation fragment is loaded once and fed to PARTS bf16 tensor-core products
+// (mma.sync m16n8k16, fp32 accumulate) into PARTS separate fp32 accumulators; the epilogue forms
+// acc0 + s1 * acc1 (or acc0 + s1 * (acc1 + s2 * acc2)) in fp32 and writes the scores once. Two kernels share that idea:
+//
+// 1. router_decode_kernel (M <= 64, memory bound: the weight read, 2 * N * K * 2 B = 3.1 MB at N=192, K=4096,
+//    is the whole cost). Launch: grid (8, N / (8 * NT)), cluster (8, 1, 1), 128 threads. Every warp owns an
+//    n8*NT slab of W and a strided set of 32-wide K chunks; the 8 CTAs of a cluster split K, so
+//    N/(8*NT) * 8 CTAs (192 at N=192) stream the weight from every SM. No shared-memory staging: a thread
+//    loads 16 contiguous bytes of one weight row and of one activation row, and both MMA operands use the same
+//    permutation of k inside the 32-chunk (the dot product does not care about k order), so global loads go
+//    straight into MMA fragments. Reduction: warps -> smem (fixed order), then across the cluster through
+//    distributed shared memory (each CTA sums a slice of the tile over the 8 ranks in rank order):
+//    deterministic, no workspace, no atomics, no second kernel; CUDA-graph safe.
+//    Traffic: weight once from HBM; x (M*K*2 B) read by each of the N/(8*NT) column groups, mostly from L2.
+//
+// 2. router_tiled_kernel (prefill, M > 64): BM x 64 output tile per CTA (BM = 64 or 128), 256 threads,
+//    4-stage cp.async pipeline over BK = 32 or 64 with padded rows (80 / 144 B stride: ldmatrix conflict-free),
+//    ldmatrix.x4 fragments (the first H200 run showed ~0.6 us per k-step whatever the grid: the loop waits on
+//    memory round trips, so the BK = 64 variants keep twice the bytes in flight per stage); the x tile is staged once per k-step and multiplied by both weight tiles. When the grid has
+//    too few tiles for 132 SMs (M in the low hundreds), K is split over a cluster of S <= 8 CTAs
+//    (grid z = S) reduced through distributed shared memory, as in (1).
+//    Traffic: x once per N/64 column tile (L2 absorbs the repeats), W once per BM row tile.
+//
+// Numerics measured on H200 (run 2): against the cuBLAS-SGEMM emulation of the same two products, the kernel
+// differs by rel L2 ~4.4e-6 (max abs 2.5e-5, logits of std ~1) when one CTA accumulates all of K = 4096 in the
+// MMA accumulators (splits = 1), ~2.1e-6 with 2 splits and below 2e-6 with 8: the tensor core's FP32
+// accumulation is not IEEE round-to-nearest, so error grows with the length of the accumulation chain. The
+// BF16x2 representation error itself is ~5e-6 rel L2; in the run-2 tests the kernel's error vs FP64 stayed
+// within 1.5x of the emulation's at every M tested up to 1000 (M = 4096 not re-checked on the device).
+// A promotion step (fresh accumulators per few k-steps added into FP32 registers) would remove it; not done.
+//
+// Entry points (C ABI, return cudaError_t): hp_router_gemm (auto config, or forced variant/splits for
+// experiments), hp_router_gemm_config (reports the config the auto path picks).
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include "router_gemm.cuh"
+
+namespace cg = cooperative_groups;
+using hp_router::cp_async_16;
+using hp_router::cp_async_commit;
+using hp_router::cp_async_wait;
+using hp_router::ldg_stream;
+using hp_router::ldmatrix_x4;
+using hp_router::mma_bf16_16816;
+
+namespace {
+
+constexpr int kClusterK = 8;      // decode: CTAs per cluster splitting K (portable cluster size limit)
+constexpr int kDecodeWarps = 4;   // decode: warps per CTA (all split K)
+
+template <int PARTS>
+__device__ __forceinline__ float combine(const float (&acc)[PARTS][4], int i, float s1, float s2) {
+  // Small terms first, as the emulation does: acc0 + s1 * (acc1 + s2 * acc2).
+  if constexpr (PARTS == 3) return acc[0][i] + s1 * (acc[1][i] + s2 * acc[2][i]);
+  return acc[0][i] + s1 * acc[1][i];
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Decode kernel. MT = m16 tiles (M <= 16 * MT), NT = n8 tiles per warp, U = K chunks loaded before computing.
+template <int MT, int NT, int PARTS>
+__global__ void __cluster_dims__(kClusterK, 1, 1) __launch_bounds__(kDecodeWarps * 32)
+    router_decode_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w0,
+                         const __nv_bfloat16* __restrict__ w1, const __nv_bfloat16* __restrict__ w2,
+                         float* __restrict__ out, int M, int N, int K, float s1, float s2) {
+  constexpr int U = MT == 4 ? 2 : 4;
+  constexpr int TILE_M = 16 * MT, TILE_N = 8 * NT, TILE = TILE_M * TILE_N;
+  __shared__ float warp_part[kDecodeWarps][TILE];
+  __shared__ float cta_part[TILE];
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int n0 = blockIdx.y * TILE_N;
+  const int kc_total = K >> 5;  // 32-wide chunks
+  constexpr int STRIDE = kClusterK * kDecodeWarps;
+  const __nv_bfloat16* wp[3] = {w0, w1, w2};
+
+  float acc[PARTS][MT][NT][4];
+#pragma unroll
+  for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[p][i][j][e] = 0.f;
+
+  for (int c0 = rank * kDecodeWarps + warp; c0 < kc_total; c0 += STRIDE * U) {
+    uint4 wv[U][PARTS][NT];
+    uint4 xv[U][MT][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int chunk = c0 + u * STRIDE;
+      const bool ok = chunk < kc_total;
+      const int kofs = chunk * 32 + c * 8;  // this thread's 8 consecutive k (16 B)
+#pragma unroll
+      for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          wv[u][p][j] = ok ? ldg_stream(wp[p] + static_cast<size_t>(n0 + j * 8 + g) * K + kofs)
+                           : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = i * 16 + h * 8 + g;
+          xv[u][i][h] = (ok && row < M)
+                            ? __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(row) * K + kofs))
+                            : make_uint4(0, 0, 0, 0);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            // k16 step 0 uses words (x, y), step 1 words (z, w): the same k permutation for A and B.
+            mma_bf16_16816(acc[p][i][j], xv[u][i][0].x, xv[u][i][1].x, xv[u][i][0].y, xv[u][i][1].y,
+                           wv[u][p][j].x, wv[u][p][j].y);
+            mma_bf16_16816(acc[p][i][j], xv[u][i][0].z, xv[u][i][1].z, xv[u][i][0].w, xv[u][i][1].w,
+                           wv[u][p][j].z, wv[u][p][j].w);
+          }
+  }
+
+  // Epilogue 1: per-warp combined partial -> smem (accumulator layout: rows g / g+8, cols 2c, 2c+1).
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      float a[PARTS][4];
+#pragma unroll
+      for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[p][e] = acc[p][i][j][e];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = i * 16 + g + (e >= 2 ? 8 : 0);
+        const int col = j * 8 + 2 * c + (e & 1);
+        warp_part[warp][row * TILE_N + col] = combine<PARTS>(a, e, s1, s2);
+      }
+    }
+  __syncthreads();
+  const int rows = min(M, TILE_M);
+  for (int e = threadIdx.x; e < rows * TILE_N; e += blockDim.x) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) v += warp_part[w][e];
+    cta_part[e] = v;
+  }
+  // Epilogue 2: cluster-wide reduction over DSMEM; rank r owns elements r, r + 8, ... (fixed rank order).
+  cluster.sync();
+  for (int e = rank + kClusterK * threadIdx.x; e < rows * TILE_N; e += kClusterK * blockDim.x) {
+    float v = 0.f;
+#pragma unroll
+    for (int q = 0; q < kClusterK; ++q) v += cluster.map_shared_rank(cta_part, q)[e];
+    out[static_cast<size_t>(e / TILE_N) * N + n0 + (e % TILE_N)] = v;
+  }
+  cluster.sync();  // keep this CTA's shared memory alive until every rank has read it
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Tiled kernel (prefill). BM x BN tile, 8 warps as (BM/32) x (8/(BM/32)); warp tile 32 x WN.
+constexpr int kTiledThreads = 256, kBN = 64;
+
+// BK: k-tile width (32 or 64); STAGES: cp.async pipeline depth. Rows are padded by 8 bf16 (16 B) so the 8 row
+// addresses of one ldmatrix phase fall in distinct banks (stride 80 B or 144 B).
+template <int BM, int PARTS, int BK, int STAGES>
+constexpr int tiled_smem_bytes() {
+  constexpr int pipe = STAGES * (BM + PARTS * kBN) * (BK + 8) * 2;
+  constexpr int red = BM * (kBN + 4) * 4;
+  return pipe > red ? pipe : red;
+}
+
+template <int BM, int PARTS, int BK, int STAGES>
+__global__ void __launch_bounds__(kTiledThreads)
+    router_tiled_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w0,
+                        const __nv_bfloat16* __restrict__ w1, const __nv_bfloat16* __restrict__ w2,
+                        float* __restrict__ out, int M, int N, int K, float s1, float s2) {
+  constexpr int kBK = BK, kLDS = BK + 8, kStages = STAGES, CPR = BK / 8;  // CPR: 16-byte chunks per row
+  constexpr int WARPS_M = BM / 32, WARPS_N = 8 / WARPS_M, WN = kBN / WARPS_N, NT = WN / 8;
+  static_assert(NT % 2 == 0, "B fragments are loaded 16 columns at a time");
+  constexpr int A_ELEMS = BM * kLDS, B_ELEMS = kBN * kLDS, STAGE_ELEMS = A_ELEMS + PARTS * B_ELEMS;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  const int n_block = blockIdx.x * kBN, m_block = blockIdx.y * BM;
+  const int splits = gridDim.z, rank = blockIdx.z;  // cluster (1, 1, splits): rank == blockIdx.z
+  const int kt_total = K / kBK;
+  const int kt_begin = static_cast<int>((static_cast<long long>(kt_total) * rank) / splits);
+  const int kt_end = static_cast<int>((static_cast<long long>(kt_total) * (rank + 1)) / splits);
+  const __nv_bfloat16* wp[3] = {w0, w1, w2};
+
+  auto load_stage = [&](int stage, int kt) {
+    __nv_bfloat16* sa = smem + stage * STAGE_ELEMS;
+    const int k0 = kt * kBK;
+    for (int i = tid; i < BM * CPR; i += kTiledThreads) {
+      const int r = i / CPR, ch = i % CPR;
+      const int gm = m_block + r;
+      const __nv_bfloat16* src = x + static_cast<size_t>(gm < M ? gm : 0) * K + k0 + ch * 8;
+      cp_async_16(sa + r * kLDS + ch * 8, src, gm < M ? 16 : 0);
+    }
+#pragma unroll
+    for (int p = 0; p < PARTS; ++p) {
+      __nv_bfloat16* sb = sa + A_ELEMS + p * B_ELEMS;
+      for (int i = tid; i < kBN * CPR; i += kTiledThreads) {
+        const int r = i / CPR, ch = i % CPR;
+        cp_async_16(sb + r * kLDS + ch * 8, wp[p] + static_cast<size_t>(n_block + r) * K + k0 + ch * 8, 16);
+      }
+    }
+  };
+
+  float acc[PARTS][2][NT][4];
+#pragma unroll
+  for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[p][i][j][e] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (kt_begin + s < kt_end) load_stage(s, kt_begin + s);
+    cp_async_commit();
+  }
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage kt visible to all; everyone is done with the stage we refill next
+    const int nk = kt + kStages - 1;
+    if (nk < kt_end) load_stage((nk - kt_begin) % kStages, nk);
+    cp_async_commit();
+
+    const __nv_bfloat16* sa = smem + ((kt - kt_begin) % kStages) * STAGE_ELEMS;
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        ldmatrix_x4(a[i], sa + (wm * 32 + i * 16 + (lane & 15)) * kLDS + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int p = 0; p < PARTS; ++p) {
+        const __nv_bfloat16* sb = sa + A_ELEMS + p * B_ELEMS;
+#pragma unroll
+        for (int jj = 0; jj < NT / 2; ++jj) {
+          uint32_t b[4];  // b0/b1 of n8 tile 2jj, then of tile 2jj+1
+          ldmatrix_x4(b, sb + (wn * WN + jj * 16 + (lane & 7) + ((lane >> 4) << 3)) * kLDS + ks * 16 +
+                             ((lane >> 3) & 1) * 8);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            mma_bf16_16816(acc[p][i][2 * jj], a[i][0], a[i][1], a[i][2], a[i][3], b[0], b[1]);
+            mma_bf16_16816(acc[p][i][2 * jj + 1], a[i][0], a[i][1], a[i][2], a[i][3], b[2], b[3]);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  const int g = lane >> 2, c = lane & 3;
+  if (splits == 1) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        float a[PARTS][4];
+#pragma unroll
+        for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[p][e] = acc[p][i][j][e];
+        const int col = n_block + wn * WN + j * 8 + 2 * c;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = m_block + wm * 32 + i * 16 + g + h * 8;
+          if (row < M)
+            *reinterpret_cast<float2*>(out + static_cast<size_t>(row) * N + col) =
+                make_float2(combine<PARTS>(a, 2 * h, s1, s2), combine<PARTS>(a, 2 * h + 1, s1, s2));
+        }
+      }
+    return;
+  }
+
+  // Split-K: partial tile -> own smem (reusing the pipeline buffers), then rank r sums its row block over the
+  // cluster's ranks in rank order (deterministic) and writes it.
+  __syncthreads();
+  constexpr int LDR = kBN + 4;
+  float* red = reinterpret_cast<float*>(smem_raw);
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      float a[PARTS][4];
+#pragma unroll
+      for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[p][e] = acc[p][i][j][e];
+      const int col = wn * WN + j * 8 + 2 * c;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = wm * 32 + i * 16 + g + h * 8;
+        red[row * LDR + col] = combine<PARTS>(a, 2 * h, s1, s2);
+        red[row * LDR + col + 1] = combine<PARTS>(a, 2 * h + 1, s1, s2);
+      }
+    }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int rows_per = BM / splits;
+  for (int idx = tid; idx < rows_per * (kBN / 4); idx += kTiledThreads) {
+    const int r = rank * rows_per + idx / (kBN / 4), c4 = (idx % (kBN / 4)) * 4;
+    const int row = m_block + r;
+    if (row >= M) continue;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q = 0; q < splits; ++q) {
+      const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, q) + r * LDR + c4);
+      v.x += t.x; v.y += t.y; v.z += t.z; v.w += t.w;
+    }
+    *reinterpret_cast<float4*>(out + static_cast<size_t>(row) * N + n_block + c4) = v;
+  }
+  cluster.sync();
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Host side.
+// Deep = BK 64 / 4 stages; Xdeep = BK 64 / 6 (BM 64) or 5 (BM 128; 4 for three parts) stages, for more bytes in
+// flight per SM. DecodeN1 / DecodeN2 force the decode kernel's n8 tiles per warp (1: more CTAs, 2: fewer x reads).
+enum Variant {
+  kAuto = 0, kDecode = 1, kTiled64 = 2, kTiled128 = 3, kTiled64Deep = 4, kTiled128Deep = 5, kTiled64X = 6,
+  kTiled128X = 7, kDecodeN1 = 8, kDecodeN2 = 9, kNumVariants = 10
+};
+constexpr int kTargetCtas = 132;  // H100/H200 SXM SM count: enough CTAs to read from every SM
+
+struct Config {
+  int variant, splits, mt, nt;
+};
+
+Config choose(int M, int N, int K, int variant, int splits) {
+  Config cfg{variant, splits, 0, 0};
+  if (cfg.variant == kAuto) {
+    if (M <= 64) {
+      cfg.variant = kDecode;
+    } else {
+      const int tiles128 = ((M + 127) / 128) * (N / kBN);
+      cfg.variant = tiles128 >= kTargetCtas ? kTiled128 : kTiled64;
+    }
+  }
+  if (cfg.variant == kDecode || cfg.variant == kDecodeN1 || cfg.variant == kDecodeN2) {
+    cfg.mt = M <= 16 ? 1 : (M <= 32 ? 2 : 4);
+    cfg.nt = cfg.variant == kDecodeN1 ? 1 : cfg.variant == kDecodeN2 ? 2 : ((N / 8) * kClusterK >= 4 * kTargetCtas ? 2 : 1);
+    if (cfg.nt == 2 && N % 16) cfg.nt = 1;
+    cfg.variant = kDecode;
+    cfg.splits = kClusterK;
+  } else if (cfg.splits <= 0) {
+    const int bm = (cfg.variant == kTiled128 || cfg.variant == kTiled128Deep || cfg.variant == kTiled128X) ? 128 : 64;
+    const int base = ((M + bm - 1) / bm) * (N / kBN);
+    int s = 1;
+    // Split K while the grid is short of one CTA per SM and each split keeps >= 8 k-steps of pipeline work.
+    while (s < 8 && base * s < kTargetCtas && (K / 32) / (2 * s) >= 8) s *= 2;
+    cfg.splits = s;
+  }
+  return cfg;
+}
+
+template <int MT, int NT, int PARTS>
+cudaError_t launch_decode(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
+                          const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2,
+                          cudaStream_t stream) {
+  dim3 grid(kClusterK, N / (8 * NT));
+  router_decode_kernel<MT, NT, PARTS><<<grid, kDecodeWarps * 32, 0, stream>>>(x, w0, w1, w2, out, M, N, K, s1, s2);
+  return cudaGetLastError();
+}
+
+template <int BM, int PARTS, int BK, int STAGES>
+cudaError_t launch_tiled(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
+                         const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2, int splits,
+                         cudaStream_t stream) {
+  constexpr int smem = tiled_smem_bytes<BM, PARTS, BK, STAGES>();
+  static bool configured = false;  // attribute set once per instantiation (host-side, not a stream op)
+  if (!configured) {
+    cudaError_t e = cudaFuncSetAttribute(router_tiled_kernel<BM, PARTS, BK, STAGES>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    configured = true;
+  }
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(N / kBN, (M + BM - 1) / BM, splits);
+  lc.blockDim = dim3(kTiledThreads);
+  lc.dynamicSmemBytes = smem;
+  lc.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = splits;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  cudaError_t e = cudaLaunchKernelEx(&lc, router_tiled_kernel<BM, PARTS, BK, STAGES>, x, w0, w1, w2, out, M, N, K, s1, s2);
+  if (e != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+
+template <int PARTS>
+cudaError_t run(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
+                const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2,
+                cudaStream_t st) {
+  if (cfg.variant == kDecode) {
+    if (cfg.nt == 1) {
+      if (cfg.mt == 1) return launch_decode<1, 1, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
+      if (cfg.mt == 2) return launch_decode<2, 1, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
+      return launch_decode<4, 1, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    }
+    if (cfg.mt == 1) return launch_decode<1, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    if (cfg.mt == 2) return launch_decode<2, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    return launch_decode<4, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
+  }
+  switch (cfg.variant) {
+    case kTiled128: return launch_tiled<128, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kTiled64Deep: return launch_tiled<64, PARTS, 64, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kTiled128Deep: return launch_tiled<128, PARTS, 64, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kTiled64X: return launch_tiled<64, PARTS, 64, 6>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kTiled128X:
+      return launch_tiled<128, PARTS, 64, PARTS == 2 ? 5 : 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    default: return launch_tiled<64, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Reports the configuration the auto path (variant 0, splits 0) or a forced one resolves to:
+// cfg_out[0..3] = variant (see enum Variant; decode variants report 1), splits, mt, nt. Returns 0, or
+// cudaErrorInvalidValue for an unsupported shape / request.
+int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg_out) {
+  if (M < 1 || N < 64 || N % 64 || K < 64 || K % 64 || variant < 0 || variant >= kNumVariants || splits < 0 || splits > 8)
+    return cudaErrorInvalidValue;
+  if ((variant == kDecode || variant == kDecodeN1 || variant == kDecodeN2) && M > 64) return cudaErrorInvalidValue;
+  if (splits > 0 && (splits & (splits - 1))) return cudaErrorInvalidValue;  // 1, 2, 4, 8: divides BM
+  const Config cfg = choose(M, N, K, variant, splits);
+  cfg_out[0] = cfg.variant;
+  cfg_out[1] = cfg.splits;
+  cfg_out[2] = cfg.mt;
+  cfg_out[3] = cfg.nt;
+  return 0;
+}
+
+// out[M, N] fp32 = x[M, K] bf16 @ (w0 + s1 * w1 (+ s1 * s2 * w2))^T, w* bf16 [N, K] row-major, all contiguous,
+// 16-byte aligned. parts = 2 or 3 (w2 ignored for 2). N % 64 == 0, K % 64 == 0, M >= 1 (the Python wrapper
+// validates; this returns cudaErrorInvalidValue for a shape it cannot run instead of touching memory).
+int hp_router_gemm(const void* x, const void* w0, const void* w1, const void* w2, float* out, int M, int N, int K,
+                   int parts, float s1, float s2, int variant, int splits, void* stream) {
+  int cfg_raw[4];
+  int e = hp_router_gemm_config(M, N, K, variant, splits, cfg_raw);
+  if (e) return e;
+  if ((parts != 2 && parts != 3) || !x || !w0 || !w1 || !out || (parts == 3 && !w2)) return cudaErrorInvalidValue;
+  const Config cfg{cfg_raw[0], cfg_raw[1], cfg_raw[2], cfg_raw[3]};
+  auto xb = static_cast<const __nv_bfloat16*>(x);
+  auto b0 = static_cast<const __nv_bfloat16*>(w0);
+  auto b1 = static_cast<const __nv_bfloat16*>(w1);
+  auto b2 = static_cast<const __nv_bfloat16*>(parts == 3 ? w2 : w1);
+  auto st = static_cast<cudaStream_t>(stream);
+  if (parts == 2) return run<2>(cfg, xb, b0, b1, b2, out, M, N, K, s1, s2, st);
+  return run<3>(cfg, xb, b0, b1, b2, out, M, N, K, s1, s2, st);
+}
+
+}  // extern "C"

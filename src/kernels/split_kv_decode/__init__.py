@@ -1,0 +1,401 @@
+"""Dynamic split-KV decode attention on SM90: loader and Python API (plan once per decode step, run per layer).
+
+    plan = plan(kv_lens, num_kv_heads=1, q_heads=8)       # device assign kernel builds the task map (no sync)
+    out = run(plan, q, k_cache, v_cache, block_table, kv_lens, q_scale=qs, k_scale=ks, v_scale=vs)
+    plan.update(kv_lens)                                   # next step: same buffers, CUDA-graph capturable
+
+Modes: "dynamic" (persistent grid of num_ctas CTAs draining the assign kernel's bins), "static_count" (grid
+(H, batch, num_splits), each pair cut into num_splits equal chunks), "static_chunk" (grid sized for the longest
+request, chunks of chunk_tiles tiles), "batch_invariant" (chunks of chunk_tiles tiles from each request's own
+tile 0: a request's output is bit-identical whatever it is batched with; grid as static_chunk). All modes run the
+same device tile function (attention.cu), so dynamic / static is a fair ratio.
+
+The static modes size their grid from the lengths on the host (plan() reads kv_lens, or takes max_kv_len): later
+updates must not exceed that maximum. The dynamic mode never reads lengths on the host.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TILE = 64
+HEAD_DIMS = (128,)
+PAGE_SIZES = (16, 32, 64, 128)
+GQA_RATIOS = (1, 2, 4, 8, 12, 16)
+MAX_Q_LEN = 4
+MODES = ("dynamic", "static_count", "static_chunk", "batch_invariant")
+_MODE_CODE = {"dynamic": 0, "static_count": 1, "static_chunk": 2, "batch_invariant": 2}
+DEFAULT_CHUNK_TILES = 16  # static_chunk / batch_invariant chunk: 1024 tokens
+
+_lib = None
+
+
+def _load():
+    global _lib
+    if _lib is None:
+        from hotpaths.kernels import _build
+
+        lib = _build.load("split_kv_decode")
+        vp, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+        lib.hp_decode_assign.argtypes = [vp, vp, i, i, i, i, i, vp]
+        lib.hp_decode_assign.restype = i
+        lib.hp_decode_attention.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp]
+        lib.hp_decode_attention.restype = i
+        lib.hp_decode_combine.argtypes = [vp] * 5 + [i] * 10 + [vp]
+        lib.hp_decode_combine.restype = i
+        lib.hp_decode_smem_bytes.argtypes = [i]
+        lib.hp_decode_smem_bytes.restype = i
+        lib.hp_decode_ctas_per_sm.argtypes = []
+        lib.hp_decode_ctas_per_sm.restype = i
+        _lib = lib
+    return _lib
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _fp8():
+    return _torch().float8_e4m3fn
+
+
+def workspace_len(num_ctas: int, max_pairs: int) -> int:
+    """Length (int32 entries) of the task-map workspace for C CTAs and MAX_PAIRS (head, request) pairs."""
+    return 8 + (num_ctas + 1) + 4 * (max_pairs + num_ctas) + 2 * max_pairs
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _is_capturing() -> bool:
+    torch = _torch()
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+@dataclass
+class DecodePlan:
+    """A decode step's schedule and its fixed-size device buffers (allocated once, reused by update()).
+
+    Fields: mode; num_kv_heads (H); q_heads; head_dim; q_len (max query tokens per request the partial buffers
+    fit); max_batch; num_ctas (C, dynamic grid); min_tiles (F); splits (static grid: splits per pair);
+    chunk_tiles (static_chunk / batch_invariant); workspace [workspace_len(C, max_batch*H)] int32 (dynamic task
+    map); partial_o [slots, rows, head_dim] fp32; partial_lse [slots, rows] fp32; batch and kv_lens of the last
+    update.
+    """
+
+    mode: str
+    num_kv_heads: int
+    q_heads: int
+    head_dim: int
+    q_len: int
+    max_batch: int
+    num_ctas: int
+    min_tiles: int
+    splits: int
+    chunk_tiles: int
+    workspace: object
+    partial_o: object
+    partial_lse: object
+    batch: int = 0
+    kv_lens: object = None
+    device: object = None
+    _extra: dict = field(default_factory=dict)
+
+    @property
+    def max_pairs(self) -> int:
+        return self.max_batch * self.num_kv_heads
+
+    def update(self, kv_lens) -> "DecodePlan":
+        """Re-plan for new lengths into the same buffers (dynamic: launches assign; no host sync; capturable).
+
+        Shape/Dtype: kv_lens [batch] int32 on the plan's device, batch <= max_batch.
+        Raises TypeError/ValueError for a wrong dtype, device, shape or batch > max_batch.
+        """
+        torch = _torch()
+        _check_lens(kv_lens, self.device)
+        batch = kv_lens.shape[0]
+        if batch > self.max_batch:
+            raise ValueError(f"kv_lens has batch {batch} > the plan's max_batch {self.max_batch}")
+        if batch == 0:
+            raise ValueError("kv_lens is empty (batch 0): nothing to plan")
+        self.batch, self.kv_lens = batch, kv_lens
+        if self.mode == "dynamic":
+            from hotpaths.kernels._build import check_status, stream_ptr
+
+            with torch.cuda.device(kv_lens.device):
+                code = _load().hp_decode_assign(kv_lens.data_ptr(), self.workspace.data_ptr(), batch,
+                                                self.num_kv_heads, self.num_ctas, self.min_tiles, self.max_pairs,
+                                                stream_ptr(kv_lens.device))
+            check_status(code, "split_kv_decode assign")
+        return self
+
+
+def _check_lens(kv_lens, device=None) -> None:
+    torch = _torch()
+    if not isinstance(kv_lens, torch.Tensor):
+        raise TypeError(f"kv_lens must be a torch.Tensor (int32 [batch] on the GPU), got {type(kv_lens).__name__}")
+    if kv_lens.dtype != torch.int32:
+        raise TypeError(f"kv_lens must be int32, got {kv_lens.dtype}")
+    if kv_lens.dim() != 1:
+        raise ValueError(f"kv_lens must be 1-D [batch], got shape {tuple(kv_lens.shape)}")
+    if kv_lens.device.type != "cuda":
+        raise ValueError(f"kv_lens must be on a CUDA device, got {kv_lens.device}")
+    if device is not None and kv_lens.device != device:
+        raise ValueError(f"kv_lens is on {kv_lens.device} but the plan is on {device}")
+    if not kv_lens.is_contiguous():
+        raise ValueError("kv_lens must be contiguous")
+
+
+def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_batch: int | None = None,
+         num_ctas: int | None = None, min_tiles: int = 4, mode: str = "dynamic", num_splits: int | None = None,
+         chunk_tiles: int | None = None, q_len: int = 1, max_kv_len: int | None = None) -> DecodePlan:
+    """Allocate the step's buffers and build its schedule (dynamic: device assign kernel, no host sync).
+
+    Shape/Dtype: kv_lens [batch] int32 on the GPU. num_ctas defaults to 2 x the SM count (two resident CTAs per SM); max_batch to batch (sizes
+    the workspace and the partial buffers); q_len is the largest query length run() will be called with.
+    Static modes: num_splits (static_count; default ceil(num_ctas / (batch * H))), chunk_tiles (static_chunk /
+    batch_invariant; default 16), max_kv_len (default: max(kv_lens), read on the host).
+    Raises ValueError/TypeError for an unknown mode, unsupported head_dim / GQA ratio / q_len, batch > max_batch,
+    or non-positive sizes.
+    """
+    torch = _torch()
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    _check_lens(kv_lens)
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim {head_dim} unsupported by the SM90 kernel (supported: {HEAD_DIMS}; 64/256 are "
+                         "reference-only)")
+    if num_kv_heads < 1 or q_heads < 1 or q_heads % num_kv_heads != 0:
+        raise ValueError(f"q_heads ({q_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+    if q_heads // num_kv_heads not in GQA_RATIOS:
+        raise ValueError(f"GQA ratio {q_heads // num_kv_heads} unsupported (supported: {GQA_RATIOS})")
+    if not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"q_len must be in 1..{MAX_Q_LEN}, got {q_len}")
+    if min_tiles < 1:
+        raise ValueError(f"min_tiles must be >= 1, got {min_tiles}")
+    batch = kv_lens.shape[0]
+    if batch == 0:
+        raise ValueError("kv_lens is empty (batch 0): nothing to plan")
+    max_batch = batch if max_batch is None else int(max_batch)
+    if batch > max_batch:
+        raise ValueError(f"kv_lens has batch {batch} > max_batch {max_batch}")
+    dev = kv_lens.device
+    if num_ctas is None:
+        num_ctas = torch.cuda.get_device_properties(dev).multi_processor_count * _load().hp_decode_ctas_per_sm()
+    if num_ctas < 1:
+        raise ValueError(f"num_ctas must be >= 1, got {num_ctas}")
+    H = int(num_kv_heads)
+    rows = (q_heads // H) * q_len
+    splits, ct = 1, 0
+    if mode == "static_count":
+        splits = int(num_splits) if num_splits is not None else max(1, _cdiv(num_ctas, batch * H))
+        if splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {splits}")
+    elif mode in ("static_chunk", "batch_invariant"):
+        ct = int(chunk_tiles) if chunk_tiles is not None else DEFAULT_CHUNK_TILES
+        if ct < 1:
+            raise ValueError(f"chunk_tiles must be >= 1, got {ct}")
+        mx = int(kv_lens.max().item()) if max_kv_len is None else int(max_kv_len)  # static grids: host sizing
+        splits = max(1, _cdiv(_cdiv(mx, TILE), ct))
+    max_pairs = max_batch * H
+    slots = (max_pairs + num_ctas) if mode == "dynamic" else max_pairs * splits
+    ws_len = workspace_len(num_ctas, max_pairs) if mode == "dynamic" else 8
+    p = DecodePlan(mode=mode, num_kv_heads=H, q_heads=int(q_heads), head_dim=head_dim, q_len=q_len,
+                   max_batch=max_batch, num_ctas=int(num_ctas), min_tiles=int(min_tiles), splits=splits,
+                   chunk_tiles=ct,
+                   workspace=torch.full((ws_len,), -1, dtype=torch.int32, device=dev),
+                   partial_o=torch.empty((slots, rows, head_dim), dtype=torch.float32, device=dev),
+                   partial_lse=torch.empty((slots, rows), dtype=torch.float32, device=dev), device=dev)
+    return p.update(kv_lens)
+
+
+def assign_only(p: DecodePlan) -> None:
+    """Re-run the assign kernel on the plan's current lengths (for timing assign alone; dynamic mode only)."""
+    if p.mode != "dynamic":
+        raise ValueError(f"assign_only needs a dynamic plan, got mode {p.mode!r}")
+    p.update(p.kv_lens)
+
+
+def workspace_numpy(p: DecodePlan) -> np.ndarray:
+    """The plan's device task map as a numpy int32 array (synchronizes), to compare with build_task_map()."""
+    if p.mode != "dynamic":
+        raise ValueError(f"workspace_numpy needs a dynamic plan, got mode {p.mode!r}")
+    return p.workspace.cpu().numpy()
+
+
+def _check_tensor(name, t, dtypes, dev, dim=None):
+    torch = _torch()
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    if t.device != dev:
+        raise ValueError(f"{name} is on {t.device}; expected {dev} (the plan's device)")
+    if dim is not None and t.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name} must be 16-byte aligned (cp.async), got data_ptr % 16 = {t.data_ptr() % 16}")
+
+
+def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=None, k_scale=None, v_scale=None,
+        sm_scale: float | None = None, q_len: int = 1, out=None, check_inputs: bool | None = None):
+    """One layer of decode attention with the plan's schedule: attention then combine (PDL-chained).
+
+    Shape/Dtype: q [batch*q_len, q_heads, 128] bf16, or float8_e4m3fn with q_scale [batch*q_len, q_heads] fp32;
+    k_cache, v_cache [num_pages, page_size, H, 128] bf16 (with bf16 q) or float8_e4m3fn with k_scale, v_scale
+    fp32 [1]; block_table [batch, max_pages] int32; kv_lens [batch] int32 (the tensor the plan was built /
+    updated with); out [batch*q_len, q_heads, 128] bf16 (allocated if None). Returns out.
+    check_inputs (default: True unless a CUDA graph is being captured) also reads kv_lens and the block table on
+    the host to reject a too-short block table or out-of-range pages; without it the kernel clamps (zero-fills)
+    instead of faulting.
+    Raises TypeError/ValueError naming the argument for wrong dtype/device/shape/contiguity, unsupported
+    head_dim/page size/q_len/GQA ratio, q_heads not a multiple of H, batch != the plan's batch.
+    """
+    torch = _torch()
+    from hotpaths.kernels._build import check_status, stream_ptr
+
+    if not isinstance(p, DecodePlan):
+        raise TypeError(f"p must be a DecodePlan from plan(), got {type(p).__name__}")
+    dev = p.device
+    fp8 = isinstance(k_cache, torch.Tensor) and k_cache.dtype == _fp8()
+    kv_types = (torch.bfloat16, _fp8())
+    _check_tensor("k_cache", k_cache, kv_types, dev, 4)
+    _check_tensor("v_cache", v_cache, (k_cache.dtype,), dev, 4)
+    _check_tensor("q", q, (_fp8(),) if fp8 else (torch.bfloat16,), dev, 3)
+    _check_tensor("block_table", block_table, (torch.int32,), dev, 2)
+    _check_lens(kv_lens, dev)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
+    num_pages, page_size, H, D = k_cache.shape
+    if H != p.num_kv_heads:
+        raise ValueError(f"k_cache has {H} kv heads but the plan has num_kv_heads={p.num_kv_heads}")
+    if D not in HEAD_DIMS or D != p.head_dim:
+        raise ValueError(f"head_dim {D} unsupported (kernel supports {HEAD_DIMS}; plan has {p.head_dim})")
+    if page_size not in PAGE_SIZES:
+        raise ValueError(f"page_size {page_size} unsupported (supported: {PAGE_SIZES})")
+    if not 1 <= q_len <= p.q_len:
+        raise ValueError(f"q_len must be in 1..{p.q_len} (the plan's q_len), got {q_len}")
+    batch = kv_lens.shape[0]
+    if batch != p.batch or (p.kv_lens is not None and kv_lens.data_ptr() != p.kv_lens.data_ptr()):
+        raise ValueError("kv_lens must be the tensor the plan was built/updated with (batch "
+                         f"{batch} vs plan batch {p.batch}); call plan.update(kv_lens) first")
+    tokens, q_heads, qd = q.shape
+    if q_heads != p.q_heads or q_heads % H:
+        raise ValueError(f"q has {q_heads} heads; the plan has q_heads={p.q_heads} (a multiple of H={H})")
+    if qd != D:
+        raise ValueError(f"q head_dim {qd} must equal the cache head_dim {D}")
+    if tokens != batch * q_len:
+        raise ValueError(f"q has {tokens} tokens; expected batch*q_len = {batch}*{q_len}")
+    if block_table.shape[0] != batch:
+        raise ValueError(f"block_table must be [batch={batch}, max_pages], got {tuple(block_table.shape)}")
+    if fp8:
+        if q_scale is None or k_scale is None or v_scale is None:
+            raise ValueError("the FP8 path needs q_scale [batch*q_len, q_heads], k_scale [1], v_scale [1] (fp32)")
+        _check_tensor("q_scale", q_scale, (torch.float32,), dev, 2)
+        if tuple(q_scale.shape) != (tokens, q_heads):
+            raise ValueError(f"q_scale must be [{tokens}, {q_heads}], got {tuple(q_scale.shape)}")
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            _check_tensor(name, s, (torch.float32,), dev, 1)
+            if s.numel() != 1:
+                raise ValueError(f"{name} must have shape [1], got {tuple(s.shape)}")
+    elif q_scale is not None or k_scale is not None or v_scale is not None:
+        raise ValueError("q_scale/k_scale/v_scale are only for the FP8 path (the cache is bf16)")
+    if out is None:
+        out = torch.empty((tokens, q_heads, D), dtype=torch.bfloat16, device=dev)
+    else:
+        _check_tensor("out", out, (torch.bfloat16,), dev, 3)
+        if tuple(out.shape) != (tokens, q_heads, D):
+            raise ValueError(f"out must be [{tokens}, {q_heads}, {D}], got {tuple(out.shape)}")
+    if check_inputs is None:
+        check_inputs = not _is_capturing()
+    if check_inputs:
+        lens = kv_lens.tolist()
+        if min(lens) < 0:
+            raise ValueError(f"kv_lens must be >= 0, got {min(lens)}")
+        need = max(_cdiv(L, page_size) for L in lens)
+        if need > block_table.shape[1]:
+            r = int(np.argmax(lens))
+            raise ValueError(f"block_table too short: kv_lens[{r}] = {lens[r]} needs {need} pages of {page_size} "
+                             f"but block_table has {block_table.shape[1]} columns")
+        bt = block_table.cpu()
+        for r, L in enumerate(lens):
+            n = _cdiv(L, page_size)
+            if n and (int(bt[r, :n].min()) < 0 or int(bt[r, :n].max()) >= num_pages):
+                raise ValueError(f"block_table[{r}, :{n}] holds a page index outside [0, {num_pages})")
+        if p.mode != "dynamic":
+            mx = max(_cdiv(L, TILE) for L in lens)
+            if p.mode == "static_chunk" or p.mode == "batch_invariant":
+                if _cdiv(mx, p.chunk_tiles) > p.splits:
+                    raise ValueError(f"kv_lens max {max(lens)} exceeds the static plan's max_kv_len "
+                                     f"({p.splits * p.chunk_tiles * TILE}); re-plan")
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    lib = _load()
+    mode = _MODE_CODE[p.mode]
+    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    with torch.cuda.device(dev):
+        s = stream_ptr(dev)
+        code = lib.hp_decode_attention(
+            q.data_ptr(), ptr(q_scale), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
+            kv_lens.data_ptr(), ptr(k_scale), ptr(v_scale), out.data_ptr(), p.partial_o.data_ptr(),
+            p.partial_lse.data_ptr(), p.workspace.data_ptr(), scale, batch, H, q_heads, q_len, page_size,
+            block_table.shape[1], num_pages, p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, int(fp8), 1, s)
+        check_status(code, "split_kv_decode attention")
+        code = lib.hp_decode_combine(kv_lens.data_ptr(), out.data_ptr(), p.partial_o.data_ptr(),
+                                     p.partial_lse.data_ptr(), p.workspace.data_ptr(), batch, H, q_heads, q_len,
+                                     p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, 1, s)
+        check_status(code, "split_kv_decode combine")
+    return out
+
+
+def split_kv_decode(q, k_cache, v_cache, block_table, kv_lens, *, q_len: int = 1, q_scale=None, k_scale=None,
+                    v_scale=None, sm_scale: float | None = None, out=None, mode: str = "dynamic",
+                    num_ctas: int | None = None, min_tiles: int = 4, num_splits: int | None = None,
+                    chunk_tiles: int | None = None):
+    """plan() + run() in one call (argument names and order as hotpaths.reference.split_kv_decode_ref).
+
+    Shape/Dtype: as run(). Returns out [batch*q_len, q_heads, head_dim] bf16.
+    Raises TypeError/ValueError as plan() and run().
+    """
+    torch = _torch()
+    if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4:
+        raise ValueError("k_cache must be a 4-D tensor [num_pages, page_size, kv_heads, head_dim]")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError("q must be a 3-D tensor [batch*q_len, q_heads, head_dim]")
+    H, D = k_cache.shape[2], k_cache.shape[3]
+    if q.shape[1] % H:
+        raise ValueError(f"q_heads ({q.shape[1]}) must be a multiple of kv_heads ({H})")
+    if not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"q_len must be in 1..{MAX_Q_LEN}, got {q_len}")
+    pl = plan(kv_lens, num_kv_heads=H, q_heads=q.shape[1], head_dim=D, num_ctas=num_ctas, min_tiles=min_tiles,
+              mode=mode, num_splits=num_splits, chunk_tiles=chunk_tiles, q_len=q_len)
+    return run(pl, q, k_cache, v_cache, block_table, kv_lens, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+               sm_scale=sm_scale, q_len=q_len, out=out)
+
+
+def host_task_map(p: DecodePlan, lens):
+    """The host TaskMap (hotpaths.reference.split_kv_decode) describing what plan p computes for lengths `lens`
+    (for the emulation): dynamic -> build_task_map, static_count -> static_count_task_map, static_chunk ->
+    static_chunk_task_map, batch_invariant -> static_chunk_task_map (same chunks; the grid differs only in order).
+    """
+    from hotpaths.reference import split_kv_decode as ref
+
+    if p.mode == "dynamic":
+        return ref.build_task_map(lens, p.num_kv_heads, p.num_ctas, min_tiles=p.min_tiles, max_pairs=p.max_pairs)
+    if p.mode == "static_count":
+        return ref.static_count_task_map(lens, p.num_kv_heads, p.splits)
+    return ref.static_chunk_task_map(lens, p.num_kv_heads, p.chunk_tiles)
+
+
+def p_dtype_for(kv_fp8: bool):
+    """The dtype the kernel rounds P to before the PV product (for split_kv_decode_emulation(p_dtype=...))."""
+    torch = _torch()
+    return torch.float16 if kv_fp8 else torch.bfloat16

@@ -1,0 +1,646 @@
+// Split-KV decode attention over a paged KV cache (FP8 e4m3 or BF16 KV), persistent or static grid, + combine.
+//
+// What: for each task descriptor (request r, kv head h, tiles [tb, te) of 64 tokens) computes softmax(Q K^T) V
+//   for all query rows of the GQA group (ratio heads x q_len tokens, causal among the q_len draft tokens).
+//   A pair (h, r) with one chunk writes bf16 output directly; otherwise an fp32 partial (normalized by its own
+//   sum) + natural-log LSE to its slot, merged by combine_kernel.
+// Launch: attention grid (C, G) with C persistent CTAs (bin b = blockIdx.x, from the assign workspace) or, in the
+//   static modes, (H * batch * splits, G) with one descriptor per CTA computed from blockIdx; G = ceil(rows / 16)
+//   row groups (rows > 16 re-read the KV once per extra group, mostly from L2 as the groups run together).
+//   128 threads = 4 warps, 2 CTAs per SM (so the default C = 2 x SMs); in each 64-token tile warp w owns tokens
+//   [16w, 16w + 16).
+// Memory: KV read once per row group via a STAGES-deep (FP8 3, BF16 2; x2 CTAs per SM) cp.async (16 B, zero-fill past kv_len) pipeline;
+//   FP8: 16 KB of KV per tile, BF16: 32 KB; Q of a descriptor travels in the stage of its first tile.
+// Math: mma.sync m16n8k16 with fp32 accumulation. FP8: e4m3 -> f16 is exact, so Q/K/V are converted to f16 and
+//   the scales stay in fp32 (q_scale * k_scale * sm_scale on the scores, v_scale on the output); P is rounded to
+//   f16. BF16: bf16 operands, P rounded to bf16. S = Q K^T uses a permutation of head_dim inside the dot product
+//   (thread (g, t) feeds dims 32t .. 32t+31) so K fragments are contiguous 16 B smem loads; V is transposed by
+//   ldmatrix.trans (BF16 straight from the tile, FP8 after a per-warp f16 conversion buffer).
+//   Each warp keeps its own online-softmax state; the 4 states are merged through smem per descriptor.
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kD = 128;           // head_dim
+constexpr int kTile = 64;         // tokens per tile
+constexpr int kThreads = 128;     // 4 warps
+constexpr int kRowsPerGroup = 16; // one m16 tile of query rows
+constexpr int kDescCache = 32;    // descriptors of a bin cached in smem (more: read from global)
+constexpr int kCtasPerSm = 2;     // smem sized so two CTAs share an SM (8 warps hide the tile-loop latency)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+enum Mode { kDynamic = 0, kStaticCount = 1, kStaticChunk = 2 };
+
+struct Params {
+  const void* q; const float* q_scale; const void* k; const void* v;
+  const int* block_table; const int* kv_lens; const float* k_scale; const float* v_scale;
+  __nv_bfloat16* out; float* part_o; float* part_lse; const int* ws;
+  float sm_scale;
+  int batch, H, q_heads, ratio, q_len, R, page_size, page_shift, max_pages, num_pages, C, max_pairs;
+  int mode, splits, chunk_tiles;
+};
+
+template <bool FP8> struct Cfg {
+  static constexpr int ES = FP8 ? 1 : 2;                 // bytes per element
+  static constexpr int ROWB = kD * ES + 16;              // padded smem row (bank spread)
+  static constexpr int STAGES = FP8 ? 3 : 2;                // x2 CTAs per SM
+  static constexpr int KV_BYTES = kTile * ROWB;          // one of K or V
+  static constexpr int QROWB = kD * ES;
+  static constexpr int STAGE_BYTES = 2 * KV_BYTES + kRowsPerGroup * QROWB + kRowsPerGroup * 4;
+  static constexpr int VCONV_ROWB = kD * 2 + 16;         // f16 row of the FP8 V conversion buffer
+  static constexpr int VCONV_BYTES = FP8 ? 4 * 16 * VCONV_ROWB : 0;
+  static constexpr int MERGE_O = kD;                     // floats per merge row (once per descriptor: no pad)
+  static constexpr int MERGE_BYTES = 4 * 16 * MERGE_O * 4 + 2 * 4 * 16 * 4;
+  static constexpr int DESC_BYTES = kDescCache * 8 * 4;
+  static constexpr int SMEM = STAGES * STAGE_BYTES + VCONV_BYTES + MERGE_BYTES + DESC_BYTES;
+};
+
+struct Desc { int r, h, tb, te, slot, nch, kvlen; };
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  int sz = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(sz));
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool pred) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  int sz = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(sz));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// two e4m3 (low 16 bits of x) -> f16x2 (exact)
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
+  uint32_t r;
+  asm("{ .reg .b16 lo; mov.b32 {lo, _}, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }\n" : "=r"(r) : "r"(x));
+  return r;
+}
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t x) {
+  uint32_t r;
+  asm("{ .reg .b16 hi; mov.b32 {_, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, hi; }\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
+template <bool FP8>
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  if constexpr (FP8) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* smem) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+template <bool FP8> __device__ __forceinline__ uint32_t pack_p(float lo, float hi) {
+  if constexpr (FP8) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+         ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+
+// Descriptor from blockIdx in the static modes (p = h * batch + r, split s); returns false if empty.
+__device__ bool static_desc(const Params& P, Desc& d) {
+  const int p = blockIdx.x / P.splits, s = blockIdx.x % P.splits;
+  if (p >= P.batch * P.H) return false;
+  d.r = p % P.batch;
+  d.h = p / P.batch;
+  d.kvlen = max(P.kv_lens[d.r], 0);
+  const int tiles = (d.kvlen + kTile - 1) / kTile;
+  const int ct = (P.mode == kStaticCount) ? (tiles + P.splits - 1) / P.splits : P.chunk_tiles;
+  if (tiles == 0 || ct <= 0) return false;
+  d.nch = (tiles + ct - 1) / ct;
+  if (d.nch > P.splits) return false;  // host guarantees splits >= chunks; never run past the slots
+  d.tb = s * ct;
+  d.te = min(tiles, d.tb + ct);
+  d.slot = blockIdx.x;
+  return d.tb < d.te;
+}
+
+template <bool FP8>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const Params P) {
+  using CF = Cfg<FP8>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* stages = smem;
+  __half* vconv = reinterpret_cast<__half*>(smem + CF::STAGES * CF::STAGE_BYTES);
+  float* merge_o = reinterpret_cast<float*>(smem + CF::STAGES * CF::STAGE_BYTES + CF::VCONV_BYTES);
+  float* merge_m = merge_o + 4 * 16 * CF::MERGE_O;
+  float* merge_l = merge_m + 4 * 16;
+  int* dcache = reinterpret_cast<int*>(smem + CF::STAGES * CF::STAGE_BYTES + CF::VCONV_BYTES + CF::MERGE_BYTES);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tig = lane & 3;
+  const int rg = blockIdx.y;  // row group
+
+  // Wait for the producer of the workspace / the previous consumer of the partial buffers (PDL).
+  cudaGridDependencySynchronize();
+
+  const int kv_cap = P.max_pages * P.page_size;  // never index the block table past its width
+  int d_begin = 0, d_end = 0;
+  if (P.mode == kDynamic) {
+    const int* bin_start = P.ws + 8;
+    d_begin = bin_start[blockIdx.x];
+    d_end = bin_start[blockIdx.x + 1];
+    const int* desc = P.ws + 8 + (P.C + 1);
+    const int* nchunks = desc + 4 * (P.max_pairs + P.C) + P.max_pairs;
+    for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
+      int d = d_begin + i;
+      int r = desc[4 * d], h = desc[4 * d + 1];
+      int* e = dcache + 8 * i;
+      e[0] = r; e[1] = h; e[2] = desc[4 * d + 2]; e[3] = desc[4 * d + 3];
+      e[4] = d; e[5] = nchunks[h * P.batch + r]; e[6] = max(P.kv_lens[r], 0);
+    }
+  } else {
+    Desc sd;
+    if (static_desc(P, sd)) {
+      d_end = 1;
+      if (tid == 0) {
+        int* e = dcache;
+        e[0] = sd.r; e[1] = sd.h; e[2] = sd.tb; e[3] = sd.te; e[4] = sd.slot; e[5] = sd.nch; e[6] = sd.kvlen;
+      }
+    }
+  }
+  __syncthreads();
+  if (d_begin >= d_end) return;
+
+  auto fetch = [&](int d) -> Desc {
+    Desc o;
+    const int i = d - d_begin;
+    if (i < kDescCache) {
+      const int* e = dcache + 8 * i;
+      o.r = e[0]; o.h = e[1]; o.tb = e[2]; o.te = e[3]; o.slot = e[4]; o.nch = e[5]; o.kvlen = e[6];
+    } else {  // bins with more than kDescCache descriptors (only with very large budgets)
+      const int* desc = P.ws + 8 + (P.C + 1);
+      const int* nchunks = desc + 4 * (P.max_pairs + P.C) + P.max_pairs;
+      o.r = desc[4 * d]; o.h = desc[4 * d + 1]; o.tb = desc[4 * d + 2]; o.te = desc[4 * d + 3];
+      o.slot = d; o.nch = nchunks[o.h * P.batch + o.r]; o.kvlen = max(P.kv_lens[o.r], 0);
+    }
+    return o;
+  };
+
+  // ---- loader ----
+  const uint8_t* kbase = reinterpret_cast<const uint8_t*>(P.k);
+  const uint8_t* vbase = reinterpret_cast<const uint8_t*>(P.v);
+  const uint8_t* qbase = reinterpret_cast<const uint8_t*>(P.q);
+  auto load_tile = [&](int stage, const Desc& d, int tile, bool first) {
+    uint8_t* sK = stages + stage * CF::STAGE_BYTES;
+    uint8_t* sV = sK + CF::KV_BYTES;
+    const int lim = min(d.kvlen, kv_cap);
+    constexpr int RC = kD * CF::ES / 16;  // 16 B chunks per row
+    constexpr int PER = kTile * RC / kThreads;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int c = tid + kThreads * i;
+      const int tl = c / RC, ch = c % RC;
+      const int tok = tile * kTile + tl;
+      bool ok = tok < lim;
+      int page = 0;
+      if (ok) page = __ldg(P.block_table + (size_t)d.r * P.max_pages + (tok >> P.page_shift));
+      ok = ok && page >= 0 && page < P.num_pages;
+      const size_t off = ok ? ((((size_t)page * P.page_size + (tok & (P.page_size - 1))) * P.H + d.h) * kD) * CF::ES + ch * 16
+                            : 0;
+      cp_async16(sK + tl * CF::ROWB + ch * 16, kbase + off, ok);
+      cp_async16(sV + tl * CF::ROWB + ch * 16, vbase + off, ok);
+    }
+    if (first) {
+      uint8_t* sQ = sV + CF::KV_BYTES;
+      float* sQs = reinterpret_cast<float*>(sQ + kRowsPerGroup * CF::QROWB);
+      constexpr int QPER = kRowsPerGroup * RC / kThreads;
+#pragma unroll
+      for (int i = 0; i < QPER; ++i) {
+        const int c = tid + kThreads * i;
+        const int row = c / RC, ch = c % RC;
+        const int rr = rg * kRowsPerGroup + row;
+        const bool ok = rr < P.R;
+        const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
+        const size_t qrow = (size_t)d.r * P.q_len + qi;
+        const size_t off = ok ? ((qrow * P.q_heads + d.h * P.ratio + hl) * kD) * CF::ES + ch * 16 : 0;
+        cp_async16(sQ + row * CF::QROWB + ch * 16, qbase + off, ok);
+      }
+      if (FP8 && tid < kRowsPerGroup) {
+        const int rr = rg * kRowsPerGroup + tid;
+        const bool ok = rr < P.R;
+        const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
+        const size_t idx = ok ? ((size_t)d.r * P.q_len + qi) * P.q_heads + d.h * P.ratio + hl : 0;
+        cp_async4(sQs + tid, P.q_scale + idx, ok);
+      }
+    }
+  };
+
+  // Load cursor.
+  int ld_d = d_begin;
+  Desc ldd = fetch(ld_d);
+  int ld_t = ldd.tb;
+  bool ld_ok = true;
+  auto ld_advance = [&]() {
+    if (++ld_t >= ldd.te) {
+      if (++ld_d < d_end) { ldd = fetch(ld_d); ld_t = ldd.tb; } else ld_ok = false;
+    }
+  };
+#pragma unroll 1
+  for (int s = 0; s < CF::STAGES - 1; ++s) {
+    if (ld_ok) { load_tile(s, ldd, ld_t, ld_t == ldd.tb); ld_advance(); }
+    cp_commit();
+  }
+
+  const float kscale = FP8 ? __ldg(P.k_scale) : 1.f;
+  const float vscale = FP8 ? __ldg(P.v_scale) : 1.f;
+
+  // Compute state.
+  int cd = d_begin;
+  Desc cdd = fetch(cd);
+  int ct = cdd.tb;
+  uint32_t qa[8][4];
+  float o[16][4];
+  float m_[2], l_[2], sc[2];
+  int lim_[2];
+
+#pragma unroll 1
+  for (int it = 0;; ++it) {
+    cp_wait<CF::STAGES - 2>();
+    __syncthreads();
+    if (ld_ok) { load_tile((it + CF::STAGES - 1) % CF::STAGES, ldd, ld_t, ld_t == ldd.tb); ld_advance(); }
+    cp_commit();
+
+    const int stage = it % CF::STAGES;
+    const uint8_t* sK = stages + stage * CF::STAGE_BYTES;
+    const uint8_t* sV = sK + CF::KV_BYTES;
+
+    if (ct == cdd.tb) {  // descriptor start: Q fragments, row scales and causal limits
+      const uint8_t* sQ = sV + CF::KV_BYTES;
+      const float* sQs = reinterpret_cast<const float*>(sQ + kRowsPerGroup * CF::QROWB);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = g + 8 * half;
+        const uint4* src = reinterpret_cast<const uint4*>(sQ + row * CF::QROWB + tig * 32 * CF::ES);
+        uint32_t w[8 * CF::ES];
+#pragma unroll
+        for (int i = 0; i < 2 * CF::ES; ++i) {
+          uint4 u = src[i];
+          w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
+        }
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) {
+          if constexpr (FP8) {
+            qa[ks][half] = e4m3x2_to_f16x2(w[ks]);
+            qa[ks][half + 2] = e4m3x2_hi_to_f16x2(w[ks]);
+          } else {
+            qa[ks][half] = w[2 * ks];
+            qa[ks][half + 2] = w[2 * ks + 1];
+          }
+        }
+        const int rr = rg * kRowsPerGroup + row;
+        const int qi = rr < P.R ? rr / P.ratio : 0;
+        float s = P.sm_scale * kLog2e;
+        if (FP8) s *= sQs[row] * kscale;
+        sc[half] = s;
+        lim_[half] = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
+        m_[half] = -INFINITY;
+        l_[half] = 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    }
+
+    // ---- S = Q K^T for this warp's 16 tokens ----
+    float s[2][4], s2[2][4];  // two accumulation chains per n-tile (even / odd k-steps) halve the mma latency chain
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      s2[nt][0] = s2[nt][1] = s2[nt][2] = s2[nt][3] = 0.f;
+      const uint4* src = reinterpret_cast<const uint4*>(sK + (warp * 16 + nt * 8 + g) * CF::ROWB + tig * 32 * CF::ES);
+      uint32_t w[8 * CF::ES];
+#pragma unroll
+      for (int i = 0; i < 2 * CF::ES; ++i) {
+        uint4 u = src[i];
+        w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
+      }
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        float* acc = (ks & 1) ? s2[nt] : s[nt];
+        if constexpr (FP8) {
+          mma16816<FP8>(acc, qa[ks], e4m3x2_to_f16x2(w[ks]), e4m3x2_hi_to_f16x2(w[ks]));
+        } else {
+          mma16816<FP8>(acc, qa[ks], w[2 * ks], w[2 * ks + 1]);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] += s2[nt][e];
+    }
+
+    // ---- online softmax (log2 domain) ----
+    const int tok0 = ct * kTile + warp * 16;
+    float mloc[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e >> 1;
+        const int tok = tok0 + nt * 8 + tig * 2 + (e & 1);
+        float v = s[nt][e] * sc[half];
+        v = tok < lim_[half] ? v : -INFINITY;
+        s[nt][e] = v;
+        mloc[half] = fmaxf(mloc[half], v);
+      }
+    float alpha[2], muse[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float mx = mloc[half];
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mnew = fmaxf(m_[half], mx);
+      muse[half] = (mnew == -INFINITY) ? 0.f : mnew;
+      alpha[half] = exp2f(m_[half] - muse[half]);
+      m_[half] = mnew;
+    }
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[nt][e] - muse[e >> 1]);
+        s[nt][e] = p;
+        rs[e >> 1] += p;
+      }
+    l_[0] = l_[0] * alpha[0] + rs[0];
+    l_[1] = l_[1] * alpha[1] + rs[1];
+    if (alpha[0] != 1.f || alpha[1] != 1.f) {  // the running max rarely moves after the first tiles
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+      }
+    }
+    uint32_t pa[4];
+    pa[0] = pack_p<FP8>(s[0][0], s[0][1]);
+    pa[1] = pack_p<FP8>(s[0][2], s[0][3]);
+    pa[2] = pack_p<FP8>(s[1][0], s[1][1]);
+    pa[3] = pack_p<FP8>(s[1][2], s[1][3]);
+
+    // ---- O += P V ----
+    const uint8_t* vsrc;
+    int vrowb;
+    if constexpr (FP8) {
+      // convert this warp's 16 fp8 V rows to f16 (exact) so ldmatrix.trans can transpose them
+      __half* buf = vconv + warp * 16 * (CF::VCONV_ROWB / 2);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = lane + 32 * i;
+        const int t = c >> 3, ch = c & 7;
+        const uint4 u = *reinterpret_cast<const uint4*>(sV + (warp * 16 + t) * CF::ROWB + ch * 16);
+        uint4 a, b;
+        a.x = e4m3x2_to_f16x2(u.x); a.y = e4m3x2_hi_to_f16x2(u.x);
+        a.z = e4m3x2_to_f16x2(u.y); a.w = e4m3x2_hi_to_f16x2(u.y);
+        b.x = e4m3x2_to_f16x2(u.z); b.y = e4m3x2_hi_to_f16x2(u.z);
+        b.z = e4m3x2_to_f16x2(u.w); b.w = e4m3x2_hi_to_f16x2(u.w);
+        uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(buf) + t * CF::VCONV_ROWB + ch * 32);
+        dst[0] = a;
+        dst[1] = b;
+      }
+      __syncwarp();
+      vsrc = reinterpret_cast<const uint8_t*>(buf);
+      vrowb = CF::VCONV_ROWB;
+    } else {
+      vsrc = sV + warp * 16 * CF::ROWB;
+      vrowb = CF::ROWB;
+    }
+    {
+      const int trow = (lane & 7) + ((lane >> 3) & 1) * 8;
+      const int dsel = (lane >> 4) * 8;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vsrc + trow * vrowb + (jj * 16 + dsel) * 2);
+        mma16816<FP8>(o[2 * jj], pa, b[0], b[1]);
+        mma16816<FP8>(o[2 * jj + 1], pa, b[2], b[3]);
+      }
+    }
+    if constexpr (FP8) __syncwarp();  // the conversion buffer is rewritten next tile
+
+    // ---- advance; epilogue at the end of a descriptor ----
+    if (++ct >= cdd.te) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float l = l_[half];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (tig == 0) {
+          merge_m[warp * 16 + g + 8 * half] = m_[half];
+          merge_l[warp * 16 + g + 8 * half] = l;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        float* r0 = merge_o + (warp * 16 + g) * CF::MERGE_O + j * 8 + tig * 2;
+        float* r1 = r0 + 8 * CF::MERGE_O;
+        *reinterpret_cast<float2*>(r0) = make_float2(o[j][0], o[j][1]);
+        *reinterpret_cast<float2*>(r1) = make_float2(o[j][2], o[j][3]);
+      }
+      __syncthreads();
+      {
+        const int row = tid >> 3, seg = tid & 7;  // 16 rows x 8 segments of 16 dims
+        const int rr = rg * kRowsPerGroup + row;
+        if (rr < P.R) {
+          float mw[4], M = -INFINITY;
+#pragma unroll
+          for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * 16 + row]; M = fmaxf(M, mw[w]); }
+          float acc[16];
+#pragma unroll
+          for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+          float L = 0.f;
+          if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+              const float f = exp2f(mw[w] - M);
+              L += merge_l[w * 16 + row] * f;
+              const float4* src = reinterpret_cast<const float4*>(merge_o + (w * 16 + row) * CF::MERGE_O + seg * 16);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                float4 x = src[i];
+                acc[4 * i] += f * x.x; acc[4 * i + 1] += f * x.y; acc[4 * i + 2] += f * x.z; acc[4 * i + 3] += f * x.w;
+              }
+            }
+          }
+          const float inv = (L > 0.f) ? vscale / L : 0.f;
+          const int qi = rr / P.ratio, hl = rr % P.ratio;
+          if (cdd.nch == 1) {
+            const size_t orow = ((size_t)cdd.r * P.q_len + qi) * P.q_heads + cdd.h * P.ratio + hl;
+            __nv_bfloat162 pk[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) pk[i] = __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+            uint4* dst = reinterpret_cast<uint4*>(P.out + orow * kD + seg * 16);
+            dst[0] = *reinterpret_cast<uint4*>(&pk[0]);
+            dst[1] = *reinterpret_cast<uint4*>(&pk[4]);
+          } else {
+            const size_t prow = (size_t)cdd.slot * P.R + rr;
+            float4* dst = reinterpret_cast<float4*>(P.part_o + prow * kD + seg * 16);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              dst[i] = make_float4(acc[4 * i] * inv, acc[4 * i + 1] * inv, acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
+            if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
+          }
+        }
+      }
+      if (++cd >= d_end) break;
+      cdd = fetch(cd);
+      ct = cdd.tb;
+    }
+  }
+  cp_wait<0>();
+}
+
+// combine: one warp per (pair, row); lanes own 4 dims each.
+__global__ void __launch_bounds__(256, 1) combine_kernel(const Params P) {
+  cudaGridDependencySynchronize();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rr = blockIdx.x * 8 + warp;
+  const int p = blockIdx.y;
+  if (rr >= P.R || p >= P.batch * P.H) return;
+  const int r = p % P.batch, h = p / P.batch;
+  int n, first;
+  if (P.mode == kDynamic) {
+    const int* cs = P.ws + 8 + (P.C + 1) + 4 * (P.max_pairs + P.C);
+    n = cs[P.max_pairs + p];
+    first = cs[p];
+  } else {
+    const int kvlen = max(P.kv_lens[r], 0);
+    const int tiles = (kvlen + kTile - 1) / kTile;
+    const int ct = (P.mode == kStaticCount) ? (tiles + P.splits - 1) / P.splits : P.chunk_tiles;
+    n = (tiles == 0 || ct <= 0) ? 0 : min((tiles + ct - 1) / ct, P.splits);
+    first = p * P.splits;
+  }
+  if (n == 1) return;  // written directly by the attention kernel
+  const int qi = rr / P.ratio, hl = rr % P.ratio;
+  const size_t orow = ((size_t)r * P.q_len + qi) * P.q_heads + h * P.ratio + hl;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (n > 1) {
+    float M = -INFINITY;
+    for (int i = 0; i < n; ++i) M = fmaxf(M, P.part_lse[(size_t)(first + i) * P.R + rr]);
+    if (M != -INFINITY) {
+      float L = 0.f;
+      for (int i = 0; i < n; ++i) {
+        const size_t prow = (size_t)(first + i) * P.R + rr;
+        const float w = expf(P.part_lse[prow] - M);
+        const float4 x = reinterpret_cast<const float4*>(P.part_o + prow * kD)[lane];
+        L += w;
+        acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
+      }
+      const float inv = 1.f / L;
+      acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
+    }
+  }
+  uint2 pk;
+  pk.x = pack_bf16(acc.x, acc.y);
+  pk.y = pack_bf16(acc.z, acc.w);
+  reinterpret_cast<uint2*>(P.out + orow * kD)[lane] = pk;
+}
+
+Params make_params(const void* q, const float* q_scale, const void* k, const void* v, const int* block_table,
+                   const int* kv_lens, const float* k_scale, const float* v_scale, void* out, float* part_o,
+                   float* part_lse, const int* ws, float sm_scale, int batch, int H, int q_heads, int q_len,
+                   int page_size, int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
+                   int chunk_tiles) {
+  Params P;
+  P.q = q; P.q_scale = q_scale; P.k = k; P.v = v; P.block_table = block_table; P.kv_lens = kv_lens;
+  P.k_scale = k_scale; P.v_scale = v_scale; P.out = reinterpret_cast<__nv_bfloat16*>(out);
+  P.part_o = part_o; P.part_lse = part_lse; P.ws = ws; P.sm_scale = sm_scale;
+  P.batch = batch; P.H = H; P.q_heads = q_heads; P.ratio = q_heads / H; P.q_len = q_len;
+  P.R = P.ratio * q_len; P.page_size = page_size; P.max_pages = max_pages; P.num_pages = num_pages;
+  P.page_shift = 0;
+  while ((1 << P.page_shift) < page_size) ++P.page_shift;
+  P.C = C; P.max_pairs = max_pairs; P.mode = mode; P.splits = splits; P.chunk_tiles = chunk_tiles;
+  return P;
+}
+
+template <typename K>
+int launch(K kernel, dim3 grid, dim3 block, int smem, bool pdl, cudaStream_t stream, const Params& P) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, P);
+  if (e != cudaSuccess) return (int)e;
+  return (int)cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" int hp_decode_smem_bytes(int kv_fp8) { return kv_fp8 ? Cfg<true>::SMEM : Cfg<false>::SMEM; }
+extern "C" int hp_decode_ctas_per_sm() { return kCtasPerSm; }
+
+// mode: 0 dynamic (grid.x = C persistent CTAs reading ws), 1 static fixed split count, 2 static fixed chunk size
+// (grid.x = H * batch * splits). Row groups grid.y = ceil(q_heads / H * q_len / 16).
+extern "C" int hp_decode_attention(const void* q, const float* q_scale, const void* k, const void* v,
+                                   const int* block_table, const int* kv_lens, const float* k_scale,
+                                   const float* v_scale, void* out, float* part_o, float* part_lse, const int* ws,
+                                   float sm_scale, int batch, int H, int q_heads, int q_len, int page_size,
+                                   int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
+                                   int chunk_tiles, int kv_fp8, int pdl, void* stream) {
+  if (batch <= 0 || H <= 0 || q_heads % H != 0 || q_len <= 0 || page_size <= 0 || (page_size & (page_size - 1)))
+    return (int)cudaErrorInvalidValue;  // page_size: a power of two (shift/mask addressing)
+  Params P = make_params(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
+                         sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode,
+                         splits, chunk_tiles);
+  const int G = (P.R + kRowsPerGroup - 1) / kRowsPerGroup;
+  dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
+  static int attr_done[2] = {0, 0};
+  if (kv_fp8) {
+    if (!attr_done[1]) {
+      cudaError_t e = cudaFuncSetAttribute(attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           Cfg<true>::SMEM);
+      if (e != cudaSuccess) return (int)e;
+      attr_done[1] = 1;
+    }
+    return launch(attention_kernel<true>, grid, dim3(kThreads), Cfg<true>::SMEM, pdl, (cudaStream_t)stream, P);
+  }
+  if (!attr_done[0]) {
+    cudaError_t e = cudaFuncSetAttribute(attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Cfg<false>::SMEM);
+    if (e != cudaSuccess) return (int)e;
+    attr_done[0] = 1;
+  }
+  return launch(attention_kernel<false>, grid, dim3(kThreads), Cfg<false>::SMEM, pdl, (cudaStream_t)stream, P);
+}
+
+extern "C" int hp_decode_combine(const int* kv_lens, void* out, const float* part_o, const float* part_lse,
+                                 const int* ws, int batch, int H, int q_heads, int q_len, int C, int max_pairs,
+                                 int mode, int splits, int chunk_tiles, int pdl, void* stream) {
+  if (batch <= 0 || H <= 0 || q_heads % H != 0 || q_len <= 0) return (int)cudaErrorInvalidValue;
+  Params P = make_params(nullptr, nullptr, nullptr, nullptr, nullptr, kv_lens, nullptr, nullptr, out,
+                         const_cast<float*>(part_o), const_cast<float*>(part_lse), ws, 0.f, batch, H, q_heads,
+                         q_len, 0, 0, 0, C, max_pairs, mode, splits, chunk_tiles);
+  dim3 grid((P.R + 7) / 8, batch * H);
+  return launch(combine_kernel, grid, dim3(256), 0, pdl, (cudaStream_t)stream, P);
+}

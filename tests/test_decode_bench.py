@@ -1,0 +1,148 @@
+"""CPU tests of the decode benchmark driver and its peers (GPU timing is exercised by notebook 02 on the H200)."""
+
+import math
+
+import pytest
+import torch
+
+from hotpaths.harness import decode_bench as D
+from hotpaths.harness import peers as P
+from hotpaths.harness.check import check
+from hotpaths.harness.tables import COLUMNS
+from hotpaths.reference.split_kv_decode import make_decode_inputs, split_kv_decode_ref
+
+CPU_ONLY = not torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def cpu_rows():
+    return D.decode_rows(["3x100+1x700", "2x64+1x0"], kv_dtypes=("fp8", "bf16"), log=None)
+
+
+def test_rows_have_every_contract_column(cpu_rows):
+    for r in cpu_rows:
+        missing = [c for c in COLUMNS + D.EXTRA_COLUMNS if c not in r]
+        assert not missing, f"row {r['impl']} lacks {missing}"
+        assert r["op"] == "split_kv_decode" and r["dtype"] in ("fp8_kv", "bf16_kv")
+        assert r["repro"].startswith("hotpaths decode --cases ") and f"--kv-dtype {r['dtype'][:-3]}" in r["repro"]
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="checks the CPU (no-GPU) behaviour")
+def test_cpu_emulation_rows_correct_and_untimed(cpu_rows):
+    emu = [r for r in cpu_rows if r["impl"].endswith("_emulation")]
+    # 2 cases x 2 dtypes x 4 schedules
+    assert len(emu) == 16
+    assert {r["impl"] for r in emu} == {m + "_emulation" for m in D.OUR_IMPLS}
+    for r in emu:
+        assert r["median_us"] is None and r["gbps"] is None
+        for k in ("rel_l2_err", "max_abs_err", "cosine"):
+            assert math.isfinite(r[k]), (r["impl"], k, r[k])
+        assert r["check_passed"] is True
+        assert r["rel_l2_err"] <= 1e-2 and r["cosine"] >= 0.9999
+        assert r["bytes"] > r["kv_bytes"] > 0
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="checks the CPU (no-GPU) behaviour")
+def test_peers_report_unavailability_on_cpu(cpu_rows):
+    for name in P.PEER_NAMES:
+        reason = P.available(name)
+        assert isinstance(reason, str) and reason.startswith("not available:"), (name, reason)
+        fn, why = P.try_make(name, make_decode_inputs([64], seed=0))
+        assert fn is None and "CUDA" in why
+    peer_rows = [r for r in cpu_rows if r["impl"] in P.PEER_NAMES]
+    assert len(peer_rows) == 3 * 4
+    assert all(r["median_us"] is None and r["note"].startswith("not available") for r in peer_rows)
+
+
+def test_unknown_peer_is_a_reason_not_an_exception():
+    assert "unknown peer" in P.available("no_such_peer")
+
+
+def test_flashinfer_missing_source_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTPATHS_FLASHINFER_DIR", str(tmp_path / "absent"))
+    with pytest.raises(P.PeerUnavailable, match="fetch_flashinfer.sh"):
+        P._import_flashinfer()
+
+
+def test_published_lookup():
+    # data/reported/decode_fp8_kv_distribution_h20.csv: 1x128K+31x4K = 0.063 / 0.186 / 0.220 / 0.097 ms
+    assert D.published_h20_us("1x128K+31x4K", "dynamic", "fp8") == pytest.approx(63.0)
+    assert D.published_h20_us("1x128K+31x4K", "static_count", "fp8") == pytest.approx(186.0)
+    assert D.published_h20_us("1x128K+31x4K", "static_chunk_emulation", "fp8") == pytest.approx(186.0)
+    assert D.published_h20_us("1x128K+31x4K", "flashinfer", "fp8") == pytest.approx(220.0)
+    assert D.published_h20_us("1x128K+31x4K", "flashattention", "fp8") == pytest.approx(97.0)
+    assert D.published_h20_us("64x0.5K", "dynamic", "fp8") == pytest.approx(13.0)
+    assert D.published_h20_us("1x128K+31x4K", "dynamic", "bf16") is None      # published table is FP8 KV only
+    assert D.published_h20_us("1x16K+15x64", "dynamic", "fp8") is None        # not a published case
+    assert D.published_h20_us("1x128K+31x4K", "torch_sdpa_gathered", "fp8") is None
+    assert D.published_dynamic_vs_static("1x128K+31x4K") == pytest.approx(2.95)
+    assert D.hpc_ops_h200_us("1x128K+31x4K", "dynamic", "fp8") == 35.7
+    assert D.hpc_ops_h200_us("1x128K+31x4K", "static_chunk", "fp8") == 172.8
+    assert D.hpc_ops_h200_us("1x128K+31x4K", "dynamic", "bf16") == 54.0
+    assert D.hpc_ops_h200_us("1x128K+31x4K", "flashinfer", "fp8") is None
+    assert set(D.HPC_OPS_H200_US) == set(D.ISSUE_CASES)
+
+
+def test_ratio_columns_filled_from_medians():
+    mk = lambda impl, us: dict(case="c", dtype="fp8_kv", impl=impl, median_us=us, dynamic_vs_static=None)  # noqa
+    rows = [mk("dynamic", 10.0), mk("static_count", 30.0), mk("static_chunk", 20.0), mk("flashinfer", 40.0)]
+    D._fill_ratios(rows)
+    assert rows[0]["dynamic_vs_static"] == pytest.approx(2.0)  # vs the faster static flavour
+    assert rows[1]["dynamic_vs_static"] == pytest.approx(3.0)
+    assert rows[3]["dynamic_vs_static"] is None
+
+
+def test_bad_arguments_raise():
+    from hotpaths.harness.shapes import CaseError
+
+    with pytest.raises(CaseError):
+        D.decode_rows(["64y4K"], log=None)
+    with pytest.raises(ValueError, match="impls"):
+        D.decode_rows(["1x64"], impls=("nope",), log=None)
+    with pytest.raises(ValueError, match="kv_dtypes"):
+        D.decode_rows(["1x64"], kv_dtypes=("fp16",), log=None)
+
+
+def test_skew_lengths_keep_total_and_grow():
+    from hotpaths.harness.shapes import expand_lengths, format_case
+
+    total = 32 * 4096
+    shares = []
+    for f in (1 / 32, 0.25, 0.5, 0.9):
+        case = D.skew_lengths(total, f)
+        lens = expand_lengths(format_case(case))
+        assert sum(lens) == total and len(lens) == 32 and all(L % 64 == 0 and L > 0 for L in lens)
+        shares.append(max(lens) / total)
+    assert shares[0] == pytest.approx(1 / 32) and shares == sorted(shares) and shares[-1] > 0.85
+    with pytest.raises(ValueError, match="total_tokens"):
+        D.skew_lengths(1000, 0.5)
+    with pytest.raises(ValueError, match="long_fraction"):
+        D.skew_lengths(total, 1.0)
+
+
+def test_case_numbers_bytes_and_floor():
+    rows = D.case_numbers(["64x4K"], ceilings={"copy_gbps": 4000.0})
+    fp8, bf16 = rows
+    assert fp8["kv_mb"] == pytest.approx(64.0) and bf16["kv_mb"] == pytest.approx(128.0)
+    assert fp8["floor_us"] == pytest.approx(fp8["bytes"] / 4000.0 / 1e3)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "bf16"])
+@pytest.mark.parametrize("q_len", [1, 2])
+def test_gathered_peers_match_reference_on_cpu(kv_dtype, q_len):
+    # kv_len 0, 1 (< q_len for MTP), non-multiples of the page, GQA 4:1 with 2 kv heads; NaN-poisoned unused slots
+    inp = make_decode_inputs([1, 63, 200, 0, 130], q_heads=8, kv_heads=2, head_dim=64, page_size=16, q_len=q_len,
+                             kv_dtype=kv_dtype, seed=3)
+    ref = split_kv_decode_ref(**inp)
+    for fn in (P.make_torch_sdpa_gathered(inp, allow_cpu=True),
+               P.make_flex_attention_decode(inp, allow_cpu=True, compile=False)):
+        res = check(fn(), ref, op="split_kv_decode", path=f"{kv_dtype}_vs_exact")
+        assert res.passed, res
+
+
+def test_ncu_rows_say_unavailable_without_gpu():
+    if not CPU_ONLY:
+        pytest.skip("CPU behaviour")
+    with pytest.warns(RuntimeWarning):
+        rows = D.ncu_rows(["1x64"])
+    assert rows[0]["note"].startswith("unavailable")

@@ -1,0 +1,170 @@
+"""CPU tests of the router GEMM API: plan/validation errors, the dispatch rule, the CLI's emulation fallback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hotpaths.kernels import router_gemm as rg
+from hotpaths.reference import router_gemm as ref
+
+N, K = 64, 128
+no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="the emulation fallback is the no-GPU path")
+
+
+@pytest.fixture(scope="module")
+def weights():
+    _, w = ref.make_router_inputs(1, N, K, seed=1)
+    return rg.plan(w)
+
+
+def test_plan_holds_the_reference_split():
+    _, w = ref.make_router_inputs(1, N, K, seed=2)
+    p = rg.plan(w)
+    hi, lo = ref.split_fp32_weight(w)
+    assert torch.equal(p.w_high, hi) and torch.equal(p.w_low, lo) and p.w_mid is None and p.w_low2 is None
+    assert (p.n, p.k) == (N, K) and p.w_high.is_contiguous() and p.w_high.dtype == torch.bfloat16
+    p3 = rg.plan(w, three_part=True)
+    assert torch.equal(torch.stack([p3.w_high, p3.w_mid, p3.w_low2]), torch.stack(ref.split_fp32_weight_3(w)))
+    # a three-part plan still carries the two-part (round-to-nearest) low part for the BF16x2 kernel: the
+    # three-part middle part is a truncation and would double the BF16x2 error (a bug caught on the H200)
+    assert torch.equal(p3.w_low, lo) and not torch.equal(p3.w_mid, lo)
+
+
+@pytest.mark.parametrize("shape", [(100, K), (N, 96), (N, 0)])
+def test_plan_rejects_unsupported_shapes(shape):
+    with pytest.raises(ValueError, match="multiple of 64"):
+        rg.plan(torch.randn(*shape))
+
+
+def test_plan_rejects_bad_weights():
+    with pytest.raises(TypeError, match="float32"):
+        rg.plan(torch.randn(N, K, dtype=torch.float64))
+    with pytest.raises(ValueError, match="contiguous"):
+        rg.plan(torch.randn(K, N).t())
+    with pytest.raises(ValueError, match="2-D"):
+        rg.plan(torch.randn(N * K))
+    with pytest.raises(TypeError, match="Tensor"):
+        rg.plan([[1.0]])
+    w = torch.randn(N, K)
+    w[0, 0] = float("inf")
+    with pytest.raises(ValueError, match="non-finite"):
+        rg.plan(w)
+
+
+def test_router_gemm_validation(weights):
+    x = torch.randn(3, K).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="impl"):
+        rg.router_gemm(x, weights, impl="fp64_magic")
+    with pytest.raises(TypeError, match="bfloat16"):
+        rg.router_gemm(x.float(), weights)
+    with pytest.raises(ValueError, match=r"K=128"):
+        rg.router_gemm(torch.randn(3, K + 64).to(torch.bfloat16), weights)
+    with pytest.raises(ValueError, match="contiguous"):
+        rg.router_gemm(torch.randn(K, 3).to(torch.bfloat16).t(), weights)
+    with pytest.raises(TypeError, match="RouterWeights"):
+        rg.router_gemm(x, weights.w)
+    with pytest.raises(ValueError, match="three_part"):
+        rg.router_gemm(x, weights, impl="bf16x3_kernel")
+    with pytest.raises(TypeError, match="float32"):
+        rg.router_gemm(x, weights, impl="fp32_cublas", out=torch.empty(3, N, dtype=torch.float64))
+    with pytest.raises(ValueError, match="out"):
+        rg.router_gemm(x, weights, impl="fp32_cublas", out=torch.empty(3, N + 1))
+    # the kernel needs a GPU: a clear error, not a silent fallback
+    with pytest.raises(RuntimeError, match="SM90"):
+        rg.router_gemm(x, weights, impl="bf16x2_kernel")
+
+
+def test_m_zero_returns_empty(weights):
+    out = rg.router_gemm(torch.empty(0, K, dtype=torch.bfloat16), weights, impl="bf16x2_kernel")
+    assert out.shape == (0, N) and out.dtype == torch.float32
+
+
+def test_cpu_baselines_compute_the_right_numbers(weights):
+    x = torch.randn(5, K).to(torch.bfloat16)
+    out = torch.full((5, N), float("nan"))
+    rg.router_gemm(x, weights, impl="fp32_cublas", out=out)
+    assert torch.allclose(out.double(), ref.router_gemm_ref(x, weights.w), rtol=0, atol=1e-5)
+    b = rg.router_gemm(x, weights, impl="bf16_cublas")
+    assert torch.allclose(b, ref.bf16_emulation(x, weights.w), rtol=0, atol=1e-5)
+
+
+def test_choose_impl_rule():
+    table = {"shapes": [{"n": 192, "k": 4096, "rows": [
+        {"m": 1, "choice": "fp32_cublas"}, {"m": 4, "choice": "bf16x2_kernel"}, {"m": 4096, "choice": "fp32_cublas"}]}]}
+    assert rg.choose_impl(1, 192, 4096, table) == "fp32_cublas"
+    assert rg.choose_impl(2, 192, 4096, table) == "bf16x2_kernel"  # equidistant in log2: the larger M
+    assert rg.choose_impl(3, 192, 4096, table) == "bf16x2_kernel"
+    assert rg.choose_impl(100, 192, 4096, table) == "bf16x2_kernel"
+    assert rg.choose_impl(3000, 192, 4096, table) == "fp32_cublas"
+    assert rg.choose_impl(3, 256, 7168, table) == "bf16x2_kernel"  # shape not measured
+    assert rg.choose_impl(3, 192, 4096, {}) == "bf16x2_kernel"
+
+
+def test_dispatch_table_file_is_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTPATHS_DISPATCH_DIR", str(tmp_path))
+    assert rg.dispatch_path("cpu").name == "router_gemm_cpu.json"
+    path = rg.dispatch_path()  # this device's tag
+    assert path.parent == tmp_path
+    path.write_text(json.dumps({"shapes": [{"n": 192, "k": 4096, "rows": [
+        {"m": 48, "choice": "fp32_cublas", "kernel": {"variant": "decode", "splits": 8}},
+        {"m": 4096, "choice": "bf16x2_kernel", "kernel": {"variant": "tiled64d", "splits": 4}}]}]}))
+    rg.reload_dispatch_table()
+    try:
+        assert rg.choose_impl(8, 192, 4096) == "fp32_cublas"
+        assert rg.tuned_config(8, 192, 4096) == ("decode", 8)
+        assert rg.tuned_config(100, 192, 4096) is None  # nearest row is decode, which cannot run M > 64
+        assert rg.tuned_config(700, 192, 4096) == ("tiled64d", 4)
+        assert rg.tuned_config(700, 256, 4096) is None
+    finally:
+        rg.reload_dispatch_table()
+
+
+@no_gpu_only
+def test_benchmark_rows_fall_back_to_emulations():
+    rows = rg.benchmark_rows([1, 3], N, K, ["dispatch", "bf16x2_kernel", "fp32_cublas", "tf32_cublas"], seed=4)
+    assert [r["impl"] for r in rows] == ["bf16x2_emulation", "fp32_emulation", "tf32_emulation"] * 2
+    for r in rows:
+        assert r["median_us"] is None and r["op"] == "router_gemm" and r["case"] == f"hy3_m{r['m']}"
+        assert (r["n"], r["k"]) == (N, K) and r["max_abs_err"] == r["max_abs_err_vs_fp64"]
+    errs = {r["impl"]: r["max_abs_err_vs_fp64"] for r in rows if r["m"] == 3}
+    # precision ordering: fp32 < bf16x2 < tf32 (the point of the two-part weight)
+    assert errs["fp32_emulation"] < errs["bf16x2_emulation"] < errs["tf32_emulation"]
+
+
+def test_kernel_candidates():
+    c = rg.kernel_candidates(16, 192, 4096)
+    assert ("decode_n1", 0) in c and ("decode_n2", 0) in c and ("tiled64d", 8) in c and ("tiled128x", 1) in c
+    assert all(not v.startswith("decode") for v, _ in rg.kernel_candidates(65, 192, 4096))
+    # big grids are not split further; every split keeps >= 4 k-steps
+    assert ("tiled64", 8) not in rg.kernel_candidates(4096, 192, 4096)
+    assert all((128 // (64 if v.endswith("d") else 32)) // max(s, 1) >= 4 for v, s in rg.kernel_candidates(1, 64, 128)
+               if not v.startswith("decode"))
+
+
+def test_benchmark_rows_reject_unknown_impl():
+    with pytest.raises(ValueError, match="impls"):
+        rg.benchmark_rows([1], N, K, ["cutlass"])
+    with pytest.raises(ValueError, match="multiple of 64"):
+        rg.benchmark_rows([1], 100, K, ["dispatch"])
+
+
+@no_gpu_only
+def test_cli_emulation_fallback(capsys):
+    from hotpaths.harness.cli import main
+
+    assert main(["router", "--m", "1,3", "--n", str(N), "--k", str(K), "--impl", "bf16x2_kernel,bf16x3_kernel",
+                 "--json"]) == 0
+    lines = [json.loads(s) for s in capsys.readouterr().out.strip().splitlines()]
+    assert [r["impl"] for r in lines] == ["bf16x2_emulation", "bf16x3_emulation"] * 2
+    assert all(r["median_us"] is None and r["max_abs_err"] > 0 for r in lines)
+    assert lines[1]["max_abs_err"] < lines[0]["max_abs_err"]  # three parts beat two
+
+
+def test_cli_rejects_bad_shape(capsys):
+    from hotpaths.harness.cli import main
+
+    assert main(["router", "--m", "1", "--n", "100", "--k", str(K)]) == 2
+    assert "multiple of 64" in capsys.readouterr().err
