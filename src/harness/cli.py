@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:  # bad input that passed argparse: a clear message, exit 2
         print(f"hotpaths {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # e.g. a GPU-only action on a machine without one
+        print(f"hotpaths {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

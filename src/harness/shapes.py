@@ -54,14 +54,14 @@ def format_case(cases) -> str:
     return "+".join(f"{c}x{fmt(n)}" for c, n in cases)
 
 
-def parse_int_list(spec: str, name: str) -> list[int]:
-    """``"1,2,4"`` -> [1, 2, 4]; raises CaseError naming the option on bad input."""
+def parse_int_list(spec: str, name: str, *, minimum: int = 0) -> list[int]:
+    """``"1,2,4"`` -> [1, 2, 4]; raises CaseError naming the option on bad input or a value below ``minimum``."""
     try:
         vals = [int(v) for v in spec.split(",") if v.strip()]
     except ValueError:
         raise CaseError(f"{name} {spec!r}: expected comma-separated integers, e.g. '1,2,4'") from None
-    if not vals or any(v < 0 for v in vals):
-        raise CaseError(f"{name} {spec!r}: expected non-negative integers")
+    if not vals or any(v < minimum for v in vals):
+        raise CaseError(f"{name} {spec!r}: expected integers >= {minimum}")
     return vals
 
 
@@ -80,13 +80,13 @@ def case_list_arg(spec: str) -> list[str]:
     return parts
 
 
-def int_list_arg(name: str):
-    """argparse type factory for comma-separated non-negative integers (``--m 1,2,4``)."""
+def int_list_arg(name: str, *, minimum: int = 0):
+    """argparse type factory for comma-separated integers >= minimum (``--m 1,2,4``)."""
     import argparse
 
     def conv(spec: str) -> list[int]:
         try:
-            return parse_int_list(spec, name)
+            return parse_int_list(spec, name, minimum=minimum)
         except CaseError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return conv

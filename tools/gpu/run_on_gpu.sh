@@ -10,6 +10,7 @@
 #
 # Arguments are passed to `python3 -m hotpaths` (default: reproduce --profile full --device cuda).
 # Environment: OUT (where the archive and run.log go; the device tool sets it; default ./gpu_out),
+#   RUN_TIMEOUT=S stops `hotpaths` after S seconds (the archive is still written),
 #   GPU_TESTS=1 also runs `pytest -m gpu tests` (log: $OUT/pytest_gpu.log),
 #   PYTHON (default python3), SITE (default /tmp/site), HP_LINK_DIR (default /tmp/hp: holds the hotpaths -> src
 #   link), JK_PREFIX (default /tmp/jk: the kernelspec prefix).
@@ -58,7 +59,12 @@ command -v ncu > /dev/null && say "ncu: $(ncu --version | tail -1)" || say "ncu:
 if [[ $# -eq 0 ]]; then set -- reproduce --profile full --device cuda; fi
 say "python3 -m hotpaths $*"
 start=$(date +%s)
-"$py" -m hotpaths "$@"
+# RUN_TIMEOUT (seconds) stops hotpaths early enough that the results still get packed below.
+if [[ -n "${RUN_TIMEOUT:-}" ]]; then
+    timeout "$RUN_TIMEOUT" "$py" -m hotpaths "$@"
+else
+    "$py" -m hotpaths "$@"
+fi
 rc=$?
 say "hotpaths exited $rc after $(( $(date +%s) - start )) s"
 

@@ -6,6 +6,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#ifndef PROBE_UNROLL
+#define PROBE_UNROLL 4
+#endif
+
 namespace {
 
 __global__ void __launch_bounds__(256) probe_copy_kernel(int4* __restrict__ dst, const int4* __restrict__ src,
@@ -17,14 +21,14 @@ __global__ void __launch_bounds__(256) probe_copy_kernel(int4* __restrict__ dst,
 #endif
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  // Four independent 16-byte loads in flight per thread before the first store.
-  for (; i + 3 * stride < n_vec; i += 4 * stride) {
-    int4 a = __ldcs(src + i), b = __ldcs(src + i + stride), c = __ldcs(src + i + 2 * stride),
-         d = __ldcs(src + i + 3 * stride);
-    __stcs(dst + i, a);
-    __stcs(dst + i + stride, b);
-    __stcs(dst + i + 2 * stride, c);
-    __stcs(dst + i + 3 * stride, d);
+  // PROBE_UNROLL independent 16-byte loads in flight per thread before the first store (memory-level
+  // parallelism); notebook 00 recompiles this with NVRTC at other values to show the effect.
+  for (; i + (PROBE_UNROLL - 1) * stride < n_vec; i += PROBE_UNROLL * stride) {
+    int4 v[PROBE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < PROBE_UNROLL; ++u) v[u] = __ldcs(src + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < PROBE_UNROLL; ++u) __stcs(dst + i + u * stride, v[u]);
   }
   for (; i < n_vec; i += stride) __stcs(dst + i, __ldcs(src + i));
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -44,9 +44,17 @@ DTYPE_OF = {"bf16x2_kernel": "x bf16, w fp32 as 2x bf16 (hi + lo/256), out fp32"
             "bf16_cublas": "x bf16, w bf16 (RNE), out fp32 (cuBLAS BF16)"}
 # Kernel configurations: decode (split-K over a cluster, M <= 64; _n1/_n2 force 1 or 2 n8 tiles per warp), tiled
 # BM x 64 with BK = 32 and 4 stages ("tiled64", "tiled128"), BK = 64 and 4 stages ("tiled64d", "tiled128d"), BK = 64
-# and 6 / 5 stages ("tiled64x", "tiled128x"); "auto" = the built-in heuristic (a tuned table wins).
+# and 6 / 5 stages ("tiled64x", "tiled128x"); wide-N tiles BM x BN (N must be a multiple of BN): "t128n96" (BK 32),
+# "t128n96d" (BK 64), "t64n96d" (BK 64), "t64n192" (BK 32), "t64n192d" (BK 64); "auto" = the built-in heuristic (a
+# tuned table wins).
 VARIANTS = {"auto": 0, "decode": 1, "tiled64": 2, "tiled128": 3, "tiled64d": 4, "tiled128d": 5, "tiled64x": 6,
-            "tiled128x": 7, "decode_n1": 8, "decode_n2": 9}
+            "tiled128x": 7, "decode_n1": 8, "decode_n2": 9, "t128n96": 10, "t128n96d": 11, "t64n96d": 12,
+            "t64n192": 13, "t64n192d": 14}
+# Tiled variants: (BM, BN, BK) of the CTA tile, for the candidate list (mirrors tile_of() in router_gemm.cu).
+TILED_TILES = {"tiled64": (64, 64, 32), "tiled64d": (64, 64, 64), "tiled64x": (64, 64, 64),
+               "tiled128": (128, 64, 32), "tiled128d": (128, 64, 64), "tiled128x": (128, 64, 64),
+               "t128n96": (128, 96, 32), "t128n96d": (128, 96, 64), "t64n96d": (64, 96, 64),
+               "t64n192": (64, 192, 32), "t64n192d": (64, 192, 64)}
 _VARIANT_NAMES = {v: k for k, v in VARIANTS.items()}
 _SCALE = 1.0 / 256.0
 DISPATCH_DIR = Path(__file__).resolve().parents[3] / "data" / "dispatch"
@@ -77,7 +85,8 @@ def kernel_config(m: int, n: int, k: int, *, variant: str = "auto", splits: int 
     code = _lib().hp_router_gemm_config(m, n, k, VARIANTS[variant], splits, buf)
     if code:
         raise ValueError(f"router GEMM kernel: no configuration for M={m}, N={n}, K={k}, variant={variant!r}, "
-                         f"splits={splits} (N, K multiples of 64; decode needs M <= 64; splits in 0, 1, 2, 4, 8)")
+                         f"splits={splits} (N, K multiples of 64; decode needs M <= 64; the tiled variants need N "
+                         f"a multiple of their BN, {TILED_TILES.get(variant, (0, 64))[1]}; splits in 0, 1, 2, 4, 8)")
     return {"variant": _VARIANT_NAMES[buf[0]], "splits": buf[1], "mt": buf[2], "nt": buf[3]}
 
 
@@ -413,14 +422,16 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
 
 
 def kernel_candidates(m: int, n: int, k: int) -> list[tuple[str, int]]:
-    """Kernel configurations worth timing at M x (N, K): decode (M <= 64) and each tiled variant with K splits
-    1, 2, 4, 8 while the grid stays under ~4 CTAs per SM and each split keeps >= 4 k-steps."""
+    """Kernel configurations worth timing at M x (N, K): decode (M <= 64) and each tiled variant whose BN divides
+    N, with K splits 1, 2, 4, 8 while the grid stays under ~4 CTAs per SM and each split keeps >= 4 k-steps.
+    Raises ValueError for an unsupported shape (N, K not multiples of 64, M < 1)."""
     if n % 64 or k % 64 or m < 1:
         raise ValueError(f"kernel_candidates: unsupported M={m}, N={n}, K={k} (N, K multiples of 64, M >= 1)")
     out = [("decode_n1", 0), ("decode_n2", 0)] if m <= 64 else []
-    for v, bm, bk in (("tiled64", 64, 32), ("tiled64d", 64, 64), ("tiled64x", 64, 64), ("tiled128", 128, 32),
-                      ("tiled128d", 128, 64), ("tiled128x", 128, 64)):
-        base = -(-m // bm) * (n // 64)
+    for v, (bm, bn, bk) in TILED_TILES.items():
+        if n % bn:
+            continue
+        base = -(-m // bm) * (n // bn)
         for s in (1, 2, 4, 8):
             if (s == 1 or base * s <= 4 * 132) and (k // bk) // s >= 4:
                 out.append((v, s))
@@ -433,14 +444,22 @@ def measure_crossover(shapes, ms=DEFAULT_MS, *, path: str | Path | None = None, 
     kernel configuration (kernel_candidates; only the built-in one when tune=False) and FP32 cuBLAS, and write the
     dispatch table (dispatch_path() unless ``path``); returns it. Needs an SM90 GPU (RuntimeError otherwise).
 
+    Every candidate is first run once on fresh random data into a NaN-poisoned output and checked against the
+    BF16x2 emulation (tolerance row ("router_gemm", "bf16x2_vs_emulation")); a candidate that fails (or raises)
+    is not timed and cannot be selected: it is listed with the reason under the row's "failed".
+
     Table: {"op", "device", "run_id", "method", "shapes": [{"n", "k", "rows": [{"m", "kernel": {"variant",
-    "splits"}, "bf16x2_kernel_us", "fp32_cublas_us", "choice", "candidates_us"}]}]}.
+    "splits"}, "bf16x2_kernel_us", "fp32_cublas_us", "choice", "candidates_us", "failed" (when any)}]}]}.
     """
     if not _gpu_ok():
         raise RuntimeError("measure_crossover needs an SM90 GPU (the table is a measurement of this device)")
     from hotpaths.harness.bench import bench
+    from hotpaths.harness.check import check
     from hotpaths.harness.env import device_tag
     from hotpaths.harness.runs import run_id
+    from hotpaths.harness.tolerances import tolerance
+
+    tol = tolerance(OP, "bf16x2_vs_emulation")
 
     table = {"op": OP, "device": device_tag(), "run_id": run_id(), "gpu": torch.cuda.get_device_name(),
              "method": f"harness bench: CUDA graph replay, L2 flushed before each replay, median of {iters}",
@@ -455,15 +474,27 @@ def measure_crossover(shapes, ms=DEFAULT_MS, *, path: str | Path | None = None, 
         for m in ms:
             x, _ = ref.make_router_inputs(m, n, k, seed=seed + 1 + m)
             x = x.cuda()
+            # correctness gate: a second fresh input (not the timed one), its emulation computed once per M
+            xc, _ = ref.make_router_inputs(m, n, k, seed=seed + 7919 + m)
+            xc = xc.cuda()
+            emu = ref.bf16x2_from_parts(xc, weights.w_high, weights.w_low)
             out = torch.empty(m, n, device="cuda")
             cands = kernel_candidates(m, n, k) if tune else [("auto", 0)]
             cand_us = {}
             failed = {}
             for v, sp in cands:
                 try:
+                    got = torch.full((m, n), float("nan"), device="cuda")
+                    router_gemm(xc, weights, impl="bf16x2_kernel", out=got, variant=v, splits=sp)
+                    torch.cuda.synchronize()
+                    c = check(got, emu, tol=tol)
+                    if not c.passed:
+                        failed[f"{v}/{sp}"] = (f"wrong result vs bf16x2 emulation: rel_l2={c.rel_l2_err:.3g} "
+                                               f"max_abs={c.max_abs_err:.3g} nan={c.nan_count} inf={c.inf_count}")
+                        continue
                     cand_us[f"{v}/{sp}"] = bench(lambda: router_gemm(x, weights, impl="bf16x2_kernel", out=out,
                                                                      variant=v, splits=sp), iters=iters).median_us
-                except RuntimeError as e:  # e.g. a cluster that cannot be scheduled: record it, tune without it
+                except (RuntimeError, ValueError) as e:  # e.g. a cluster that cannot be scheduled: record, skip
                     failed[f"{v}/{sp}"] = str(e)[:200]
             if not cand_us:
                 raise RuntimeError(f"measure_crossover: every kernel configuration failed at M={m}, N={n}, K={k}: "

@@ -23,6 +23,10 @@
 //    too few tiles for 132 SMs (M in the low hundreds), K is split over a cluster of S <= 8 CTAs
 //    (grid z = S) reduced through distributed shared memory, as in (1).
 //    Traffic: x once per N/64 column tile (L2 absorbs the repeats), W once per BM row tile.
+//    Wide-N tiles (BN = 96 or 192, N % BN == 0; warp tile 32 x 48 or 16 x 48): at N = 192 the BM x 64 tiles give
+//    only 96 CTAs at M = 4096 and stream ~200 MB from L2 ((BM + 2 * 64) * K * 2 B per CTA); a 128 x 96 tile split
+//    over 2 K halves gives 128 CTAs and ~170 MB, a 64 x 192 tile reads x exactly once, and the 32 x 48 warp tile
+//    issues 8 ldmatrix.x4 per 24 mma (BN = 64: 6 per 16 or 4 per 8). Which wins is measured by the tuner.
 //
 // Numerics measured on H200 (run 2): against the cuBLAS-SGEMM emulation of the same two products, the kernel
 // differs by rel L2 ~4.4e-6 (max abs 2.5e-5, logits of std ~1) when one CTA accumulates all of K = 4096 in the
@@ -167,26 +171,33 @@ __global__ void __cluster_dims__(kClusterK, 1, 1) __launch_bounds__(kDecodeWarps
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// Tiled kernel (prefill). BM x BN tile, 8 warps as (BM/32) x (8/(BM/32)); warp tile 32 x WN.
+// Tiled kernel (prefill). BM x BN tile, 8 warps as WARPS_M x (8 / WARPS_M); warp tile WM x WN
+// (WM = BM / WARPS_M = 16 or 32: MI = WM / 16 m16 tiles; WN = BN / WARPS_N: NT = WN / 8 n8 tiles, even).
+// BN = 64 (the original configurations, warp tile 32 x 16/32) or 96 / 192 (wider warp tiles, 32 x 48 or
+// 16 x 48: fewer ldmatrix per mma, and x re-read by only N / BN column tiles: 2 or 1 at N = 192).
 constexpr int kTiledThreads = 256, kBN = 64;
 
 // BK: k-tile width (32 or 64); STAGES: cp.async pipeline depth. Rows are padded by 8 bf16 (16 B) so the 8 row
 // addresses of one ldmatrix phase fall in distinct banks (stride 80 B or 144 B).
-template <int BM, int PARTS, int BK, int STAGES>
+template <int BM, int BN, int PARTS, int BK, int STAGES>
 constexpr int tiled_smem_bytes() {
-  constexpr int pipe = STAGES * (BM + PARTS * kBN) * (BK + 8) * 2;
-  constexpr int red = BM * (kBN + 4) * 4;
+  constexpr int pipe = STAGES * (BM + PARTS * BN) * (BK + 8) * 2;
+  constexpr int red = BM * (BN + 4) * 4;
   return pipe > red ? pipe : red;
 }
 
-template <int BM, int PARTS, int BK, int STAGES>
+template <int BM, int BN, int WARPS_M, int PARTS, int BK, int STAGES>
 __global__ void __launch_bounds__(kTiledThreads)
     router_tiled_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w0,
                         const __nv_bfloat16* __restrict__ w1, const __nv_bfloat16* __restrict__ w2,
                         float* __restrict__ out, int M, int N, int K, float s1, float s2) {
   constexpr int kBK = BK, kLDS = BK + 8, kStages = STAGES, CPR = BK / 8;  // CPR: 16-byte chunks per row
-  constexpr int WARPS_M = BM / 32, WARPS_N = 8 / WARPS_M, WN = kBN / WARPS_N, NT = WN / 8;
+  constexpr int kBN = BN;
+  constexpr int WARPS_N = 8 / WARPS_M, WM = BM / WARPS_M, MI = WM / 16, WN = kBN / WARPS_N, NT = WN / 8;
+  static_assert(WARPS_M * WARPS_N == 8 && WM * WARPS_M == BM && WN * WARPS_N == kBN, "8 warps tile BM x BN");
+  static_assert(WM % 16 == 0 && MI >= 1 && MI <= 2, "warp tile rows: 16 or 32");
   static_assert(NT % 2 == 0, "B fragments are loaded 16 columns at a time");
+  static_assert(tiled_smem_bytes<BM, BN, PARTS, BK, STAGES>() <= 227 * 1024, "shared memory per block (sm_90)");
   constexpr int A_ELEMS = BM * kLDS, B_ELEMS = kBN * kLDS, STAGE_ELEMS = A_ELEMS + PARTS * B_ELEMS;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
@@ -219,11 +230,11 @@ __global__ void __launch_bounds__(kTiledThreads)
     }
   };
 
-  float acc[PARTS][2][NT][4];
+  float acc[PARTS][MI][NT][4];
 #pragma unroll
   for (int p = 0; p < PARTS; ++p)
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -244,10 +255,10 @@ __global__ void __launch_bounds__(kTiledThreads)
     const __nv_bfloat16* sa = smem + ((kt - kt_begin) % kStages) * STAGE_ELEMS;
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
-      uint32_t a[2][4];
+      uint32_t a[MI][4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
-        ldmatrix_x4(a[i], sa + (wm * 32 + i * 16 + (lane & 15)) * kLDS + ks * 16 + (lane >> 4) * 8);
+      for (int i = 0; i < MI; ++i)
+        ldmatrix_x4(a[i], sa + (wm * WM + i * 16 + (lane & 15)) * kLDS + ks * 16 + (lane >> 4) * 8);
 #pragma unroll
       for (int p = 0; p < PARTS; ++p) {
         const __nv_bfloat16* sb = sa + A_ELEMS + p * B_ELEMS;
@@ -257,7 +268,7 @@ __global__ void __launch_bounds__(kTiledThreads)
           ldmatrix_x4(b, sb + (wn * WN + jj * 16 + (lane & 7) + ((lane >> 4) << 3)) * kLDS + ks * 16 +
                              ((lane >> 3) & 1) * 8);
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
+          for (int i = 0; i < MI; ++i) {
             mma_bf16_16816(acc[p][i][2 * jj], a[i][0], a[i][1], a[i][2], a[i][3], b[0], b[1]);
             mma_bf16_16816(acc[p][i][2 * jj + 1], a[i][0], a[i][1], a[i][2], a[i][3], b[2], b[3]);
           }
@@ -270,7 +281,7 @@ __global__ void __launch_bounds__(kTiledThreads)
   const int g = lane >> 2, c = lane & 3;
   if (splits == 1) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         float a[PARTS][4];
@@ -281,7 +292,7 @@ __global__ void __launch_bounds__(kTiledThreads)
         const int col = n_block + wn * WN + j * 8 + 2 * c;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = m_block + wm * 32 + i * 16 + g + h * 8;
+          const int row = m_block + wm * WM + i * 16 + g + h * 8;
           if (row < M)
             *reinterpret_cast<float2*>(out + static_cast<size_t>(row) * N + col) =
                 make_float2(combine<PARTS>(a, 2 * h, s1, s2), combine<PARTS>(a, 2 * h + 1, s1, s2));
@@ -296,7 +307,7 @@ __global__ void __launch_bounds__(kTiledThreads)
   constexpr int LDR = kBN + 4;
   float* red = reinterpret_cast<float*>(smem_raw);
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < MI; ++i)
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       float a[PARTS][4];
@@ -307,7 +318,7 @@ __global__ void __launch_bounds__(kTiledThreads)
       const int col = wn * WN + j * 8 + 2 * c;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int row = wm * 32 + i * 16 + g + h * 8;
+        const int row = wm * WM + i * 16 + g + h * 8;
         red[row * LDR + col] = combine<PARTS>(a, 2 * h, s1, s2);
         red[row * LDR + col + 1] = combine<PARTS>(a, 2 * h + 1, s1, s2);
       }
@@ -333,11 +344,33 @@ __global__ void __launch_bounds__(kTiledThreads)
 // Host side.
 // Deep = BK 64 / 4 stages; Xdeep = BK 64 / 6 (BM 64) or 5 (BM 128; 4 for three parts) stages, for more bytes in
 // flight per SM. DecodeN1 / DecodeN2 force the decode kernel's n8 tiles per warp (1: more CTAs, 2: fewer x reads).
+// Wide-N variants (need N % BN == 0): BM x BN, warp tile, BK, stages (two parts; three parts where different):
+//   kT128n96  128 x  96, 32x48, BK 32, 4      kT128n96d 128 x 96, 32x48, BK 64, 4 (3)
+//   kT64n96d   64 x  96, 16x48, BK 64, 4      kT64n192  64 x 192, 32x48, BK 32, 4
+//   kT64n192d  64 x 192, 32x48, BK 64, 3 (2)
+// At N = 192, K = 4096, M = 4096: kT128n96 = 64 CTAs (128 with 2 K splits), kT64n96d = 128 CTAs, kT64n192 = 64
+// CTAs (x read exactly once; 128 with 2 splits).
 enum Variant {
   kAuto = 0, kDecode = 1, kTiled64 = 2, kTiled128 = 3, kTiled64Deep = 4, kTiled128Deep = 5, kTiled64X = 6,
-  kTiled128X = 7, kDecodeN1 = 8, kDecodeN2 = 9, kNumVariants = 10
+  kTiled128X = 7, kDecodeN1 = 8, kDecodeN2 = 9, kT128n96 = 10, kT128n96d = 11, kT64n96d = 12, kT64n192 = 13,
+  kT64n192d = 14, kNumVariants = 15
 };
 constexpr int kTargetCtas = 132;  // H100/H200 SXM SM count: enough CTAs to read from every SM
+
+// Output tile of a tiled variant (BM rows x BN columns); {0, 0} for the decode variants.
+struct Tile {
+  int bm, bn;
+};
+Tile tile_of(int variant) {
+  switch (variant) {
+    case kTiled64: case kTiled64Deep: case kTiled64X: return {64, 64};
+    case kTiled128: case kTiled128Deep: case kTiled128X: return {128, 64};
+    case kT128n96: case kT128n96d: return {128, 96};
+    case kT64n96d: return {64, 96};
+    case kT64n192: case kT64n192d: return {64, 192};
+    default: return {0, 0};
+  }
+}
 
 struct Config {
   int variant, splits, mt, nt;
@@ -360,8 +393,8 @@ Config choose(int M, int N, int K, int variant, int splits) {
     cfg.variant = kDecode;
     cfg.splits = kClusterK;
   } else if (cfg.splits <= 0) {
-    const int bm = (cfg.variant == kTiled128 || cfg.variant == kTiled128Deep || cfg.variant == kTiled128X) ? 128 : 64;
-    const int base = ((M + bm - 1) / bm) * (N / kBN);
+    const Tile t = tile_of(cfg.variant);
+    const int base = ((M + t.bm - 1) / t.bm) * (N / t.bn);
     int s = 1;
     // Split K while the grid is short of one CTA per SM and each split keeps >= 8 k-steps of pipeline work.
     while (s < 8 && base * s < kTargetCtas && (K / 32) / (2 * s) >= 8) s *= 2;
@@ -379,20 +412,20 @@ cudaError_t launch_decode(const __nv_bfloat16* x, const __nv_bfloat16* w0, const
   return cudaGetLastError();
 }
 
-template <int BM, int PARTS, int BK, int STAGES>
+template <int BM, int BN, int WARPS_M, int PARTS, int BK, int STAGES>
 cudaError_t launch_tiled(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
                          const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2, int splits,
                          cudaStream_t stream) {
-  constexpr int smem = tiled_smem_bytes<BM, PARTS, BK, STAGES>();
+  constexpr int smem = tiled_smem_bytes<BM, BN, PARTS, BK, STAGES>();
   static bool configured = false;  // attribute set once per instantiation (host-side, not a stream op)
   if (!configured) {
-    cudaError_t e = cudaFuncSetAttribute(router_tiled_kernel<BM, PARTS, BK, STAGES>,
+    cudaError_t e = cudaFuncSetAttribute(router_tiled_kernel<BM, BN, WARPS_M, PARTS, BK, STAGES>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     configured = true;
   }
   cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(N / kBN, (M + BM - 1) / BM, splits);
+  lc.gridDim = dim3(N / BN, (M + BM - 1) / BM, splits);
   lc.blockDim = dim3(kTiledThreads);
   lc.dynamicSmemBytes = smem;
   lc.stream = stream;
@@ -403,7 +436,7 @@ cudaError_t launch_tiled(const __nv_bfloat16* x, const __nv_bfloat16* w0, const 
   attr[0].val.clusterDim.z = splits;
   lc.attrs = attr;
   lc.numAttrs = 1;
-  cudaError_t e = cudaLaunchKernelEx(&lc, router_tiled_kernel<BM, PARTS, BK, STAGES>, x, w0, w1, w2, out, M, N, K, s1, s2);
+  cudaError_t e = cudaLaunchKernelEx(&lc, router_tiled_kernel<BM, BN, WARPS_M, PARTS, BK, STAGES>, x, w0, w1, w2, out, M, N, K, s1, s2);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -422,14 +455,26 @@ cudaError_t run(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* 
     if (cfg.mt == 2) return launch_decode<2, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
     return launch_decode<4, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
   }
+  // Template arguments: BM, BN, WARPS_M, PARTS, BK, STAGES (BN = 64 variants: warp tile 32 rows).
   switch (cfg.variant) {
-    case kTiled128: return launch_tiled<128, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kTiled64Deep: return launch_tiled<64, PARTS, 64, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kTiled128Deep: return launch_tiled<128, PARTS, 64, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kTiled64X: return launch_tiled<64, PARTS, 64, 6>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kTiled128: return launch_tiled<128, 64, 4, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kTiled64Deep: return launch_tiled<64, 64, 2, PARTS, 64, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kTiled128Deep:
+      return launch_tiled<128, 64, 4, PARTS, 64, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kTiled64X: return launch_tiled<64, 64, 2, PARTS, 64, 6>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
     case kTiled128X:
-      return launch_tiled<128, PARTS, 64, PARTS == 2 ? 5 : 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    default: return launch_tiled<64, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+      return launch_tiled<128, 64, 4, PARTS, 64, PARTS == 2 ? 5 : 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits,
+                                                                     st);
+    case kT128n96: return launch_tiled<128, 96, 4, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kT128n96d:
+      return launch_tiled<128, 96, 4, PARTS, 64, PARTS == 2 ? 4 : 3>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits,
+                                                                     st);
+    case kT64n96d: return launch_tiled<64, 96, 4, PARTS, 64, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kT64n192: return launch_tiled<64, 192, 2, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kT64n192d:
+      return launch_tiled<64, 192, 2, PARTS, 64, PARTS == 2 ? 3 : 2>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits,
+                                                                     st);
+    default: return launch_tiled<64, 64, 2, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
   }
 }
 
@@ -445,6 +490,7 @@ int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg
     return cudaErrorInvalidValue;
   if ((variant == kDecode || variant == kDecodeN1 || variant == kDecodeN2) && M > 64) return cudaErrorInvalidValue;
   if (splits > 0 && (splits & (splits - 1))) return cudaErrorInvalidValue;  // 1, 2, 4, 8: divides BM
+  if (variant != kAuto && tile_of(variant).bn && N % tile_of(variant).bn) return cudaErrorInvalidValue;
   const Config cfg = choose(M, N, K, variant, splits);
   cfg_out[0] = cfg.variant;
   cfg_out[1] = cfg.splits;
