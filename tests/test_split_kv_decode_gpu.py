@@ -49,7 +49,8 @@ def _emulate(inp, p, lens=None):
     K, R = _mods()
     lens = inp["kv_lens"].tolist() if lens is None else lens
     tm = K.host_task_map(p, lens)
-    return R.split_kv_decode_emulation(**inp, task_map=tm, p_dtype=K.p_dtype_for(inp["k_cache"].dtype != torch.bfloat16))
+    fp8 = inp["k_cache"].dtype != torch.bfloat16
+    return R.split_kv_decode_emulation(**inp, task_map=tm, p_dtype=K.p_dtype_for(fp8))
 
 
 def _check_both(inp, out, p, kv_dtype):

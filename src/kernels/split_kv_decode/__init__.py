@@ -158,8 +158,9 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
          chunk_tiles: int | None = None, q_len: int = 1, max_kv_len: int | None = None) -> DecodePlan:
     """Allocate the step's buffers and build its schedule (dynamic: device assign kernel, no host sync).
 
-    Shape/Dtype: kv_lens [batch] int32 on the GPU. num_ctas defaults to 2 x the SM count (two resident CTAs per SM); max_batch to batch (sizes
-    the workspace and the partial buffers); q_len is the largest query length run() will be called with.
+    Shape/Dtype: kv_lens [batch] int32 on the GPU. num_ctas defaults to 2 x the SM count (two resident CTAs per
+    SM); max_batch to batch (sizes the workspace and the partial buffers); q_len is the largest query length run()
+    will be called with.
     Static modes: num_splits (static_count; default ceil(num_ctas / (batch * H))), chunk_tiles (static_chunk /
     batch_invariant; default 16), max_kv_len (default: max(kv_lens), read on the host).
     Raises ValueError/TypeError for an unknown mode, unsupported head_dim / GQA ratio / q_len, batch > max_batch,

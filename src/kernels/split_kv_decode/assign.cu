@@ -14,6 +14,7 @@
 namespace {
 
 constexpr int kAssignThreads = 1024;
+constexpr int kCache = 4;  // pairs per thread whose tile counts stay in registers (all of them up to 4096 pairs)
 
 // Exclusive block scan of one int per thread; returns the exclusive prefix, *total = block sum.
 __device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
@@ -59,9 +60,23 @@ assign_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int batch, 
   int* chunk_start = desc + 4 * (max_pairs + C);
   int* num_chunks = chunk_start + max_pairs;
 
-  // Pass 1: tiles per pair (p = h * batch + r) and their exclusive prefix.
+  // Pass 1: tiles per pair (p = h * batch + r) and their exclusive prefix. kv_lens is read from memory once
+  // (cold after an L2 flush: the one long latency here); up to kCache pairs per thread stay in registers.
+  int tcache[kCache];
   int my_tiles = 0;
-  for (int p = p0; p < p1; ++p) my_tiles += (max(kv_lens[p % batch], 0) + 63) >> 6;
+#pragma unroll
+  for (int k = 0; k < kCache; ++k) {
+    const int p = p0 + k;
+    tcache[k] = (p < p1) ? (max(__ldg(kv_lens + p % batch), 0) + 63) >> 6 : 0;
+    my_tiles += tcache[k];
+  }
+  for (int p = p0 + kCache; p < p1; ++p) my_tiles += (max(kv_lens[p % batch], 0) + 63) >> 6;
+  auto tiles_of = [&](int p) -> int {  // p in [p0, p1)
+    int t = 0;
+#pragma unroll
+    for (int k = 0; k < kCache; ++k) t = (p == p0 + k) ? tcache[k] : t;
+    return (p < p0 + kCache) ? t : (max(kv_lens[p % batch], 0) + 63) >> 6;
+  };
   int T;
   int ts0 = block_exclusive_scan(my_tiles, warp_sums, &T);
   const int B = (T == 0) ? F : max((T + C - 1) / C, F);
@@ -72,7 +87,7 @@ assign_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int batch, 
   {
     int ts = ts0;
     for (int p = p0; p < p1; ++p) {
-      int t = (max(kv_lens[p % batch], 0) + 63) >> 6;
+      int t = tiles_of(p);
       if (t > 0) my_chunks += (ts + t - 1) / B - ts / B + 1;
       ts += t;
     }
@@ -85,7 +100,7 @@ assign_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int batch, 
     int ts = ts0, cs = cs0;
     for (int p = p0; p < p1; ++p) {
       int r = p % batch, h = p / batch;
-      int t = (max(kv_lens[r], 0) + 63) >> 6;
+      int t = tiles_of(p);
       int nc = 0;
       if (t > 0) {
         int b0 = ts / B, b1 = (ts + t - 1) / B;

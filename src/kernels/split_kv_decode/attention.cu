@@ -9,7 +9,8 @@
 //   row groups (rows > 16 re-read the KV once per extra group, mostly from L2 as the groups run together).
 //   128 threads = 4 warps, 2 CTAs per SM (so the default C = 2 x SMs); in each 64-token tile warp w owns tokens
 //   [16w, 16w + 16).
-// Memory: KV read once per row group via a STAGES-deep (FP8 3, BF16 2; x2 CTAs per SM) cp.async (16 B, zero-fill past kv_len) pipeline;
+// Memory: KV read once per row group via a STAGES-deep (FP8 3, BF16 2; x2 CTAs per SM) cp.async pipeline
+//   (16 B, zero-fill past kv_len: a NaN-poisoned slot is never read);
 //   FP8: 16 KB of KV per tile, BF16: 32 KB; Q of a descriptor travels in the stage of its first tile.
 // Math: mma.sync m16n8k16 with fp32 accumulation. FP8: e4m3 -> f16 is exact, so Q/K/V are converted to f16 and
 //   the scales stay in fp32 (q_scale * k_scale * sm_scale on the scores, v_scale on the output); P is rounded to
@@ -17,6 +18,11 @@
 //   (thread (g, t) feeds dims 32t .. 32t+31) so K fragments are contiguous 16 B smem loads; V is transposed by
 //   ldmatrix.trans (BF16 straight from the tile, FP8 after a per-warp f16 conversion buffer).
 //   Each warp keeps its own online-softmax state; the 4 states are merged through smem per descriptor.
+// Measured (H200, graph replay, cold L2, attention + combine, 8q/1kv d128 page 64): FP8 64x4K 38.1 us, 1x128K+31x4K
+//   39.5 us (49.7 before the chunk-parallel combine); BF16 54.6 / 54.9 us (BF16 64x4K reaches ~91% of the copy
+//   ceiling measured in the same run). FP8 is not limited by the e4m3 -> f16 cvt: an exact 3-integer-op conversion
+//   (prmt with sign replication, shift, mask; 2^-8 folded into the scales) measured no faster (notes:
+//   docs/notes/split_kv_decode.md). One CTA per SM instead of two: FP8 64x4K 43.1 us.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -223,7 +229,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
       int page = 0;
       if (ok) page = __ldg(P.block_table + (size_t)d.r * P.max_pages + (tok >> P.page_shift));
       ok = ok && page >= 0 && page < P.num_pages;
-      const size_t off = ok ? ((((size_t)page * P.page_size + (tok & (P.page_size - 1))) * P.H + d.h) * kD) * CF::ES + ch * 16
+      const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
+      const size_t off = ok ? ((slot * P.H + d.h) * kD) * CF::ES + ch * 16
                             : 0;
       cp_async16(sK + tl * CF::ROWB + ch * 16, kbase + off, ok);
       cp_async16(sV + tl * CF::ROWB + ch * 16, vbase + off, ok);
@@ -515,11 +522,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
   cp_wait<0>();
 }
 
-// combine: one warp per (pair, row); lanes own 4 dims each.
-__global__ void __launch_bounds__(256, 1) combine_kernel(const Params P) {
+// combine: one CTA per (row, pair) (grid (R, pairs): a long pair's rows land on R different SMs), 8 warps split
+// the pair's chunks (warp w merges chunks w, w+8, ...; lanes own 4 dims, 16 B loads, 4 chunks in flight per warp)
+// and are merged through smem. A pair with one chunk returns at once (the attention kernel wrote it); 0 chunks
+// or a row that saw no key -> zeros. The merge order depends only on the pair's chunk count, so batch-invariant
+// mode stays bit-identical.
+constexpr int kCombineWarps = 8;
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Params P) {
+  __shared__ float4 s_acc[kCombineWarps][32];
+  __shared__ float s_l[kCombineWarps], s_m[kCombineWarps];
   cudaGridDependencySynchronize();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int rr = blockIdx.x * 8 + warp;
+  const int rr = blockIdx.x;
   const int p = blockIdx.y;
   if (rr >= P.R || p >= P.batch * P.H) return;
   const int r = p % P.batch, h = p / P.batch;
@@ -538,26 +552,62 @@ __global__ void __launch_bounds__(256, 1) combine_kernel(const Params P) {
   if (n == 1) return;  // written directly by the attention kernel
   const int qi = rr / P.ratio, hl = rr % P.ratio;
   const size_t orow = ((size_t)r * P.q_len + qi) * P.q_heads + h * P.ratio + hl;
+  const float* lse = P.part_lse + (size_t)first * P.R + rr;  // chunk i at lse[i * R]
+  // block max of the chunks' LSE
+  float M = -INFINITY;
+  for (int i = threadIdx.x; i < n; i += kCombineWarps * 32) M = fmaxf(M, lse[(size_t)i * P.R]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  if (lane == 0) s_m[warp] = M;
+  __syncthreads();
+  M = s_m[0];
+#pragma unroll
+  for (int w = 1; w < kCombineWarps; ++w) M = fmaxf(M, s_m[w]);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (n > 1) {
-    float M = -INFINITY;
-    for (int i = 0; i < n; ++i) M = fmaxf(M, P.part_lse[(size_t)(first + i) * P.R + rr]);
-    if (M != -INFINITY) {
-      float L = 0.f;
-      for (int i = 0; i < n; ++i) {
-        const size_t prow = (size_t)(first + i) * P.R + rr;
-        const float w = expf(P.part_lse[prow] - M);
-        const float4 x = reinterpret_cast<const float4*>(P.part_o + prow * kD)[lane];
-        L += w;
-        acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
+  float L = 0.f;
+  if (M != -INFINITY) {  // n == 0 or every chunk empty for this row: zeros
+    const float4* po = reinterpret_cast<const float4*>(P.part_o + ((size_t)first * P.R + rr) * kD) + lane;
+    const size_t cstride = (size_t)P.R * kD / 4;  // float4s between chunks
+    int i = warp;
+    for (; i + 3 * kCombineWarps < n; i += 4 * kCombineWarps) {  // 4 independent loads in flight
+      float wgt[4];
+      float4 x[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int c = i + u * kCombineWarps;
+        wgt[u] = lse[(size_t)c * P.R];
+        x[u] = po[c * cstride];
       }
-      const float inv = 1.f / L;
-      acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float w = expf(wgt[u] - M);
+        L += w;
+        acc.x += w * x[u].x; acc.y += w * x[u].y; acc.z += w * x[u].z; acc.w += w * x[u].w;
+      }
+    }
+    for (; i < n; i += kCombineWarps) {
+      const float w = expf(lse[(size_t)i * P.R] - M);
+      const float4 x = po[i * cstride];
+      L += w;
+      acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
     }
   }
+  s_acc[warp][lane] = acc;
+  if (lane == 0) s_l[warp] = L;
+  __syncthreads();
+  if (warp != 0) return;
+  float4 t = s_acc[0][lane];
+  float Lt = s_l[0];
+#pragma unroll
+  for (int w = 1; w < kCombineWarps; ++w) {
+    const float4 y = s_acc[w][lane];
+    t.x += y.x; t.y += y.y; t.z += y.z; t.w += y.w;
+    Lt += s_l[w];
+  }
+  const float inv = (Lt > 0.f) ? 1.f / Lt : 0.f;
   uint2 pk;
-  pk.x = pack_bf16(acc.x, acc.y);
-  pk.y = pack_bf16(acc.z, acc.w);
+  pk.x = pack_bf16(t.x * inv, t.y * inv);
+  pk.y = pack_bf16(t.z * inv, t.w * inv);
   reinterpret_cast<uint2*>(P.out + orow * kD)[lane] = pk;
 }
 
@@ -641,6 +691,6 @@ extern "C" int hp_decode_combine(const int* kv_lens, void* out, const float* par
   Params P = make_params(nullptr, nullptr, nullptr, nullptr, nullptr, kv_lens, nullptr, nullptr, out,
                          const_cast<float*>(part_o), const_cast<float*>(part_lse), ws, 0.f, batch, H, q_heads,
                          q_len, 0, 0, 0, C, max_pairs, mode, splits, chunk_tiles);
-  dim3 grid((P.R + 7) / 8, batch * H);
-  return launch(combine_kernel, grid, dim3(256), 0, pdl, (cudaStream_t)stream, P);
+  dim3 grid(P.R, batch * H);
+  return launch(combine_kernel, grid, dim3(kCombineWarps * 32), 0, pdl, (cudaStream_t)stream, P);
 }
