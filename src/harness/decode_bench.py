@@ -498,5 +498,6 @@ def ncu_rows(cases=NCU_CASES, *, kv_dtype="fp8", kernel_regex="attention_kernel"
                          dram_throughput_pct=m.get("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
                          achieved_occupancy_pct=m.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
                          dram_read_mb=rd / 2**20 if isinstance(rd, float) else None,
-                         note=df.attrs.get("command", "")))
+                         # the full ncu command (with the profiled snippet) is in the .ncu.txt beside the CSV
+                         note=f"ncu --clock-control none, metrics {', '.join(NCU_METRICS)}; profiles_dir/decode_ncu_{safe}.ncu.txt"))
     return rows

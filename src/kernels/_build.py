@@ -169,3 +169,17 @@ def compile_check(op: str) -> list[dict]:
         raise KernelBuildError(f"op={op!r}: kernels spill registers and no source says why "
                                f"('{SPILLS_OK} <reason>'): {spilling}")
     return rows
+
+
+def report(ops: list[str] | None = None) -> str:
+    """A plain-text table of every kernel's registers / stack / spills (compiling what is not cached)."""
+    lines = [f"{'op':<16} {'registers':>9} {'stack':>6} {'spill_st':>8} {'spill_ld':>8}  kernel"]
+    for op in ops or all_ops():
+        for r in compile_check(op):
+            lines.append(f"{op:<16} {r.get('registers', '?'):>9} {r.get('stack', 0):>6} {r.get('spill_stores', 0):>8} "
+                         f"{r.get('spill_loads', 0):>8}  {r['kernel'][:90]}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m hotpaths.kernels._build: compile-check every op, print ptxas's report
+    print(report())
