@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -147,13 +148,55 @@ def test_kernel_candidates():
                    if not v.startswith("decode"))
 
 
+def test_every_decode_variant_is_a_candidate_only_at_decode_sizes():
+    assert set(rg.DECODE_VARIANTS) == {v for v in rg.VARIANTS if v.startswith("decode")} - {"decode"}
+    assert sorted(rg.VARIANTS.values()) == list(range(len(rg.VARIANTS)))  # ids mirror enum Variant, no gaps
+    for m in (1, 3, 17, 48, 64):
+        got = [v for v, s in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
+        assert got == list(rg.DECODE_VARIANTS), m
+    for m in (65, 2048):
+        assert not [v for v, _ in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
+
+
+def test_new_prefill_candidates_at_m2048():
+    c = rg.kernel_candidates(2048, 192, 4096)
+    for v in ("t64n96", "t64n96d3", "t128n96d3", "tiled128s3", "tiled128s6", "tiled64s6"):
+        bm, bn, _ = rg.TILED_TILES[v]
+        tiles = (2048 // bm) * (192 // bn)  # splits while the grid stays <= 4 CTAs per SM (528)
+        assert {s for w, s in c if w == v} == {s for s in (1, 2, 4, 8) if s == 1 or tiles * s <= 528}, v
+    assert ("tiled64s6", 4) in c and ("tiled64s6", 8) not in c  # 96 tiles: 384 CTAs yes, 768 no
+    for v in ("t128n96d", "tiled128"):  # the two measured best at M = 2048 / 4096 stay, with 1, 2, 4 splits
+        assert {1, 2, 4} <= {s for w, s in c if w == v}, v
+
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed: the library is not built")
+
+
+@needs_nvcc
+def test_generalised_decode_configs_host_side():
+    """hp_router_gemm_config is host code: the C side knows every Python variant name (no GPU needed)."""
+    want = {"decode_c16": (16, 1), "decode_c16n2": (16, 2), "decode_w8": (8, 1), "decode_c16w8": (16, 1),
+            "decode_n32": (16, 1), "decode_n64": (16, 1)}
+    for v, (cs, nt) in want.items():
+        for m, mt in ((1, 1), (16, 1), (17, 2), (33, 4), (64, 4)):
+            assert rg.kernel_config(m, 192, 4096, variant=v) == {"variant": v, "splits": cs, "mt": mt, "nt": nt}
+        with pytest.raises(ValueError, match="decode needs M <= 64"):
+            rg.kernel_config(65, 192, 4096, variant=v)
+    for v, (bm, bn, _) in rg.TILED_TILES.items():  # every tiled name resolves to itself, with a valid split
+        cfg = rg.kernel_config(2048, 192, 4096, variant=v)
+        assert cfg["variant"] == v and cfg["splits"] in (1, 2, 4, 8), (v, cfg)
+        if bn > 64:
+            with pytest.raises(ValueError, match="multiple of their BN"):
+                rg.kernel_config(2048, 256, 4096, variant=v)
+
+
 def test_wide_n_candidates_only_where_bn_divides_n():
     # every tiled variant has a tile entry and a C-side id; the wide-N tiles (BN 96 / 192) join the candidates
     # exactly when N is a multiple of BN (N = 192, 384, 768: yes; 256, 64: no)
     assert set(rg.TILED_TILES) == {v for v in rg.VARIANTS if v not in ("auto",) and not v.startswith("decode")}
     assert len(set(rg.VARIANTS.values())) == len(rg.VARIANTS)
     wide = {v for v, (_, bn, _) in rg.TILED_TILES.items() if bn > 64}
-    assert wide == {"t128n96", "t128n96d", "t64n96d", "t64n192", "t64n192d"}
+    assert wide == {"t128n96", "t128n96d", "t64n96d", "t64n192", "t64n192d", "t64n96", "t64n96d3", "t128n96d3"}
     for n, k in ((192, 4096), (384, 3072), (768, 6144)):
         got = {v for v, _ in rg.kernel_candidates(4096, n, k)}
         assert wide <= got, (n, wide - got)

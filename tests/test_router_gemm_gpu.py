@@ -88,7 +88,12 @@ def test_bf16x3_kernel_matches_emulation(rg, hy3, m):
 @pytest.mark.parametrize("variant,splits,m", [("decode_n2", 0, 7), ("tiled64x", 2, 100), ("tiled128x", 1, 300),
                                               ("tiled64d", 8, 64), ("tiled128", 4, 130), ("t128n96", 2, 4096),
                                               ("t128n96d", 1, 257), ("t64n96d", 4, 100), ("t64n192", 1, 1000),
-                                              ("t64n192d", 2, 4096), ("t64n192d", 8, 65)])
+                                              ("t64n192d", 2, 4096), ("t64n192d", 8, 65),
+                                              ("decode_c16", 0, 1), ("decode_c16n2", 0, 33), ("decode_w8", 0, 17),
+                                              ("decode_c16w8", 0, 64), ("decode_n32", 0, 48), ("decode_n64", 0, 5),
+                                              ("t64n96", 2, 100), ("t64n96d3", 1, 2048), ("t128n96d3", 2, 4096),
+                                              ("tiled128s3", 4, 300), ("tiled128s6", 1, 1000),
+                                              ("tiled64s6", 8, 65)])
 def test_bf16x3_every_variant(rg, hy3, variant, splits, m):
     _, _, w3 = hy3
     x = _x(m, seed=21)
@@ -113,7 +118,7 @@ def test_every_variant_matches_emulation(rg, hy3, variant, splits, m):
     assert_close(out, emu, op="router_gemm", path="bf16x2_vs_emulation", what=f"{variant} s={splits} m={m}")
 
 
-@pytest.mark.parametrize("m", [1, 17, 128, 1000, 4096])
+@pytest.mark.parametrize("m", [1, 3, 17, 48, 64, 128, 1000, 2048, 4096])
 def test_every_candidate_matches_emulation(rg, hy3, m):
     """Every configuration the tuner may pick at this M (kernel_candidates), each on a NaN-poisoned output."""
     _, weights, _ = hy3
@@ -121,6 +126,8 @@ def test_every_candidate_matches_emulation(rg, hy3, m):
     emu = ref.bf16x2_from_parts(x, weights.w_high, weights.w_low)
     cands = rg.kernel_candidates(m, N, K)
     assert any(v.startswith("t64n192") for v, _ in cands) and any(v.startswith("t128n96") for v, _ in cands)
+    assert {v for v, _ in cands} >= {"t64n96d3", "t128n96d3", "tiled128s6", "tiled64s6"}
+    assert {v for v, _ in cands if v.startswith("decode")} == (set(rg.DECODE_VARIANTS) if m <= 64 else set())
     for variant, splits in cands:
         out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
         torch.cuda.synchronize()
@@ -141,6 +148,47 @@ def test_wide_n_variants_other_shapes(rg, variant):
             torch.cuda.synchronize()
             assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
                          path="bf16x2_vs_emulation", what=f"{name} {variant} s={splits} m={m}")
+
+
+@pytest.mark.parametrize("variant", ["decode_c16", "decode_c16n2", "decode_w8", "decode_c16w8", "decode_n32",
+                                     "decode_n64"])
+def test_generalised_decode_other_shapes(rg, variant):
+    """The cluster-8/16 decode variants at the LongCat and DeepSeek shapes: K = 3072 leaves some warps of the
+    16 x 8-warp variant without a K chunk (96 chunks, 128 warps), K = 7168 takes several loop trips, N = 256 / 384 /
+    768 several column groups; odd M and the M = 64 edge."""
+    for name in ("longcat_chat", "longcat_lite", "deepseek_v3"):
+        n, k = ref.SHAPES[name]
+        _, w = ref.make_router_inputs(1, n, k, seed=37)
+        weights = rg.plan(w.cuda())
+        for m in (1, 7, 37, 64):
+            x = _x(m, k=k, seed=37)
+            out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant)
+            torch.cuda.synchronize()
+            assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
+                         path="bf16x2_vs_emulation", what=f"{name} {variant} m={m}")
+
+
+@pytest.mark.parametrize("variant,splits,m", [("decode_c16", 0, 3), ("decode_n64", 0, 48), ("decode_w8", 0, 64),
+                                              ("tiled128s6", 4, 2048)])
+def test_new_variants_deterministic_and_graph_safe(rg, hy3, variant, splits, m):
+    """Same bits on every call (fixed-order cluster reduction), and the same bits from a captured graph's replay."""
+    _, weights, _ = hy3
+    x = _x(m, seed=41)
+    a = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
+    b = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+    out = _poisoned(m, N)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            rg.router_gemm(x, weights, impl="bf16x2_kernel", out=out, variant=variant, splits=splits)
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, a)
 
 
 def test_wide_n_variant_rejects_indivisible_n(rg):

@@ -3,7 +3,9 @@
 Kernel vs same-precision emulation (tight) and vs exact (looser), over FP8/BF16, GQA ratios, page sizes, q_len 1-4,
 kv_len 0/1/63/65, NaN-poisoned unused cache slots and NaN-poisoned outputs; device task map == host task map byte
 for byte; CUDA-graph capture of update + run with lengths changed between replays; batch invariance; malformed
-inputs rejected. Skipped without an SM90 GPU.
+inputs rejected. Every kernel test runs with both attention variants (v1, v2); v1 and v2 agree within the emulation
+tolerance on the same inputs; HOTPATHS_DECODE_VARIANT selects the variant when plan() is not told. Skipped without
+an SM90 GPU.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hotpaths.harness.env import requires_sm90
 pytestmark = [pytest.mark.gpu, requires_sm90()]
 
 OP = "split_kv_decode"
+VARIANTS = ["v1", "v2"]
 
 
 def _mods():
@@ -33,11 +36,12 @@ def _inputs(lens, kv_dtype, *, q_heads=8, kv_heads=1, page_size=64, q_len=1, see
                                 q_len=q_len, kv_dtype=kv_dtype, device="cuda", seed=seed)
 
 
-def _run(inp, mode="dynamic", **plan_kw):
+def _run(inp, mode="dynamic", variant="v1", **plan_kw):
     K, _ = _mods()
     q, kc = inp["q"], inp["k_cache"]
     p = K.plan(inp["kv_lens"], num_kv_heads=kc.shape[2], q_heads=q.shape[1], mode=mode, q_len=inp["q_len"],
-               **plan_kw)
+               variant=variant, **plan_kw)
+    assert p.variant == variant
     out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")  # poisoned
     K.run(p, inp["q"], kc, inp["v_cache"], inp["block_table"], inp["kv_lens"], q_scale=inp["q_scale"],
           k_scale=inp["k_scale"], v_scale=inp["v_scale"], q_len=inp["q_len"], out=out)
@@ -64,12 +68,13 @@ def _check_both(inp, out, p, kv_dtype):
 EDGE_LENS = [1, 63, 65, 0, 300, 1000, 64, 2500]
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kv_dtype", ["fp8", "bf16"])
 @pytest.mark.parametrize("num_ctas", [None, 8, 3])
-def test_dynamic_published_config(kv_dtype, num_ctas):
+def test_dynamic_published_config(kv_dtype, num_ctas, variant):
     """8 q heads / 1 kv head, page 64, q_len 1: single-chunk direct writes and multi-chunk combine both exercised."""
     inp = _inputs(EDGE_LENS, kv_dtype, seed=1)
-    p, out = _run(inp, num_ctas=num_ctas)
+    p, out = _run(inp, num_ctas=num_ctas, variant=variant)
     _check_both(inp, out, p, kv_dtype)
     # kv_len 0 -> exact zeros (never NaN)
     assert torch.equal(out[3].float(), torch.zeros_like(out[3].float()))
@@ -78,9 +83,10 @@ def test_dynamic_published_config(kv_dtype, num_ctas):
 @pytest.mark.parametrize("kv_dtype", ["fp8", "bf16"])
 @pytest.mark.parametrize("mode,kw", [("static_count", dict(num_splits=3)), ("static_count", {}),
                                      ("static_chunk", dict(chunk_tiles=4)), ("batch_invariant", dict(chunk_tiles=2))])
-def test_static_modes(kv_dtype, mode, kw):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_static_modes(kv_dtype, mode, kw, variant):
     inp = _inputs(EDGE_LENS, kv_dtype, seed=2)
-    p, out = _run(inp, mode=mode, **kw)
+    p, out = _run(inp, mode=mode, variant=variant, **kw)
     _check_both(inp, out, p, kv_dtype)
 
 
@@ -92,17 +98,19 @@ CONFIGS = [  # (q_heads, kv_heads, page_size, q_len)
 
 @pytest.mark.parametrize("kv_dtype", ["fp8", "bf16"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"q{c[0]}kv{c[1]}p{c[2]}ql{c[3]}")
-def test_configs(kv_dtype, cfg):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_configs(kv_dtype, cfg, variant):
     qh, kvh, ps, ql = cfg
     lens = [2, 1, 63, 65, 700, 130, 0, 1500]
     inp = _inputs(lens, kv_dtype, q_heads=qh, kv_heads=kvh, page_size=ps, q_len=ql, seed=3)
-    p, out = _run(inp, num_ctas=11)
+    p, out = _run(inp, num_ctas=11, variant=variant)
     _check_both(inp, out, p, kv_dtype)
 
 
-def test_zero_batch_all_zero_lengths():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_zero_batch_all_zero_lengths(variant):
     inp = _inputs([0, 0, 0], "fp8")
-    _, out = _run(inp)
+    _, out = _run(inp, variant=variant)
     assert torch.equal(out.float(), torch.zeros_like(out.float()))
 
 
@@ -135,13 +143,14 @@ def test_workspace_equals_host(case, extra_batch):
     assert msg is None, msg
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kv_dtype", ["fp8", "bf16"])
-def test_cuda_graph_update_and_run(kv_dtype):
+def test_cuda_graph_update_and_run(kv_dtype, variant):
     K, R = _mods()
     full = [3000, 700, 65, 1, 2000, 64]
     inp = _inputs(full, kv_dtype, seed=4)
     kv = inp["kv_lens"]
-    p = K.plan(kv, num_kv_heads=1, q_heads=8, max_batch=len(full))
+    p = K.plan(kv, num_kv_heads=1, q_heads=8, max_batch=len(full), variant=variant)
     out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     args = (inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], kv)
     kw = dict(q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"], out=out)
@@ -167,8 +176,9 @@ def test_cuda_graph_update_and_run(kv_dtype):
         assert msg is None, msg
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kv_dtype", ["fp8", "bf16"])
-def test_batch_invariant_bit_identical(kv_dtype):
+def test_batch_invariant_bit_identical(kv_dtype, variant):
     """Request 0 (5000 tokens) batched with two different sets of neighbours gives bit-identical output."""
     K, _ = _mods()
     lens = [5000, 100, 9000, 64, 3000, 1, 20000]
@@ -187,17 +197,18 @@ def test_batch_invariant_bit_identical(kv_dtype):
     outs = []
     for rows, pos in (([0, 1, 2], 0), ([3, 4, 0, 5, 6], 2), ([0], 0)):
         d = sub(rows)
-        p, out = _run(d, mode="batch_invariant", chunk_tiles=8, max_kv_len=20000)
+        p, out = _run(d, mode="batch_invariant", chunk_tiles=8, max_kv_len=20000, variant=variant)
         outs.append(out[pos].clone())
         _check_both(d, out, p, kv_dtype)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
-def test_malformed_inputs_rejected():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_malformed_inputs_rejected(variant):
     K, _ = _mods()
     inp = _inputs([100, 65], "fp8")
     kv = inp["kv_lens"]
-    p = K.plan(kv, num_kv_heads=1, q_heads=8)
+    p = K.plan(kv, num_kv_heads=1, q_heads=8, variant=variant)
     base = dict(q=inp["q"], k_cache=inp["k_cache"], v_cache=inp["v_cache"], block_table=inp["block_table"],
                 kv_lens=kv)
     sc = dict(q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"])
@@ -243,6 +254,8 @@ def test_malformed_inputs_rejected():
         call(k_cache=kc, v_cache=inp["v_cache"].reshape(-1, 8, 1, 128))
     with pytest.raises(ValueError, match="mode"):
         K.plan(kv, num_kv_heads=1, q_heads=8, mode="nope")
+    with pytest.raises(ValueError, match="variant"):
+        K.plan(kv, num_kv_heads=1, q_heads=8, variant="v3")
     # still usable after the rejections
     out = call()
     torch.cuda.synchronize()
@@ -258,3 +271,44 @@ def test_assign_only_and_plan_reuse():
     K.assign_only(p)
     assert np.array_equal(K.workspace_numpy(p), ws0)
     assert R.compare_workspaces(ws0, R.build_task_map(kv.tolist(), 1, p.num_ctas, max_pairs=16)) is None
+
+
+V1V2_CASES = [  # (lens, q_heads, kv_heads, page_size, q_len, mode, plan kwargs)
+    (EDGE_LENS, 8, 1, 64, 1, "dynamic", {}),
+    ([4096] * 6 + [130000, 0, 1], 8, 1, 64, 1, "dynamic", dict(num_ctas=16)),
+    ([700, 65, 2500, 1], 16, 2, 16, 4, "dynamic", dict(num_ctas=7)),
+    ([700, 65, 2500, 1], 12, 1, 128, 2, "static_count", dict(num_splits=3)),
+    (EDGE_LENS, 4, 1, 32, 3, "batch_invariant", dict(chunk_tiles=2)),
+]
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "bf16"])
+@pytest.mark.parametrize("case", range(len(V1V2_CASES)))
+def test_v1_v2_agree(kv_dtype, case):
+    """The two attention variants give the same output (within the emulation tolerance) on the same inputs, and each
+    is within it of the emulation (so an agreement by a shared bug would still fail)."""
+    lens, qh, kvh, ps, ql, mode, kw = V1V2_CASES[case]
+    inp = _inputs(lens, kv_dtype, q_heads=qh, kv_heads=kvh, page_size=ps, q_len=ql, seed=7 + case)
+    p1, o1 = _run(inp, mode=mode, variant="v1", **kw)
+    p2, o2 = _run(inp, mode=mode, variant="v2", **kw)
+    assert not torch.isnan(o2.float()).any()
+    assert_close(o2, o1, op=OP, path=f"{kv_dtype}_vs_emulation")
+    emu = _emulate(inp, p2)
+    assert_close(o2, emu, op=OP, path=f"{kv_dtype}_vs_emulation")
+    zero = [i for i, L in enumerate(lens) if L == 0]
+    for r in zero:  # kv_len 0 -> exact zeros in both
+        rows = slice(r * ql, (r + 1) * ql)
+        assert torch.equal(o2[rows].float(), torch.zeros_like(o2[rows].float()))
+
+
+def test_variant_from_environment(monkeypatch):
+    K, _ = _mods()
+    kv = torch.tensor([100, 65], dtype=torch.int32, device="cuda")
+    monkeypatch.delenv(K.VARIANT_ENV, raising=False)
+    assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == "v1"  # default unchanged
+    monkeypatch.setenv(K.VARIANT_ENV, "v2")
+    assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == "v2"
+    assert K.plan(kv, num_kv_heads=1, q_heads=8, variant="v1").variant == "v1"  # the argument wins
+    monkeypatch.setenv(K.VARIANT_ENV, "fast")
+    with pytest.raises(ValueError, match=K.VARIANT_ENV):
+        K.plan(kv, num_kv_heads=1, q_heads=8)

@@ -47,14 +47,26 @@ DTYPE_OF = {"bf16x2_kernel": "x bf16, w fp32 as 2x bf16 (hi + lo/256), out fp32"
 # and 6 / 5 stages ("tiled64x", "tiled128x"); wide-N tiles BM x BN (N must be a multiple of BN): "t128n96" (BK 32),
 # "t128n96d" (BK 64), "t64n96d" (BK 64), "t64n192" (BK 32), "t64n192d" (BK 64); "auto" = the built-in heuristic (a
 # tuned table wins).
+# Tuner-only candidates (router_gemm.cu, enum Variant): the generalised decode kernel "decode_c16" (cluster of 16
+# CTAs of 8 experts), "decode_c16n2" (16 CTAs of 16 experts), "decode_w8" (8 CTAs of 8 warps), "decode_c16w8"
+# (16 CTAs of 8 warps), "decode_n32" / "decode_n64" (16 CTAs of 32 / 64 experts: x re-read by fewer column
+# groups); tiled "t64n96" (BK 32, 4 stages), "t64n96d3" (BK 64, 3 stages: 2 CTAs per SM), "t128n96d3" (BK 64,
+# 3 stages), "tiled128s3" / "tiled128s6" (BK 32, 3 / 6 stages), "tiled64s6" (BK 32, 6 stages).
 VARIANTS = {"auto": 0, "decode": 1, "tiled64": 2, "tiled128": 3, "tiled64d": 4, "tiled128d": 5, "tiled64x": 6,
             "tiled128x": 7, "decode_n1": 8, "decode_n2": 9, "t128n96": 10, "t128n96d": 11, "t64n96d": 12,
-            "t64n192": 13, "t64n192d": 14}
+            "t64n192": 13, "t64n192d": 14, "decode_c16": 15, "decode_c16n2": 16, "decode_w8": 17,
+            "decode_c16w8": 18, "decode_n32": 19, "decode_n64": 20, "t64n96": 21, "t64n96d3": 22, "t128n96d3": 23,
+            "tiled128s3": 24, "tiled128s6": 25, "tiled64s6": 26}
+# Decode variants the tuner times at M <= 64 (every one needs M <= 64; the C side rejects larger M).
+DECODE_VARIANTS = ("decode_n1", "decode_n2", "decode_c16", "decode_c16n2", "decode_w8", "decode_c16w8",
+                   "decode_n32", "decode_n64")
 # Tiled variants: (BM, BN, BK) of the CTA tile, for the candidate list (mirrors tile_of() in router_gemm.cu).
 TILED_TILES = {"tiled64": (64, 64, 32), "tiled64d": (64, 64, 64), "tiled64x": (64, 64, 64),
                "tiled128": (128, 64, 32), "tiled128d": (128, 64, 64), "tiled128x": (128, 64, 64),
                "t128n96": (128, 96, 32), "t128n96d": (128, 96, 64), "t64n96d": (64, 96, 64),
-               "t64n192": (64, 192, 32), "t64n192d": (64, 192, 64)}
+               "t64n192": (64, 192, 32), "t64n192d": (64, 192, 64), "t64n96": (64, 96, 32),
+               "t64n96d3": (64, 96, 64), "t128n96d3": (128, 96, 64), "tiled128s3": (128, 64, 32),
+               "tiled128s6": (128, 64, 32), "tiled64s6": (64, 64, 32)}
 _VARIANT_NAMES = {v: k for k, v in VARIANTS.items()}
 _SCALE = 1.0 / 256.0
 DISPATCH_DIR = Path(__file__).resolve().parents[3] / "data" / "dispatch"
@@ -79,8 +91,9 @@ def _lib() -> ctypes.CDLL:
 
 
 def kernel_config(m: int, n: int, k: int, *, variant: str = "auto", splits: int = 0) -> dict:
-    """The launch configuration the kernel uses for [M, K] x [N, K]^T: variant (decode / tiled64 / tiled128),
-    K splits (CTAs of one cluster), m16 tiles and n8 tiles per warp (decode). Raises ValueError if unsupported."""
+    """The launch configuration the kernel uses for [M, K] x [N, K]^T: variant (a VARIANTS name; decode, decode_n1
+    and decode_n2 report "decode"), K splits (CTAs of one cluster), m16 tiles and n8 tiles per warp (decode).
+    Raises ValueError if unsupported."""
     buf = (ctypes.c_int * 4)()
     code = _lib().hp_router_gemm_config(m, n, k, VARIANTS[variant], splits, buf)
     if code:
@@ -422,12 +435,12 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
 
 
 def kernel_candidates(m: int, n: int, k: int) -> list[tuple[str, int]]:
-    """Kernel configurations worth timing at M x (N, K): decode (M <= 64) and each tiled variant whose BN divides
-    N, with K splits 1, 2, 4, 8 while the grid stays under ~4 CTAs per SM and each split keeps >= 4 k-steps.
-    Raises ValueError for an unsupported shape (N, K not multiples of 64, M < 1)."""
+    """Kernel configurations worth timing at M x (N, K): every decode variant (DECODE_VARIANTS, M <= 64) and each
+    tiled variant whose BN divides N, with K splits 1, 2, 4, 8 while the grid stays under ~4 CTAs per SM and each
+    split keeps >= 4 k-steps. Raises ValueError for an unsupported shape (N, K not multiples of 64, M < 1)."""
     if n % 64 or k % 64 or m < 1:
         raise ValueError(f"kernel_candidates: unsupported M={m}, N={n}, K={k} (N, K multiples of 64, M >= 1)")
-    out = [("decode_n1", 0), ("decode_n2", 0)] if m <= 64 else []
+    out = [(v, 0) for v in DECODE_VARIANTS] if m <= 64 else []
     for v, (bm, bn, bk) in TILED_TILES.items():
         if n % bn:
             continue

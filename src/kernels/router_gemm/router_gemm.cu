@@ -15,6 +15,8 @@
 //    distributed shared memory (each CTA sums a slice of the tile over the 8 ranks in rank order):
 //    deterministic, no workspace, no atomics, no second kernel; CUDA-graph safe.
 //    Traffic: weight once from HBM; x (M*K*2 B) read by each of the N/(8*NT) column groups, mostly from L2.
+//    router_decode2_kernel generalises it for the tuner: cluster of 8 or 16 (non-portable) CTAs, 4 or 8 warps,
+//    CTAs of 8 to 64 experts (warps split over n as well as k), weight loads issued before the PDL wait.
 //
 // 2. router_tiled_kernel (prefill, M > 64): BM x 64 output tile per CTA (BM = 64 or 128), 256 threads,
 //    4-stage cp.async pipeline over BK = 32 or 64 with padded rows (80 / 144 B stride: ldmatrix conflict-free),
@@ -166,6 +168,142 @@ __global__ void __cluster_dims__(kClusterK, 1, 1) __launch_bounds__(kDecodeWarps
 #pragma unroll
     for (int q = 0; q < kClusterK; ++q) v += cluster.map_shared_rank(cta_part, q)[e];
     out[static_cast<size_t>(e / TILE_N) * N + n0 + (e % TILE_N)] = v;
+  }
+  cluster.sync();  // keep this CTA's shared memory alive until every rank has read it
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Decode kernel, generalised (the tuner's decode candidates beside router_decode_kernel). The cluster size CS
+// (8 or 16: 16 is a non-portable size, allowed per kernel by an attribute) comes from the launch, so more,
+// smaller CTAs can share the weight read; WARPS warps per CTA as WN n-slabs x KW = WARPS / WN k-phases (WN > 1:
+// a CTA covers 8 * NT * WN experts, so x is re-read by fewer column groups, which matters at M = 48: x is then
+// 0.4 MB against the 3.1 MB weight; warps of one k-phase share x chunks through L1). U: K chunks each warp loads
+// (all weight words first, then x) before its first MMA; at K = 4096 every configuration below covers its whole
+// K slice in one or two loop trips, so the weight stream is entirely in flight at once (3.1 MB over ~132 SMs is
+// ~24 KB per SM). PDL-ready: the weight loads (a constant, not produced by the previous kernel) are issued before
+// griddepcontrol.wait and x is read / out written after it (a no-op when not launched with the PDL attribute).
+// Reduction as in router_decode_kernel: warps of a CTA in fixed k-phase order through smem, then the CS ranks in
+// rank order through DSMEM: deterministic, no atomics, no workspace.
+__device__ __forceinline__ void grid_dependency_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+template <int MT, int NT, int PARTS, int WARPS, int WN, int U>
+__global__ void __launch_bounds__(WARPS * 32)
+    router_decode2_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w0,
+                          const __nv_bfloat16* __restrict__ w1, const __nv_bfloat16* __restrict__ w2,
+                          float* __restrict__ out, int M, int N, int K, float s1, float s2) {
+  constexpr int KW = WARPS / WN;
+  static_assert(KW * WN == WARPS && KW >= 1, "WN divides WARPS");
+  constexpr int WTN = 8 * NT, TILE_M = 16 * MT, TILE_N = WTN * WN, TILE = TILE_M * TILE_N;
+  static_assert(KW * TILE * 4 <= 48 * 1024, "static shared memory");
+  __shared__ float part[KW][TILE];
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cs = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wn = warp % WN, wk = warp / WN;
+  const int g = lane >> 2, c = lane & 3;
+  const int n_cta = blockIdx.y * TILE_N, n0 = n_cta + wn * WTN;
+  const int kc_total = K >> 5;  // 32-wide chunks
+  const int stride = cs * KW;
+  const __nv_bfloat16* wp[3] = {w0, w1, w2};
+
+  float acc[PARTS][MT][NT][4];
+#pragma unroll
+  for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[p][i][j][e] = 0.f;
+
+  bool waited = false;
+  for (int c0 = rank * KW + wk; c0 < kc_total; c0 += stride * U) {
+    uint4 wv[U][PARTS][NT];
+    uint4 xv[U][MT][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int chunk = c0 + u * stride;
+      const bool ok = chunk < kc_total;
+      const int kofs = chunk * 32 + c * 8;  // this thread's 8 consecutive k (16 B)
+#pragma unroll
+      for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          wv[u][p][j] = ok ? ldg_stream(wp[p] + static_cast<size_t>(n0 + j * 8 + g) * K + kofs)
+                           : make_uint4(0, 0, 0, 0);
+    }
+    if (!waited) {  // x may be the previous kernel's output: wait only after the weight loads are in flight
+      grid_dependency_wait();
+      waited = true;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int chunk = c0 + u * stride;
+      const bool ok = chunk < kc_total;
+      const int kofs = chunk * 32 + c * 8;
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = i * 16 + h * 8 + g;
+          xv[u][i][h] = (ok && row < M)
+                            ? __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(row) * K + kofs))
+                            : make_uint4(0, 0, 0, 0);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            mma_bf16_16816(acc[p][i][j], xv[u][i][0].x, xv[u][i][1].x, xv[u][i][0].y, xv[u][i][1].y,
+                           wv[u][p][j].x, wv[u][p][j].y);
+            mma_bf16_16816(acc[p][i][j], xv[u][i][0].z, xv[u][i][1].z, xv[u][i][0].w, xv[u][i][1].w,
+                           wv[u][p][j].z, wv[u][p][j].w);
+          }
+  }
+  if (!waited) grid_dependency_wait();  // this warp had no chunk: still order the out write after the producer
+
+  // Epilogue 1: per-warp combined partial -> part[k-phase] at its n-slab's columns.
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      float a[PARTS][4];
+#pragma unroll
+      for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[p][e] = acc[p][i][j][e];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = i * 16 + g + (e >= 2 ? 8 : 0);
+        const int col = wn * WTN + j * 8 + 2 * c + (e & 1);
+        part[wk][row * TILE_N + col] = combine<PARTS>(a, e, s1, s2);
+      }
+    }
+  __syncthreads();
+  const int rows = min(M, TILE_M);
+  if constexpr (KW > 1) {  // k-phases summed in fixed order into part[0] (one thread per element: no race)
+    for (int e = threadIdx.x; e < rows * TILE_N; e += blockDim.x) {
+      float v = part[0][e];
+#pragma unroll
+      for (int w = 1; w < KW; ++w) v += part[w][e];
+      part[0][e] = v;
+    }
+  }
+  // Epilogue 2: cluster-wide reduction over DSMEM; rank r owns elements r, r + cs, ... (fixed rank order).
+  cluster.sync();
+  for (int e = rank + cs * static_cast<int>(threadIdx.x); e < rows * TILE_N; e += cs * static_cast<int>(blockDim.x)) {
+    float v = 0.f;
+    for (int q = 0; q < cs; ++q) v += cluster.map_shared_rank(&part[0][0], q)[e];
+    out[static_cast<size_t>(e / TILE_N) * N + n_cta + (e % TILE_N)] = v;
   }
   cluster.sync();  // keep this CTA's shared memory alive until every rank has read it
 }
@@ -350,11 +488,39 @@ __global__ void __launch_bounds__(kTiledThreads)
 //   kT64n192d  64 x 192, 32x48, BK 64, 3 (2)
 // At N = 192, K = 4096, M = 4096: kT128n96 = 64 CTAs (128 with 2 K splits), kT64n96d = 128 CTAs, kT64n192 = 64
 // CTAs (x read exactly once; 128 with 2 splits).
+// Generalised decode kernel (router_decode2_kernel): cluster size CS, warps, n-slabs per CTA WN, n8 tiles per
+// warp NT, chunks in flight U; grid (CS, N / (8 * NT * WN)), at N = 192:
+//   kDecC16    16, 4 warps, WN 1, NT 1, U 2: 384 CTAs      kDecC16N2  16, 4 warps, WN 1, NT 2, U 2: 192 CTAs
+//   kDecW8      8, 8 warps, WN 1, NT 1, U 2: 192 CTAs      kDecC16W8  16, 8 warps, WN 1, NT 1, U 1: 384 CTAs
+//   kDecN32    16, 8 warps, WN 4, NT 1, U 4 (2 at M > 32): 96 CTAs of 32 experts (x read by 6 column groups)
+//   kDecN64    16, 8 warps, WN 8, NT 1, U 4 (2 at M > 32): 48 CTAs of 64 experts (x read by 3 column groups)
+// More tiled configurations (BM x BN, BK, stages; resident CTAs per SM at two parts, by shared memory and the
+// ptxas register counts; aimed at M ~ 2048 where the grid is 32..96 tiles and latency, not bandwidth, limits):
+//   kT64n96    64 x 96, 32, 4 (2/SM)    kT64n96d3  64 x 96, 64, 3 (2/SM)    kT128n96d3 128 x 96, 64, 3 (1/SM)
+//   kTiled128s3 128 x 64, 32, 3 (2/SM, registers)  kTiled128s6 128 x 64, 32, 6 (1/SM)  kTiled64s6 64 x 64, 32, 6 (2/SM)
 enum Variant {
   kAuto = 0, kDecode = 1, kTiled64 = 2, kTiled128 = 3, kTiled64Deep = 4, kTiled128Deep = 5, kTiled64X = 6,
   kTiled128X = 7, kDecodeN1 = 8, kDecodeN2 = 9, kT128n96 = 10, kT128n96d = 11, kT64n96d = 12, kT64n192 = 13,
-  kT64n192d = 14, kNumVariants = 15
+  kT64n192d = 14, kDecC16 = 15, kDecC16N2 = 16, kDecW8 = 17, kDecC16W8 = 18, kDecN32 = 19, kDecN64 = 20,
+  kT64n96 = 21, kT64n96d3 = 22, kT128n96d3 = 23, kTiled128s3 = 24, kTiled128s6 = 25, kTiled64s6 = 26,
+  kNumVariants = 27
 };
+bool is_decode(int v) { return v == kDecode || v == kDecodeN1 || v == kDecodeN2 || (v >= kDecC16 && v <= kDecN64); }
+// Shape of a generalised decode variant: cluster size, warps, n-slabs per CTA, n8 tiles per warp.
+struct Decode2 {
+  int cs, warps, wn, nt;
+};
+Decode2 decode2_of(int v) {
+  switch (v) {
+    case kDecC16: return {16, 4, 1, 1};
+    case kDecC16N2: return {16, 4, 1, 2};
+    case kDecW8: return {8, 8, 1, 1};
+    case kDecC16W8: return {16, 8, 1, 1};
+    case kDecN32: return {16, 8, 4, 1};
+    case kDecN64: return {16, 8, 8, 1};
+    default: return {0, 0, 0, 0};
+  }
+}
 constexpr int kTargetCtas = 132;  // H100/H200 SXM SM count: enough CTAs to read from every SM
 
 // Output tile of a tiled variant (BM rows x BN columns); {0, 0} for the decode variants.
@@ -368,6 +534,10 @@ Tile tile_of(int variant) {
     case kT128n96: case kT128n96d: return {128, 96};
     case kT64n96d: return {64, 96};
     case kT64n192: case kT64n192d: return {64, 192};
+    case kT64n96: case kT64n96d3: return {64, 96};
+    case kT128n96d3: return {128, 96};
+    case kTiled128s3: case kTiled128s6: return {128, 64};
+    case kTiled64s6: return {64, 64};
     default: return {0, 0};
   }
 }
@@ -386,7 +556,12 @@ Config choose(int M, int N, int K, int variant, int splits) {
       cfg.variant = tiles128 >= kTargetCtas ? kTiled128 : kTiled64;
     }
   }
-  if (cfg.variant == kDecode || cfg.variant == kDecodeN1 || cfg.variant == kDecodeN2) {
+  if (decode2_of(cfg.variant).cs) {
+    const Decode2 d = decode2_of(cfg.variant);
+    cfg.mt = M <= 16 ? 1 : (M <= 32 ? 2 : 4);
+    cfg.nt = d.nt;
+    cfg.splits = d.cs;
+  } else if (cfg.variant == kDecode || cfg.variant == kDecodeN1 || cfg.variant == kDecodeN2) {
     cfg.mt = M <= 16 ? 1 : (M <= 32 ? 2 : 4);
     cfg.nt = cfg.variant == kDecodeN1 ? 1 : cfg.variant == kDecodeN2 ? 2 : ((N / 8) * kClusterK >= 4 * kTargetCtas ? 2 : 1);
     if (cfg.nt == 2 && N % 16) cfg.nt = 1;
@@ -410,6 +585,46 @@ cudaError_t launch_decode(const __nv_bfloat16* x, const __nv_bfloat16* w0, const
   dim3 grid(kClusterK, N / (8 * NT));
   router_decode_kernel<MT, NT, PARTS><<<grid, kDecodeWarps * 32, 0, stream>>>(x, w0, w1, w2, out, M, N, K, s1, s2);
   return cudaGetLastError();
+}
+
+template <int MT, int NT, int PARTS, int WARPS, int WN, int U>
+cudaError_t launch_decode2(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
+                           const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2, int cs,
+                           cudaStream_t stream) {
+  auto kernel = router_decode2_kernel<MT, NT, PARTS, WARPS, WN, U>;
+  static bool configured = false;  // cluster size 16 is non-portable: allowed per kernel, once (host-side)
+  if (!configured) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return e;
+    configured = true;
+  }
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(cs, N / (8 * NT * WN));
+  lc.blockDim = dim3(WARPS * 32);
+  lc.dynamicSmemBytes = 0;
+  lc.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cs;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  cudaError_t e = cudaLaunchKernelEx(&lc, kernel, x, w0, w1, w2, out, M, N, K, s1, s2);
+  if (e != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+
+template <int NT, int PARTS, int WARPS, int WN, int U1, int U4>
+cudaError_t launch_decode2_mt(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* w0,
+                              const __nv_bfloat16* w1, const __nv_bfloat16* w2, float* out, int M, int N, int K,
+                              float s1, float s2, cudaStream_t st) {
+  // U1: chunks in flight at MT = 1, 2; U4 at MT = 4 (x fragments for 64 rows cost 4x the registers)
+  if (cfg.mt == 1)
+    return launch_decode2<1, NT, PARTS, WARPS, WN, U1>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+  if (cfg.mt == 2)
+    return launch_decode2<2, NT, PARTS, WARPS, WN, U1>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+  return launch_decode2<4, NT, PARTS, WARPS, WN, U4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
 }
 
 template <int BM, int BN, int WARPS_M, int PARTS, int BK, int STAGES>
@@ -455,8 +670,27 @@ cudaError_t run(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* 
     if (cfg.mt == 2) return launch_decode<2, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
     return launch_decode<4, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
   }
+  // Template arguments: NT, PARTS, WARPS, WN, U (MT <= 2), U (MT = 4); the cluster size is cfg.splits.
+  switch (cfg.variant) {
+    case kDecC16: return launch_decode2_mt<1, PARTS, 4, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    case kDecC16N2: return launch_decode2_mt<2, PARTS, 4, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    case kDecW8: return launch_decode2_mt<1, PARTS, 8, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    case kDecC16W8: return launch_decode2_mt<1, PARTS, 8, 1, 1, 1>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    case kDecN32: return launch_decode2_mt<1, PARTS, 8, 4, 4, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    case kDecN64: return launch_decode2_mt<1, PARTS, 8, 8, 4, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    default: break;
+  }
   // Template arguments: BM, BN, WARPS_M, PARTS, BK, STAGES (BN = 64 variants: warp tile 32 rows).
   switch (cfg.variant) {
+    case kT64n96: return launch_tiled<64, 96, 4, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kT64n96d3: return launch_tiled<64, 96, 4, PARTS, 64, 3>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kT128n96d3:
+      return launch_tiled<128, 96, 4, PARTS, 64, 3>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kTiled128s3:
+      return launch_tiled<128, 64, 4, PARTS, 32, 3>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kTiled128s6:
+      return launch_tiled<128, 64, 4, PARTS, 32, 6>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    case kTiled64s6: return launch_tiled<64, 64, 2, PARTS, 32, 6>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
     case kTiled128: return launch_tiled<128, 64, 4, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
     case kTiled64Deep: return launch_tiled<64, 64, 2, PARTS, 64, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
     case kTiled128Deep:
@@ -483,12 +717,13 @@ cudaError_t run(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* 
 extern "C" {
 
 // Reports the configuration the auto path (variant 0, splits 0) or a forced one resolves to:
-// cfg_out[0..3] = variant (see enum Variant; decode variants report 1), splits, mt, nt. Returns 0, or
+// cfg_out[0..3] = variant (see enum Variant; decode / decode_n1 / decode_n2 report 1, the generalised decode
+// variants their own id), splits (decode: the cluster size), mt, nt. Returns 0, or
 // cudaErrorInvalidValue for an unsupported shape / request.
 int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg_out) {
   if (M < 1 || N < 64 || N % 64 || K < 64 || K % 64 || variant < 0 || variant >= kNumVariants || splits < 0 || splits > 8)
     return cudaErrorInvalidValue;
-  if ((variant == kDecode || variant == kDecodeN1 || variant == kDecodeN2) && M > 64) return cudaErrorInvalidValue;
+  if (is_decode(variant) && M > 64) return cudaErrorInvalidValue;
   if (splits > 0 && (splits & (splits - 1))) return cudaErrorInvalidValue;  // 1, 2, 4, 8: divides BM
   if (variant != kAuto && tile_of(variant).bn && N % tile_of(variant).bn) return cudaErrorInvalidValue;
   const Config cfg = choose(M, N, K, variant, splits);

@@ -10,6 +10,11 @@ request, chunks of chunk_tiles tiles), "batch_invariant" (chunks of chunk_tiles 
 tile 0: a request's output is bit-identical whatever it is batched with; grid as static_chunk). All modes run the
 same device tile function (attention.cu), so dynamic / static is a fair ratio.
 
+Variants (attention kernel only; task map, partial layout, combine and API are shared): "v1" (the original kernel,
+default) and "v2" (bank-conflict-free shared-memory patterns, FP8 V fragments built in registers, a 4th FP8 stage,
+coalesced output / partial stores: docs/notes/split_kv_decode.md). plan(variant=None) reads the environment variable
+HOTPATHS_DECODE_VARIANT (default "v1").
+
 The static modes size their grid from the lengths on the host (plan() reads kv_lens, or takes max_kv_len): later
 updates must not exceed that maximum. The dynamic mode never reads lengths on the host.
 """
@@ -30,6 +35,8 @@ MAX_Q_LEN = 4
 MODES = ("dynamic", "static_count", "static_chunk", "batch_invariant")
 _MODE_CODE = {"dynamic": 0, "static_count": 1, "static_chunk": 2, "batch_invariant": 2}
 DEFAULT_CHUNK_TILES = 16  # static_chunk / batch_invariant chunk: 1024 tokens
+VARIANTS = ("v1", "v2")
+VARIANT_ENV = "HOTPATHS_DECODE_VARIANT"
 
 _lib = None
 
@@ -45,6 +52,10 @@ def _load():
         lib.hp_decode_assign.restype = i
         lib.hp_decode_attention.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp]
         lib.hp_decode_attention.restype = i
+        lib.hp_decode_attention_v2.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp]
+        lib.hp_decode_attention_v2.restype = i
+        lib.hp_decode_smem_bytes_v2.argtypes = [i]
+        lib.hp_decode_smem_bytes_v2.restype = i
         lib.hp_decode_combine.argtypes = [vp] * 5 + [i] * 10 + [vp]
         lib.hp_decode_combine.restype = i
         lib.hp_decode_smem_bytes.argtypes = [i]
@@ -63,6 +74,21 @@ def _torch():
 
 def _fp8():
     return _torch().float8_e4m3fn
+
+
+def resolve_variant(variant: str | None = None) -> str:
+    """The attention kernel variant to use: `variant` if given, else $HOTPATHS_DECODE_VARIANT, else "v1".
+
+    Raises ValueError naming the source (argument or environment variable) for a value not in VARIANTS.
+    """
+    import os
+
+    src = "variant"
+    if variant is None:
+        variant, src = os.environ.get(VARIANT_ENV, "").strip() or "v1", VARIANT_ENV
+    if variant not in VARIANTS:
+        raise ValueError(f"{src} must be one of {VARIANTS}, got {variant!r}")
+    return variant
 
 
 def workspace_len(num_ctas: int, max_pairs: int) -> int:
@@ -87,7 +113,7 @@ class DecodePlan:
     fit); max_batch; num_ctas (C, dynamic grid); min_tiles (F); splits (static grid: splits per pair);
     chunk_tiles (static_chunk / batch_invariant); workspace [workspace_len(C, max_batch*H)] int32 (dynamic task
     map); partial_o [slots, rows, head_dim] fp32; partial_lse [slots, rows] fp32; batch and kv_lens of the last
-    update.
+    update; variant ("v1" / "v2": which attention kernel run() launches).
     """
 
     mode: str
@@ -106,6 +132,7 @@ class DecodePlan:
     batch: int = 0
     kv_lens: object = None
     device: object = None
+    variant: str = "v1"
     _extra: dict = field(default_factory=dict)
 
     @property
@@ -155,7 +182,8 @@ def _check_lens(kv_lens, device=None) -> None:
 
 def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_batch: int | None = None,
          num_ctas: int | None = None, min_tiles: int = 4, mode: str = "dynamic", num_splits: int | None = None,
-         chunk_tiles: int | None = None, q_len: int = 1, max_kv_len: int | None = None) -> DecodePlan:
+         chunk_tiles: int | None = None, q_len: int = 1, max_kv_len: int | None = None,
+         variant: str | None = None) -> DecodePlan:
     """Allocate the step's buffers and build its schedule (dynamic: device assign kernel, no host sync).
 
     Shape/Dtype: kv_lens [batch] int32 on the GPU. num_ctas defaults to 2 x the SM count (two resident CTAs per
@@ -163,12 +191,14 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
     will be called with.
     Static modes: num_splits (static_count; default ceil(num_ctas / (batch * H))), chunk_tiles (static_chunk /
     batch_invariant; default 16), max_kv_len (default: max(kv_lens), read on the host).
-    Raises ValueError/TypeError for an unknown mode, unsupported head_dim / GQA ratio / q_len, batch > max_batch,
-    or non-positive sizes.
+    variant: attention kernel "v1" / "v2" (None: $HOTPATHS_DECODE_VARIANT, default "v1"); every mode runs on both.
+    Raises ValueError/TypeError for an unknown mode or variant, unsupported head_dim / GQA ratio / q_len,
+    batch > max_batch, or non-positive sizes.
     """
     torch = _torch()
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    variant = resolve_variant(variant)
     _check_lens(kv_lens)
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} unsupported by the SM90 kernel (supported: {HEAD_DIMS}; 64/256 are "
@@ -213,7 +243,8 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
                    chunk_tiles=ct,
                    workspace=torch.full((ws_len,), -1, dtype=torch.int32, device=dev),
                    partial_o=torch.empty((slots, rows, head_dim), dtype=torch.float32, device=dev),
-                   partial_lse=torch.empty((slots, rows), dtype=torch.float32, device=dev), device=dev)
+                   partial_lse=torch.empty((slots, rows), dtype=torch.float32, device=dev), device=dev,
+                   variant=variant)
     return p.update(kv_lens)
 
 
@@ -344,12 +375,13 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     with torch.cuda.device(dev):
         s = stream_ptr(dev)
-        code = lib.hp_decode_attention(
+        attention = lib.hp_decode_attention_v2 if p.variant == "v2" else lib.hp_decode_attention
+        code = attention(
             q.data_ptr(), ptr(q_scale), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
             kv_lens.data_ptr(), ptr(k_scale), ptr(v_scale), out.data_ptr(), p.partial_o.data_ptr(),
             p.partial_lse.data_ptr(), p.workspace.data_ptr(), scale, batch, H, q_heads, q_len, page_size,
             block_table.shape[1], num_pages, p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, int(fp8), 1, s)
-        check_status(code, "split_kv_decode attention")
+        check_status(code, f"split_kv_decode attention ({p.variant})")
         code = lib.hp_decode_combine(kv_lens.data_ptr(), out.data_ptr(), p.partial_o.data_ptr(),
                                      p.partial_lse.data_ptr(), p.workspace.data_ptr(), batch, H, q_heads, q_len,
                                      p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, 1, s)
@@ -360,7 +392,7 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
 def split_kv_decode(q, k_cache, v_cache, block_table, kv_lens, *, q_len: int = 1, q_scale=None, k_scale=None,
                     v_scale=None, sm_scale: float | None = None, out=None, mode: str = "dynamic",
                     num_ctas: int | None = None, min_tiles: int = 4, num_splits: int | None = None,
-                    chunk_tiles: int | None = None):
+                    chunk_tiles: int | None = None, variant: str | None = None):
     """plan() + run() in one call (argument names and order as hotpaths.reference.split_kv_decode_ref).
 
     Shape/Dtype: as run(). Returns out [batch*q_len, q_heads, head_dim] bf16.
@@ -377,7 +409,7 @@ def split_kv_decode(q, k_cache, v_cache, block_table, kv_lens, *, q_len: int = 1
     if not 1 <= q_len <= MAX_Q_LEN:
         raise ValueError(f"q_len must be in 1..{MAX_Q_LEN}, got {q_len}")
     pl = plan(kv_lens, num_kv_heads=H, q_heads=q.shape[1], head_dim=D, num_ctas=num_ctas, min_tiles=min_tiles,
-              mode=mode, num_splits=num_splits, chunk_tiles=chunk_tiles, q_len=q_len)
+              mode=mode, num_splits=num_splits, chunk_tiles=chunk_tiles, q_len=q_len, variant=variant)
     return run(pl, q, k_cache, v_cache, block_table, kv_lens, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                sm_scale=sm_scale, q_len=q_len, out=out)
 

@@ -23,6 +23,15 @@
 //   ceiling measured in the same run). FP8 is not limited by the e4m3 -> f16 cvt: an exact 3-integer-op conversion
 //   (prmt with sign replication, shift, mask; 2^-8 folded into the scales) measured no faster (notes:
 //   docs/notes/split_kv_decode.md). One CTA per SM instead of two: FP8 64x4K 43.1 us.
+// Variants (template V2; hp_decode_attention = v1, hp_decode_attention_v2 = v2, same arguments and outputs):
+//   v1 is the kernel described above. v2 changes only shared-memory layouts and the V fragment path, from the ncu
+//   finding of 36-45% excess shared wavefronts (bank conflicts) in v1: FP8 V B-fragments are built in registers from
+//   16 B LDS of 4 tokens + prmt (no f16 staging buffer, ldmatrix or __syncwarp; output dims permuted as 16n + j and
+//   undone in the merge); FP8 K/V/Q rows are XOR-swizzled instead of padded, and the freed 17 KB + 2 KB buy a 4th
+//   FP8 stage (3 tiles in flight per CTA, still 2 CTAs per SM); BF16 K/Q reads use a conflict-free head_dim
+//   permutation; the end-of-descriptor merge buffer is XOR-swizzled and read out as 16 B per lane, contiguous per
+//   row, which also makes the bf16 output / fp32 partial stores full-sector. Same math and reduction order as v1
+//   except the BF16 QK dot-product order (FP8 v2 is expected bit-identical to v1; unverified on a GPU so far).
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -50,15 +59,18 @@ struct Params {
   int mode, splits, chunk_tiles;
 };
 
-template <bool FP8> struct Cfg {
+// V2 = false: the original kernel (v1). V2 = true (v2): see the v2 notes above; FP8 rows are XOR-swizzled instead of
+// padded (16 B unit u of row t stored at unit u ^ (t & 7)), which frees the room for a 4th stage.
+template <bool FP8, bool V2 = false> struct Cfg {
   static constexpr int ES = FP8 ? 1 : 2;                 // bytes per element
-  static constexpr int ROWB = kD * ES + 16;              // padded smem row (bank spread)
-  static constexpr int STAGES = FP8 ? 3 : 2;                // x2 CTAs per SM
+  static constexpr bool SWZ = V2 && FP8;                 // XOR-swizzled unpadded K/V/Q rows
+  static constexpr int ROWB = SWZ ? kD * ES : kD * ES + 16;  // padded smem row (bank spread) unless swizzled
+  static constexpr int STAGES = FP8 ? (V2 ? 4 : 3) : 2;     // x2 CTAs per SM
   static constexpr int KV_BYTES = kTile * ROWB;          // one of K or V
   static constexpr int QROWB = kD * ES;
   static constexpr int STAGE_BYTES = 2 * KV_BYTES + kRowsPerGroup * QROWB + kRowsPerGroup * 4;
   static constexpr int VCONV_ROWB = kD * 2 + 16;         // f16 row of the FP8 V conversion buffer
-  static constexpr int VCONV_BYTES = FP8 ? 4 * 16 * VCONV_ROWB : 0;
+  static constexpr int VCONV_BYTES = (FP8 && !V2) ? 4 * 16 * VCONV_ROWB : 0;  // v2 builds V fragments in registers
   static constexpr int MERGE_O = kD;                     // floats per merge row (once per descriptor: no pad)
   static constexpr int MERGE_BYTES = 4 * 16 * MERGE_O * 4 + 2 * 4 * 16 * 4;
   static constexpr int DESC_BYTES = kDescCache * 8 * 4;
@@ -131,6 +143,20 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
          ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
 }
 
+// v2: 16 B unit of a Q/K row that thread tig reads as its i-th load (the head_dim permutation inside the dot
+// product; Q and K use the same map, so any bijection is exact). FP8: units 2tig + i (= v1's), stored XOR-swizzled
+// by row & 7 (the two rows of a quarter warp land on disjoint banks). BF16: units 2tig, 2tig+1, 2tig+8, 2tig+9 on
+// the 17-unit padded rows: conflict-free, where v1's 4tig..4tig+3 puts tig 0/2 and 1/3 on the same banks (2-way).
+template <bool FP8> __device__ __forceinline__ int kq_unit(int i, int tig, int row) {
+  if constexpr (FP8) return (2 * tig + i) ^ (row & 7);
+  else return 2 * tig + (i & 1) + 8 * (i >> 1);
+}
+
+// v2 merge buffer: 16 B unit u (0..31) of merge row r is stored at u ^ ((u >> 3) & 3) ^ ((r & 1) << 2), so the FP8
+// writes (8 lanes: 2 rows x 4 tig, same low unit bits) and the read-out (8 lanes: 1 row, 8 segments) never share
+// a bank group.
+__device__ __forceinline__ int merge_swz(int r, int u) { return u ^ (((u >> 3) & 3) ^ ((r & 1) << 2)); }
+
 // Descriptor from blockIdx in the static modes (p = h * batch + r, split s); returns false if empty.
 __device__ bool static_desc(const Params& P, Desc& d) {
   const int p = blockIdx.x / P.splits, s = blockIdx.x % P.splits;
@@ -149,9 +175,9 @@ __device__ bool static_desc(const Params& P, Desc& d) {
   return d.tb < d.te;
 }
 
-template <bool FP8>
+template <bool FP8, bool V2>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const Params P) {
-  using CF = Cfg<FP8>;
+  using CF = Cfg<FP8, V2>;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* stages = smem;
   __half* vconv = reinterpret_cast<__half*>(smem + CF::STAGES * CF::STAGE_BYTES);
@@ -232,8 +258,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
       const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
       const size_t off = ok ? ((slot * P.H + d.h) * kD) * CF::ES + ch * 16
                             : 0;
-      cp_async16(sK + tl * CF::ROWB + ch * 16, kbase + off, ok);
-      cp_async16(sV + tl * CF::ROWB + ch * 16, vbase + off, ok);
+      const int dcol = CF::SWZ ? ((ch ^ (tl & 7)) * 16) : ch * 16;
+      cp_async16(sK + tl * CF::ROWB + dcol, kbase + off, ok);
+      cp_async16(sV + tl * CF::ROWB + dcol, vbase + off, ok);
     }
     if (first) {
       uint8_t* sQ = sV + CF::KV_BYTES;
@@ -248,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
         const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
         const size_t qrow = (size_t)d.r * P.q_len + qi;
         const size_t off = ok ? ((qrow * P.q_heads + d.h * P.ratio + hl) * kD) * CF::ES + ch * 16 : 0;
-        cp_async16(sQ + row * CF::QROWB + ch * 16, qbase + off, ok);
+        cp_async16(sQ + row * CF::QROWB + (CF::SWZ ? (ch ^ (row & 7)) : ch) * 16, qbase + off, ok);
       }
       if (FP8 && tid < kRowsPerGroup) {
         const int rr = rg * kRowsPerGroup + tid;
@@ -309,7 +336,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
         uint32_t w[8 * CF::ES];
 #pragma unroll
         for (int i = 0; i < 2 * CF::ES; ++i) {
-          uint4 u = src[i];
+          uint4 u;
+          if constexpr (V2) u = *reinterpret_cast<const uint4*>(sQ + row * CF::QROWB + kq_unit<FP8>(i, tig, row) * 16);
+          else u = src[i];
           w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
         }
 #pragma unroll
@@ -345,7 +374,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
       uint32_t w[8 * CF::ES];
 #pragma unroll
       for (int i = 0; i < 2 * CF::ES; ++i) {
-        uint4 u = src[i];
+        uint4 u;
+        if constexpr (V2) u = *reinterpret_cast<const uint4*>(sK + (warp * 16 + nt * 8 + g) * CF::ROWB +
+                                                              kq_unit<FP8>(i, tig, g) * 16);
+        else u = src[i];
         w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
       }
 #pragma unroll
@@ -411,44 +443,67 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
     pa[3] = pack_p<FP8>(s[1][2], s[1][3]);
 
     // ---- O += P V ----
-    const uint8_t* vsrc;
-    int vrowb;
-    if constexpr (FP8) {
-      // convert this warp's 16 fp8 V rows to f16 (exact) so ldmatrix.trans can transpose them
-      __half* buf = vconv + warp * 16 * (CF::VCONV_ROWB / 2);
+    if constexpr (V2 && FP8) {
+      // v2: B fragments straight from the fp8 tile (no f16 staging buffer, no ldmatrix). n-tile j, column n holds
+      // dim 16n + j, so this thread (n = g) reads 16 B (dims 16g..16g+15) of its 4 tokens 2tig, 2tig+1, 2tig+8,
+      // 2tig+9 (the k slots of P's A fragment) and pairs the bytes of two tokens with prmt: exact e4m3 -> f16.
+      // Its accumulators then hold dims 32tig + j (c0/c2) and 32tig + 16 + j (c1/c3): see the v2 merge.
+      const int t0 = warp * 16 + 2 * tig;
+      auto ldv = [&](int t) {
+        return *reinterpret_cast<const uint4*>(sV + t * CF::ROWB + ((g ^ (t & 7)) * 16));
+      };
+      const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
+      const uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
+      const uint32_t c4[4] = {vc.x, vc.y, vc.z, vc.w}, d4[4] = {vd.x, vd.y, vd.z, vd.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = lane + 32 * i;
-        const int t = c >> 3, ch = c & 7;
-        const uint4 u = *reinterpret_cast<const uint4*>(sV + (warp * 16 + t) * CF::ROWB + ch * 16);
-        uint4 a, b;
-        a.x = e4m3x2_to_f16x2(u.x); a.y = e4m3x2_hi_to_f16x2(u.x);
-        a.z = e4m3x2_to_f16x2(u.y); a.w = e4m3x2_hi_to_f16x2(u.y);
-        b.x = e4m3x2_to_f16x2(u.z); b.y = e4m3x2_hi_to_f16x2(u.z);
-        b.z = e4m3x2_to_f16x2(u.w); b.w = e4m3x2_hi_to_f16x2(u.w);
-        uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(buf) + t * CF::VCONV_ROWB + ch * 32);
-        dst[0] = a;
-        dst[1] = b;
+      for (int wi = 0; wi < 4; ++wi) {
+        const uint32_t ab01 = __byte_perm(a4[wi], b4[wi], 0x5140), ab23 = __byte_perm(a4[wi], b4[wi], 0x7362);
+        const uint32_t cd01 = __byte_perm(c4[wi], d4[wi], 0x5140), cd23 = __byte_perm(c4[wi], d4[wi], 0x7362);
+        mma16816<FP8>(o[4 * wi], pa, e4m3x2_to_f16x2(ab01), e4m3x2_to_f16x2(cd01));
+        mma16816<FP8>(o[4 * wi + 1], pa, e4m3x2_hi_to_f16x2(ab01), e4m3x2_hi_to_f16x2(cd01));
+        mma16816<FP8>(o[4 * wi + 2], pa, e4m3x2_to_f16x2(ab23), e4m3x2_to_f16x2(cd23));
+        mma16816<FP8>(o[4 * wi + 3], pa, e4m3x2_hi_to_f16x2(ab23), e4m3x2_hi_to_f16x2(cd23));
       }
-      __syncwarp();
-      vsrc = reinterpret_cast<const uint8_t*>(buf);
-      vrowb = CF::VCONV_ROWB;
     } else {
-      vsrc = sV + warp * 16 * CF::ROWB;
-      vrowb = CF::ROWB;
-    }
-    {
-      const int trow = (lane & 7) + ((lane >> 3) & 1) * 8;
-      const int dsel = (lane >> 4) * 8;
+      const uint8_t* vsrc;
+      int vrowb;
+      if constexpr (FP8) {
+        // convert this warp's 16 fp8 V rows to f16 (exact) so ldmatrix.trans can transpose them
+        __half* buf = vconv + warp * 16 * (CF::VCONV_ROWB / 2);
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, vsrc + trow * vrowb + (jj * 16 + dsel) * 2);
-        mma16816<FP8>(o[2 * jj], pa, b[0], b[1]);
-        mma16816<FP8>(o[2 * jj + 1], pa, b[2], b[3]);
+        for (int i = 0; i < 4; ++i) {
+          const int c = lane + 32 * i;
+          const int t = c >> 3, ch = c & 7;
+          const uint4 u = *reinterpret_cast<const uint4*>(sV + (warp * 16 + t) * CF::ROWB + ch * 16);
+          uint4 a, b;
+          a.x = e4m3x2_to_f16x2(u.x); a.y = e4m3x2_hi_to_f16x2(u.x);
+          a.z = e4m3x2_to_f16x2(u.y); a.w = e4m3x2_hi_to_f16x2(u.y);
+          b.x = e4m3x2_to_f16x2(u.z); b.y = e4m3x2_hi_to_f16x2(u.z);
+          b.z = e4m3x2_to_f16x2(u.w); b.w = e4m3x2_hi_to_f16x2(u.w);
+          uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(buf) + t * CF::VCONV_ROWB + ch * 32);
+          dst[0] = a;
+          dst[1] = b;
+        }
+        __syncwarp();
+        vsrc = reinterpret_cast<const uint8_t*>(buf);
+        vrowb = CF::VCONV_ROWB;
+      } else {
+        vsrc = sV + warp * 16 * CF::ROWB;
+        vrowb = CF::ROWB;
       }
+      {
+        const int trow = (lane & 7) + ((lane >> 3) & 1) * 8;
+        const int dsel = (lane >> 4) * 8;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, vsrc + trow * vrowb + (jj * 16 + dsel) * 2);
+          mma16816<FP8>(o[2 * jj], pa, b[0], b[1]);
+          mma16816<FP8>(o[2 * jj + 1], pa, b[2], b[3]);
+        }
+      }
+      if constexpr (FP8) __syncwarp();  // the conversion buffer is rewritten next tile
     }
-    if constexpr (FP8) __syncwarp();  // the conversion buffer is rewritten next tile
 
     // ---- advance; epilogue at the end of a descriptor ----
     if (++ct >= cdd.te) {
@@ -462,16 +517,42 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
           merge_l[warp * 16 + g + 8 * half] = l;
         }
       }
+      if constexpr (V2) {
+        // v2: XOR-swizzled merge rows (merge_swz): conflict-free float4 writes (FP8) and float4 reads.
+        const int r0 = warp * 16 + g;
+        if constexpr (FP8) {  // accumulator e holds row g + 8 (e >> 1), dims 32tig + 16 (e & 1) + j
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        float* r0 = merge_o + (warp * 16 + g) * CF::MERGE_O + j * 8 + tig * 2;
-        float* r1 = r0 + 8 * CF::MERGE_O;
-        *reinterpret_cast<float2*>(r0) = make_float2(o[j][0], o[j][1]);
-        *reinterpret_cast<float2*>(r1) = make_float2(o[j][2], o[j][3]);
+          for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int jq = 0; jq < 4; ++jq) {
+              const int r = r0 + 8 * (e >> 1), u = 8 * tig + 4 * (e & 1) + jq;
+              *reinterpret_cast<float4*>(merge_o + r * kD + (merge_swz(r, u) << 2)) =
+                  make_float4(o[4 * jq][e], o[4 * jq + 1][e], o[4 * jq + 2][e], o[4 * jq + 3][e]);
+            }
+        } else {  // ldmatrix layout: n-tile j holds dims 8j + 2tig + {0, 1}
+#pragma unroll
+          for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              const int r = r0 + 8 * hr, u = 2 * j + (tig >> 1);
+              *reinterpret_cast<float2*>(merge_o + r * kD + (merge_swz(r, u) << 2) + 2 * (tig & 1)) =
+                  make_float2(o[j][2 * hr], o[j][2 * hr + 1]);
+            }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          float* r0 = merge_o + (warp * 16 + g) * CF::MERGE_O + j * 8 + tig * 2;
+          float* r1 = r0 + 8 * CF::MERGE_O;
+          *reinterpret_cast<float2*>(r0) = make_float2(o[j][0], o[j][1]);
+          *reinterpret_cast<float2*>(r1) = make_float2(o[j][2], o[j][3]);
+        }
       }
       __syncthreads();
       {
-        const int row = tid >> 3, seg = tid & 7;  // 16 rows x 8 segments of 16 dims
+        // 16 rows x 8 segments: v1 segment seg = dims 16seg..16seg+15; v2 = dims 32i + 4seg + {0..3}, i = 0..3, so
+        // 8 lanes of a row cover 128 contiguous bytes of fp32 partial / 64 of bf16 output per store (coalesced).
+        const int row = tid >> 3, seg = tid & 7;
         const int rr = rg * kRowsPerGroup + row;
         if (rr < P.R) {
           float mw[4], M = -INFINITY;
@@ -489,7 +570,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
               const float4* src = reinterpret_cast<const float4*>(merge_o + (w * 16 + row) * CF::MERGE_O + seg * 16);
 #pragma unroll
               for (int i = 0; i < 4; ++i) {
-                float4 x = src[i];
+                float4 x;
+                if constexpr (V2)
+                  x = *reinterpret_cast<const float4*>(merge_o + (w * 16 + row) * kD +
+                                                       (merge_swz(w * 16 + row, 8 * i + seg) << 2));
+                else x = src[i];
                 acc[4 * i] += f * x.x; acc[4 * i + 1] += f * x.y; acc[4 * i + 2] += f * x.z; acc[4 * i + 3] += f * x.w;
               }
             }
@@ -501,15 +586,26 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
             __nv_bfloat162 pk[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) pk[i] = __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
-            uint4* dst = reinterpret_cast<uint4*>(P.out + orow * kD + seg * 16);
-            dst[0] = *reinterpret_cast<uint4*>(&pk[0]);
-            dst[1] = *reinterpret_cast<uint4*>(&pk[4]);
+            if constexpr (V2) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i)
+                *reinterpret_cast<uint2*>(P.out + orow * kD + 32 * i + 4 * seg) =
+                    make_uint2(*reinterpret_cast<uint32_t*>(&pk[2 * i]), *reinterpret_cast<uint32_t*>(&pk[2 * i + 1]));
+            } else {
+              uint4* dst = reinterpret_cast<uint4*>(P.out + orow * kD + seg * 16);
+              dst[0] = *reinterpret_cast<uint4*>(&pk[0]);
+              dst[1] = *reinterpret_cast<uint4*>(&pk[4]);
+            }
           } else {
             const size_t prow = (size_t)cdd.slot * P.R + rr;
             float4* dst = reinterpret_cast<float4*>(P.part_o + prow * kD + seg * 16);
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-              dst[i] = make_float4(acc[4 * i] * inv, acc[4 * i + 1] * inv, acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
+            for (int i = 0; i < 4; ++i) {
+              const float4 val =
+                  make_float4(acc[4 * i] * inv, acc[4 * i + 1] * inv, acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
+              if constexpr (V2) *reinterpret_cast<float4*>(P.part_o + prow * kD + 32 * i + 4 * seg) = val;
+              else dst[i] = val;
+            }
             if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
           }
         }
@@ -648,7 +744,46 @@ int launch(K kernel, dim3 grid, dim3 block, int smem, bool pdl, cudaStream_t str
 }  // namespace
 
 extern "C" int hp_decode_smem_bytes(int kv_fp8) { return kv_fp8 ? Cfg<true>::SMEM : Cfg<false>::SMEM; }
+extern "C" int hp_decode_smem_bytes_v2(int kv_fp8) {
+  return kv_fp8 ? Cfg<true, true>::SMEM : Cfg<false, true>::SMEM;
+}
 extern "C" int hp_decode_ctas_per_sm() { return kCtasPerSm; }
+
+namespace {
+template <bool V2>
+int attention_entry(const void* q, const float* q_scale, const void* k, const void* v, const int* block_table,
+                    const int* kv_lens, const float* k_scale, const float* v_scale, void* out, float* part_o,
+                    float* part_lse, const int* ws, float sm_scale, int batch, int H, int q_heads, int q_len,
+                    int page_size, int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
+                    int chunk_tiles, int kv_fp8, int pdl, void* stream) {
+  if (batch <= 0 || H <= 0 || q_heads % H != 0 || q_len <= 0 || page_size <= 0 || (page_size & (page_size - 1)))
+    return (int)cudaErrorInvalidValue;  // page_size: a power of two (shift/mask addressing)
+  Params P = make_params(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
+                         sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode,
+                         splits, chunk_tiles);
+  const int G = (P.R + kRowsPerGroup - 1) / kRowsPerGroup;
+  dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
+  static int attr_done[2] = {0, 0};  // one per instantiation (v1 / v2)
+  if (kv_fp8) {
+    if (!attr_done[1]) {
+      cudaError_t e = cudaFuncSetAttribute(attention_kernel<true, V2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           Cfg<true, V2>::SMEM);
+      if (e != cudaSuccess) return (int)e;
+      attr_done[1] = 1;
+    }
+    return launch(attention_kernel<true, V2>, grid, dim3(kThreads), Cfg<true, V2>::SMEM, pdl,
+                  (cudaStream_t)stream, P);
+  }
+  if (!attr_done[0]) {
+    cudaError_t e = cudaFuncSetAttribute(attention_kernel<false, V2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Cfg<false, V2>::SMEM);
+    if (e != cudaSuccess) return (int)e;
+    attr_done[0] = 1;
+  }
+  return launch(attention_kernel<false, V2>, grid, dim3(kThreads), Cfg<false, V2>::SMEM, pdl, (cudaStream_t)stream,
+                P);
+}
+}  // namespace
 
 // mode: 0 dynamic (grid.x = C persistent CTAs reading ws), 1 static fixed split count, 2 static fixed chunk size
 // (grid.x = H * batch * splits). Row groups grid.y = ceil(q_heads / H * q_len / 16).
@@ -658,30 +793,21 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
                                    float sm_scale, int batch, int H, int q_heads, int q_len, int page_size,
                                    int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
                                    int chunk_tiles, int kv_fp8, int pdl, void* stream) {
-  if (batch <= 0 || H <= 0 || q_heads % H != 0 || q_len <= 0 || page_size <= 0 || (page_size & (page_size - 1)))
-    return (int)cudaErrorInvalidValue;  // page_size: a power of two (shift/mask addressing)
-  Params P = make_params(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
-                         sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode,
-                         splits, chunk_tiles);
-  const int G = (P.R + kRowsPerGroup - 1) / kRowsPerGroup;
-  dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
-  static int attr_done[2] = {0, 0};
-  if (kv_fp8) {
-    if (!attr_done[1]) {
-      cudaError_t e = cudaFuncSetAttribute(attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           Cfg<true>::SMEM);
-      if (e != cudaSuccess) return (int)e;
-      attr_done[1] = 1;
-    }
-    return launch(attention_kernel<true>, grid, dim3(kThreads), Cfg<true>::SMEM, pdl, (cudaStream_t)stream, P);
-  }
-  if (!attr_done[0]) {
-    cudaError_t e = cudaFuncSetAttribute(attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Cfg<false>::SMEM);
-    if (e != cudaSuccess) return (int)e;
-    attr_done[0] = 1;
-  }
-  return launch(attention_kernel<false>, grid, dim3(kThreads), Cfg<false>::SMEM, pdl, (cudaStream_t)stream, P);
+  return attention_entry<false>(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
+                                sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs,
+                                mode, splits, chunk_tiles, kv_fp8, pdl, stream);
+}
+
+// Same arguments and outputs as hp_decode_attention (same task map, partial layout and combine), v2 kernel.
+extern "C" int hp_decode_attention_v2(const void* q, const float* q_scale, const void* k, const void* v,
+                                      const int* block_table, const int* kv_lens, const float* k_scale,
+                                      const float* v_scale, void* out, float* part_o, float* part_lse, const int* ws,
+                                      float sm_scale, int batch, int H, int q_heads, int q_len, int page_size,
+                                      int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
+                                      int chunk_tiles, int kv_fp8, int pdl, void* stream) {
+  return attention_entry<true>(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
+                               sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs,
+                               mode, splits, chunk_tiles, kv_fp8, pdl, stream);
 }
 
 extern "C" int hp_decode_combine(const int* kv_lens, void* out, const float* part_o, const float* part_lse,
