@@ -305,10 +305,10 @@ def test_variant_from_environment(monkeypatch):
     K, _ = _mods()
     kv = torch.tensor([100, 65], dtype=torch.int32, device="cuda")
     monkeypatch.delenv(K.VARIANT_ENV, raising=False)
-    assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == "v1"  # default unchanged
-    monkeypatch.setenv(K.VARIANT_ENV, "v2")
-    assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == "v2"
-    assert K.plan(kv, num_kv_heads=1, q_heads=8, variant="v1").variant == "v1"  # the argument wins
+    assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == K.DEFAULT_VARIANT == "v2"  # the default
+    monkeypatch.setenv(K.VARIANT_ENV, "v1")
+    assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == "v1"
+    assert K.plan(kv, num_kv_heads=1, q_heads=8, variant="v2").variant == "v2"  # the argument wins
     monkeypatch.setenv(K.VARIANT_ENV, "fast")
     with pytest.raises(ValueError, match=K.VARIANT_ENV):
         K.plan(kv, num_kv_heads=1, q_heads=8)

@@ -10,10 +10,10 @@ request, chunks of chunk_tiles tiles), "batch_invariant" (chunks of chunk_tiles 
 tile 0: a request's output is bit-identical whatever it is batched with; grid as static_chunk). All modes run the
 same device tile function (attention.cu), so dynamic / static is a fair ratio.
 
-Variants (attention kernel only; task map, partial layout, combine and API are shared): "v1" (the original kernel,
-default) and "v2" (bank-conflict-free shared-memory patterns, FP8 V fragments built in registers, a 4th FP8 stage,
+Variants (attention kernel only; task map, partial layout, combine and API are shared): "v1" (the original kernel)
+and "v2" (the default: bank-conflict-free shared-memory patterns, FP8 V fragments built in registers, a 4th FP8 stage,
 coalesced output / partial stores: docs/notes/split_kv_decode.md). plan(variant=None) reads the environment variable
-HOTPATHS_DECODE_VARIANT (default "v1").
+HOTPATHS_DECODE_VARIANT (default "v2", the faster one on the H200).
 
 The static modes size their grid from the lengths on the host (plan() reads kv_lens, or takes max_kv_len): later
 updates must not exceed that maximum. The dynamic mode never reads lengths on the host.
@@ -36,6 +36,9 @@ MODES = ("dynamic", "static_count", "static_chunk", "batch_invariant")
 _MODE_CODE = {"dynamic": 0, "static_count": 1, "static_chunk": 2, "batch_invariant": 2}
 DEFAULT_CHUNK_TILES = 16  # static_chunk / batch_invariant chunk: 1024 tokens
 VARIANTS = ("v1", "v2")
+# v2 is the default since the H200 run of 2026-11-29: all GPU tests pass on both, and v2 was faster on all six
+# timed configurations (FP8 8-10%, BF16 0.4-6%; data/results/h200/decode_variant_choice.txt).
+DEFAULT_VARIANT = "v2"
 VARIANT_ENV = "HOTPATHS_DECODE_VARIANT"
 
 _lib = None
@@ -77,7 +80,7 @@ def _fp8():
 
 
 def resolve_variant(variant: str | None = None) -> str:
-    """The attention kernel variant to use: `variant` if given, else $HOTPATHS_DECODE_VARIANT, else "v1".
+    """The attention kernel variant to use: `variant` if given, else $HOTPATHS_DECODE_VARIANT, else DEFAULT_VARIANT.
 
     Raises ValueError naming the source (argument or environment variable) for a value not in VARIANTS.
     """
@@ -85,7 +88,7 @@ def resolve_variant(variant: str | None = None) -> str:
 
     src = "variant"
     if variant is None:
-        variant, src = os.environ.get(VARIANT_ENV, "").strip() or "v1", VARIANT_ENV
+        variant, src = os.environ.get(VARIANT_ENV, "").strip() or DEFAULT_VARIANT, VARIANT_ENV
     if variant not in VARIANTS:
         raise ValueError(f"{src} must be one of {VARIANTS}, got {variant!r}")
     return variant
@@ -132,7 +135,7 @@ class DecodePlan:
     batch: int = 0
     kv_lens: object = None
     device: object = None
-    variant: str = "v1"
+    variant: str = DEFAULT_VARIANT
     _extra: dict = field(default_factory=dict)
 
     @property
@@ -191,7 +194,7 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
     will be called with.
     Static modes: num_splits (static_count; default ceil(num_ctas / (batch * H))), chunk_tiles (static_chunk /
     batch_invariant; default 16), max_kv_len (default: max(kv_lens), read on the host).
-    variant: attention kernel "v1" / "v2" (None: $HOTPATHS_DECODE_VARIANT, default "v1"); every mode runs on both.
+    variant: attention kernel "v1" / "v2" (None: $HOTPATHS_DECODE_VARIANT, default DEFAULT_VARIANT = "v2"); every mode runs on both.
     Raises ValueError/TypeError for an unknown mode or variant, unsupported head_dim / GQA ratio / q_len,
     batch > max_batch, or non-positive sizes.
     """
