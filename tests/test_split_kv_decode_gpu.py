@@ -132,7 +132,7 @@ def test_workspace_equals_host(case, extra_batch):
     kv = torch.tensor(lens, dtype=torch.int32, device="cuda")
     p = K.plan(kv, num_kv_heads=H, q_heads=8 * H, num_ctas=C, max_batch=len(lens) + extra_batch)
     got = K.workspace_numpy(p)
-    tm = R.build_task_map(lens, H, C, min_tiles=4, max_pairs=p.max_pairs)
+    tm = R.build_task_map(lens, H, C, min_tiles=p.min_tiles, max_pairs=p.max_pairs)
     msg = R.compare_workspaces(got, tm)
     assert msg is None, msg
     # the workspace is fully rewritten by update: change the lengths and compare again

@@ -17,6 +17,7 @@ DEFAULT_IMPLS = "dynamic,static"
 def register(subparsers) -> None:
     from hotpaths.harness.peers import PEER_NAMES
     from hotpaths.harness.shapes import case_list_arg
+    from hotpaths.reference.split_kv_decode import DEFAULT_MIN_TILES
 
     p = subparsers.add_parser(
         "decode", help="split-KV decode attention over a paged KV cache: error and latency per impl",
@@ -36,7 +37,8 @@ def register(subparsers) -> None:
                    help=f"comma-separated among {', '.join(KERNEL_IMPLS)}, static (= both static flavours), "
                    f"assign (the task-map kernel alone), {', '.join(PEER_NAMES)} (default {DEFAULT_IMPLS})")
     p.add_argument("--num-ctas", type=int, default=None, help="persistent CTAs (default: the kernel's default)")
-    p.add_argument("--min-tiles", type=int, default=4, help="minimum-work floor in 64-token tiles (default 4)")
+    p.add_argument("--min-tiles", type=int, default=DEFAULT_MIN_TILES,
+                   help=f"minimum-work floor in 64-token tiles (default {DEFAULT_MIN_TILES})")
     p.add_argument("--check", action="store_true", help="exit with status 1 if any row is outside its tolerance")
     p.add_argument("--iters", type=int, default=100, help="timed replays per measurement (default 100)")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")

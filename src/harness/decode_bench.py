@@ -22,6 +22,8 @@ import math
 import shlex
 from types import SimpleNamespace
 
+from hotpaths.reference.split_kv_decode import DEFAULT_MIN_TILES
+
 OP = "split_kv_decode"
 OUR_IMPLS = ("dynamic", "static_count", "static_chunk", "batch_invariant")
 STATIC_IMPLS = ("static_count", "static_chunk")
@@ -135,7 +137,7 @@ def kernel_unavailable_reason() -> str | None:
     return None
 
 
-def emulation_task_map(lens, impl: str, *, kv_heads: int, num_ctas: int = H200_SMS, min_tiles: int = 4,
+def emulation_task_map(lens, impl: str, *, kv_heads: int, num_ctas: int = H200_SMS, min_tiles: int = DEFAULT_MIN_TILES,
                        num_splits: int | None = None, chunk_tiles: int | None = None):
     """The host TaskMap the kernel would use for ``impl`` (via the kernel package's own host_task_map mapping)."""
     from hotpaths.kernels import split_kv_decode as K
@@ -220,7 +222,7 @@ def _device_tag():
 
 def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS + ("torch_sdpa_gathered",
                 "flex_attention_decode", "flashinfer"), q_heads=8, kv_heads=1, head_dim=128, page_size=64,
-                q_len=1, ceilings=None, iters=100, warmup=10, seed=0, num_ctas=None, min_tiles=4, num_splits=None,
+                q_len=1, ceilings=None, iters=100, warmup=10, seed=0, num_ctas=None, min_tiles=DEFAULT_MIN_TILES, num_splits=None,
                 chunk_tiles=None, assign=True, log=print) -> list[dict]:
     """Rows of table ``decode_kv_distribution`` (see the module docstring).
 
@@ -399,7 +401,7 @@ def skew_sweep_rows(total_tokens: int = 32 * 4096, *, batch: int = 32,
 
 
 def overhead_rows(batches=(1, 8, 32, 64, 128, 256), *, kv_len: int = 4096, kv_heads: int = 1, q_heads: int = 8,
-                  head_dim: int = 128, iters: int = 100, warmup: int = 10, num_ctas=None, min_tiles: int = 4
+                  head_dim: int = 128, iters: int = 100, warmup: int = 10, num_ctas=None, min_tiles: int = DEFAULT_MIN_TILES
                   ) -> list[dict]:
     """Table ``decode_fixed_costs``: the assign kernel alone per batch size (target < 3 us up to 256 requests).
 

@@ -495,7 +495,13 @@ def _pair_tiles(lens: list[int], H: int, tile: int) -> np.ndarray:
     return np.tile(per_req, H)  # p = h * batch + r: head-major, request-minor
 
 
-def build_task_map(kv_lens, num_kv_heads: int, num_ctas: int, *, min_tiles: int = 4, max_pairs: int | None = None,
+# The minimum-work floor (tiles per CTA bin) of the dynamic map. 2 since the H200 sweep of 2026-11-29
+# (data/profiles/h200/decode_min_tiles_sweep.txt): with 264 CTAs, floors of 1-2 cut 1x16K+15x64 from 18.5 to 15.4 us and
+# 64x0.5K from 16.4 to 15.4 us (FP8) and change no large case beyond noise; 16+ over-serialize.
+DEFAULT_MIN_TILES = 2
+
+
+def build_task_map(kv_lens, num_kv_heads: int, num_ctas: int, *, min_tiles: int = DEFAULT_MIN_TILES, max_pairs: int | None = None,
                    tile: int = TILE) -> TaskMap:
     """Host builder of the dynamic split-KV task map (ground truth for the device assign kernel).
 

@@ -21,6 +21,7 @@ import numba
 import numpy as np
 
 from hotpaths.reference.split_kv_decode import (
+    DEFAULT_MIN_TILES,
     TaskMap, build_task_map, static_chunk_task_map, static_count_task_map, _lens_list,
 )
 
@@ -125,7 +126,7 @@ def simulate_map(tm: TaskMap, *, slots: int, costs: SimCosts = SimCosts(), persi
     return res
 
 
-def make_maps(kv_lens, *, num_kv_heads: int = 1, sm_count: int = 132, ctas_per_sm: int = 1, min_tiles: int = 4,
+def make_maps(kv_lens, *, num_kv_heads: int = 1, sm_count: int = 132, ctas_per_sm: int = 1, min_tiles: int = DEFAULT_MIN_TILES,
               num_splits: int | None = None, chunk_tiles: int = 16) -> dict[str, TaskMap]:
     """The three schedules of one batch: static fixed-count (num_splits, default `default_num_splits`), static
     fixed-chunk (chunk_tiles tiles, grid sized for the longest request) and dynamic (one bin per slot)."""
@@ -141,7 +142,7 @@ def make_maps(kv_lens, *, num_kv_heads: int = 1, sm_count: int = 132, ctas_per_s
 
 
 def simulate(kv_lens, *, num_kv_heads: int = 1, sm_count: int = 132, ctas_per_sm: int = 1,
-             costs: SimCosts = SimCosts(), min_tiles: int = 4, num_splits: int | None = None,
+             costs: SimCosts = SimCosts(), min_tiles: int = DEFAULT_MIN_TILES, num_splits: int | None = None,
              chunk_tiles: int = 16) -> dict[str, SimResult]:
     """Predict static fixed-count, static fixed-chunk and dynamic for one length distribution.
 
@@ -236,7 +237,7 @@ def _nnls(A: np.ndarray, b: np.ndarray, iters: int = 50) -> np.ndarray:
 
 
 def calibrate(measured_rows: Iterable[dict], *, num_kv_heads: int = 1, sm_count: int = 132, ctas_per_sm: int = 1,
-              min_tiles: int = 4, num_splits: int | None = None, chunk_tiles: int = 16, iters: int = 4,
+              min_tiles: int = DEFAULT_MIN_TILES, num_splits: int | None = None, chunk_tiles: int = 16, iters: int = 4,
               start: SimCosts = SimCosts()) -> SimCosts:
     """Fit the cost model to measured times by non-negative least squares.
 
@@ -268,7 +269,7 @@ def calibrate(measured_rows: Iterable[dict], *, num_kv_heads: int = 1, sm_count:
 
 
 def prediction_error(measured_rows: Iterable[dict], costs: SimCosts, *, num_kv_heads: int = 1, sm_count: int = 132,
-                     ctas_per_sm: int = 1, min_tiles: int = 4, num_splits: int | None = None,
+                     ctas_per_sm: int = 1, min_tiles: int = DEFAULT_MIN_TILES, num_splits: int | None = None,
                      chunk_tiles: int = 16) -> list[dict]:
     """Predicted vs measured per usable row: case, impl, measured_us, predicted_us, rel_err (pred/meas - 1)."""
     out = []

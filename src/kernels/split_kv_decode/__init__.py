@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hotpaths.reference.split_kv_decode import DEFAULT_MIN_TILES
+
 TILE = 64
 HEAD_DIMS = (128,)
 PAGE_SIZES = (16, 32, 64, 128)
@@ -184,7 +186,7 @@ def _check_lens(kv_lens, device=None) -> None:
 
 
 def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_batch: int | None = None,
-         num_ctas: int | None = None, min_tiles: int = 4, mode: str = "dynamic", num_splits: int | None = None,
+         num_ctas: int | None = None, min_tiles: int = DEFAULT_MIN_TILES, mode: str = "dynamic", num_splits: int | None = None,
          chunk_tiles: int | None = None, q_len: int = 1, max_kv_len: int | None = None,
          variant: str | None = None) -> DecodePlan:
     """Allocate the step's buffers and build its schedule (dynamic: device assign kernel, no host sync).
@@ -394,7 +396,7 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
 
 def split_kv_decode(q, k_cache, v_cache, block_table, kv_lens, *, q_len: int = 1, q_scale=None, k_scale=None,
                     v_scale=None, sm_scale: float | None = None, out=None, mode: str = "dynamic",
-                    num_ctas: int | None = None, min_tiles: int = 4, num_splits: int | None = None,
+                    num_ctas: int | None = None, min_tiles: int = DEFAULT_MIN_TILES, num_splits: int | None = None,
                     chunk_tiles: int | None = None, variant: str | None = None):
     """plan() + run() in one call (argument names and order as hotpaths.reference.split_kv_decode_ref).
 
