@@ -146,3 +146,18 @@ def test_ncu_rows_say_unavailable_without_gpu():
     with pytest.warns(RuntimeWarning):
         rows = D.ncu_rows(["1x64"])
     assert rows[0]["note"].startswith("unavailable")
+
+
+def test_flex_peer_compiled_path_matches_reference():
+    """The torch.compile path the GPU run uses (a shadowed `k` once broke it only there)."""
+    import torch
+
+    from hotpaths.harness import peers
+    from hotpaths.harness.check import check
+    from hotpaths.reference.split_kv_decode import make_decode_inputs, split_kv_decode_ref
+
+    inp = make_decode_inputs([100, 70, 0], kv_dtype="bf16", device="cpu", seed=3)
+    fn = peers.make_flex_attention_decode(inp, allow_cpu=True, compile=True)
+    out = fn()
+    assert torch.isfinite(out).all()
+    assert check(out, split_kv_decode_ref(**inp), op="split_kv_decode", path="bf16_vs_exact").passed

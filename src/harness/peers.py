@@ -225,10 +225,10 @@ def make_flex_attention_decode(inputs, *, out=None, allow_cpu: bool = False, com
         # back to the unfused eager flex (and time that), so raise the limit for the 9 cases x 2 dtypes
         import torch._dynamo
 
-        for k in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
-                  "accumulated_recompile_limit"):
-            if hasattr(torch._dynamo.config, k):
-                setattr(torch._dynamo.config, k, max(getattr(torch._dynamo.config, k), 64))
+        for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                     "accumulated_recompile_limit"):  # not `k`: that is the key tensor
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
         if _flex_compiled is None:
             _flex_compiled = torch.compile(flex_attention, dynamic=False)
         attn = _flex_compiled
