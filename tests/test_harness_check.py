@@ -54,3 +54,20 @@ def test_tolerance_table_lookup():
         tolerance("split_kv_decode", "no_such_path")
     for (op, path), t in TOLERANCES.items():
         assert t.rel_l2 >= 0 and (t.max_abs is None or t.max_abs >= 0), (op, path)
+
+
+def test_expect_tensor_messages():
+    from hotpaths.harness.validate import expect_tensor
+
+    t = torch.zeros(2, 3)
+    expect_tensor(t, "x", dtype=torch.float32, ndim=2, device_type="cpu", contiguous=True)
+    with pytest.raises(TypeError, match="x: expected a torch.Tensor, got list"):
+        expect_tensor([1], "x")
+    with pytest.raises(TypeError, match=r"w: expected dtype torch.bfloat16 \(why\), got torch.float32"):
+        expect_tensor(t, "w", dtype=torch.bfloat16, why=" (why)")
+    with pytest.raises(ValueError, match=r"x: expected a 1-D \[batch\] tensor, got shape \(2, 3\)"):
+        expect_tensor(t, "x", ndim=1, layout="[batch]")
+    with pytest.raises(ValueError, match="x: expected a CUDA tensor, got device cpu"):
+        expect_tensor(t, "x", device_type="cuda")
+    with pytest.raises(ValueError, match="x: expected a contiguous tensor"):
+        expect_tensor(t.t(), "x", contiguous=True)

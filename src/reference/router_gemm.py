@@ -45,6 +45,7 @@ from typing import Iterable, Sequence
 import torch
 
 from hotpaths.harness.tolerances import TOLERANCES as _TOLERANCES
+from hotpaths.harness.validate import expect_tensor
 
 OP = "router_gemm"
 SCALE_LOW = 256.0  # 2^8: the second part's scale
@@ -86,21 +87,11 @@ TOLERANCE_ROWS: dict[tuple[str, str], tuple] = {
 
 
 def _check_weight(w: torch.Tensor, name: str = "w") -> None:
-    if not isinstance(w, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(w).__name__}")
-    if w.dtype != torch.float32:
-        raise TypeError(f"{name}: expected dtype torch.float32 (the FP32 router weight), got {w.dtype}")
-    if w.dim() != 2:
-        raise ValueError(f"{name}: expected a 2-D [N, K] tensor, got shape {tuple(w.shape)}")
+    expect_tensor(w, name, dtype=torch.float32, ndim=2, layout="[N, K]", why=" (the FP32 router weight)")
 
 
 def _check_x(x: torch.Tensor, k: int, name: str = "x") -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype != torch.bfloat16:
-        raise TypeError(f"{name}: expected dtype torch.bfloat16 (router activations), got {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"{name}: expected a 2-D [M, K] tensor, got shape {tuple(x.shape)}")
+    expect_tensor(x, name, dtype=torch.bfloat16, ndim=2, layout="[M, K]", why=" (router activations)")
     if x.shape[1] != k:
         raise ValueError(f"{name}: expected K={k} columns (the weight's K), got shape {tuple(x.shape)}")
 

@@ -142,14 +142,10 @@ def plan(w_fp32: torch.Tensor, *, three_part: bool = False) -> RouterWeights:
     Raises TypeError (not a tensor / not fp32), ValueError (not 2-D, N or K unsupported, non-contiguous,
     Inf/NaN in the weight).
     """
-    if not isinstance(w_fp32, torch.Tensor):
-        raise TypeError(f"w_fp32: expected a torch.Tensor, got {type(w_fp32).__name__}")
-    if w_fp32.dtype != torch.float32:
-        raise TypeError(f"w_fp32: expected dtype torch.float32 (the FP32 router weight), got {w_fp32.dtype}")
-    if w_fp32.dim() != 2:
-        raise ValueError(f"w_fp32: expected a 2-D [N, K] tensor, got shape {tuple(w_fp32.shape)}")
-    if not w_fp32.is_contiguous():
-        raise ValueError("w_fp32: expected a contiguous [N, K] tensor (row-major); call .contiguous() first")
+    from hotpaths.harness.validate import expect_tensor
+
+    expect_tensor(w_fp32, "w_fp32", dtype=torch.float32, ndim=2, layout="[N, K]", contiguous=True,
+                  why=" (the FP32 router weight)")
     n, k = (int(s) for s in w_fp32.shape)
     ref.validate_kernel_shape(n, k)
     hi, lo = ref.split_fp32_weight(w_fp32)

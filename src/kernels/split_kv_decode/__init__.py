@@ -170,19 +170,12 @@ class DecodePlan:
 
 
 def _check_lens(kv_lens, device=None) -> None:
-    torch = _torch()
-    if not isinstance(kv_lens, torch.Tensor):
-        raise TypeError(f"kv_lens must be a torch.Tensor (int32 [batch] on the GPU), got {type(kv_lens).__name__}")
-    if kv_lens.dtype != torch.int32:
-        raise TypeError(f"kv_lens must be int32, got {kv_lens.dtype}")
-    if kv_lens.dim() != 1:
-        raise ValueError(f"kv_lens must be 1-D [batch], got shape {tuple(kv_lens.shape)}")
-    if kv_lens.device.type != "cuda":
-        raise ValueError(f"kv_lens must be on a CUDA device, got {kv_lens.device}")
+    from hotpaths.harness.validate import expect_tensor
+
+    expect_tensor(kv_lens, "kv_lens", dtype=_torch().int32, ndim=1, layout="[batch]", device_type="cuda",
+                  contiguous=True)
     if device is not None and kv_lens.device != device:
         raise ValueError(f"kv_lens is on {kv_lens.device} but the plan is on {device}")
-    if not kv_lens.is_contiguous():
-        raise ValueError("kv_lens must be contiguous")
 
 
 def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_batch: int | None = None,
