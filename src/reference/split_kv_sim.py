@@ -236,6 +236,15 @@ def _nnls(A: np.ndarray, b: np.ndarray, iters: int = 50) -> np.ndarray:
     return np.clip(x, 0, None)
 
 
+def _usable_rows(measured_rows: Iterable[dict]):
+    """(row, sim impl key, median_us as float) for each measured row of a simulated impl with a finite time."""
+    for row in measured_rows:
+        key = _impl_key(row.get("impl", ""))
+        us = row.get("median_us")
+        if key is not None and us is not None and np.isfinite(float(us)):
+            yield row, key, float(us)
+
+
 def calibrate(measured_rows: Iterable[dict], *, num_kv_heads: int = 1, sm_count: int = 132, ctas_per_sm: int = 1,
               min_tiles: int = DEFAULT_MIN_TILES, num_splits: int | None = None, chunk_tiles: int = 16, iters: int = 4,
               start: SimCosts = SimCosts()) -> SimCosts:
@@ -248,15 +257,11 @@ def calibrate(measured_rows: Iterable[dict], *, num_kv_heads: int = 1, sm_count:
     """
     slots = sm_count * ctas_per_sm
     rows = []
-    for row in measured_rows:
-        key = _impl_key(row.get("impl", ""))
-        us = row.get("median_us")
-        if key is None or us is None or not np.isfinite(float(us)):
-            continue
+    for row, key, us in _usable_rows(measured_rows):
         maps = make_maps(_lengths_of(row["case"]), num_kv_heads=num_kv_heads, sm_count=sm_count,
                          ctas_per_sm=ctas_per_sm, min_tiles=min_tiles, num_splits=num_splits,
                          chunk_tiles=chunk_tiles)
-        rows.append((maps[key], float(us)))
+        rows.append((maps[key], us))
     if len(rows) < 3:
         raise ValueError(f"calibrate needs >= 3 measured dynamic/static rows, got {len(rows)}")
     costs = start
@@ -273,16 +278,12 @@ def prediction_error(measured_rows: Iterable[dict], costs: SimCosts, *, num_kv_h
                      chunk_tiles: int = 16) -> list[dict]:
     """Predicted vs measured per usable row: case, impl, measured_us, predicted_us, rel_err (pred/meas - 1)."""
     out = []
-    for row in measured_rows:
-        key = _impl_key(row.get("impl", ""))
-        us = row.get("median_us")
-        if key is None or us is None or not np.isfinite(float(us)):
-            continue
+    for row, key, us in _usable_rows(measured_rows):
         res = simulate(_lengths_of(row["case"]), num_kv_heads=num_kv_heads, sm_count=sm_count,
                        ctas_per_sm=ctas_per_sm, costs=costs, min_tiles=min_tiles, num_splits=num_splits,
                        chunk_tiles=chunk_tiles)[key]
-        out.append(dict(case=row["case"], impl=key, measured_us=float(us), predicted_us=res.total_us,
-                        rel_err=res.total_us / float(us) - 1.0))
+        out.append(dict(case=row["case"], impl=key, measured_us=us, predicted_us=res.total_us,
+                        rel_err=res.total_us / us - 1.0))
     return out
 
 
