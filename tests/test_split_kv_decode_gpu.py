@@ -3,8 +3,8 @@
 Kernel vs same-precision emulation (tight) and vs exact (looser), over FP8/BF16, GQA ratios, page sizes, q_len 1-4,
 kv_len 0/1/63/65, NaN-poisoned unused cache slots and NaN-poisoned outputs; device task map == host task map byte
 for byte; CUDA-graph capture of update + run with lengths changed between replays; batch invariance; malformed
-inputs rejected. Every kernel test runs with both attention variants (v1, v2); v1 and v2 agree within the emulation
-tolerance on the same inputs; HOTPATHS_DECODE_VARIANT selects the variant when plan() is not told. Skipped without
+inputs rejected. Every kernel test runs with the attention variants v1, v2, v3; v1, v2 and every v3 configuration
+agree within the emulation tolerance on the same inputs; HOTPATHS_DECODE_VARIANT selects the variant when plan() is not told. Skipped without
 an SM90 GPU.
 """
 
@@ -20,7 +20,7 @@ from hotpaths.harness.env import requires_sm90
 pytestmark = [pytest.mark.gpu, requires_sm90()]
 
 OP = "split_kv_decode"
-VARIANTS = ["v1", "v2"]
+VARIANTS = ["v1", "v2", "v3"]
 
 
 def _mods():
@@ -255,7 +255,7 @@ def test_malformed_inputs_rejected(variant):
     with pytest.raises(ValueError, match="mode"):
         K.plan(kv, num_kv_heads=1, q_heads=8, mode="nope")
     with pytest.raises(ValueError, match="variant"):
-        K.plan(kv, num_kv_heads=1, q_heads=8, variant="v3")
+        K.plan(kv, num_kv_heads=1, q_heads=8, variant="v9")
     # still usable after the rejections
     out = call()
     torch.cuda.synchronize()
@@ -305,10 +305,37 @@ def test_variant_from_environment(monkeypatch):
     K, _ = _mods()
     kv = torch.tensor([100, 65], dtype=torch.int32, device="cuda")
     monkeypatch.delenv(K.VARIANT_ENV, raising=False)
-    assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == K.DEFAULT_VARIANT == "v2"  # the default
+    assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == K.DEFAULT_VARIANT  # the default
     monkeypatch.setenv(K.VARIANT_ENV, "v1")
     assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == "v1"
     assert K.plan(kv, num_kv_heads=1, q_heads=8, variant="v2").variant == "v2"  # the argument wins
     monkeypatch.setenv(K.VARIANT_ENV, "fast")
     with pytest.raises(ValueError, match=K.VARIANT_ENV):
         K.plan(kv, num_kv_heads=1, q_heads=8)
+
+
+@pytest.mark.parametrize("variant", ["v3", "v3s3c3", "v3s5", "v3s2c4"])
+@pytest.mark.parametrize("case", range(len(V1V2_CASES)))
+def test_v3_configs_agree(case, variant):
+    """Every v3 configuration (stages x CTAs per SM; FP8: the v3 kernel, incl. NT = 2 row groups of 9-16 rows) matches
+    v2 and the emulation on the same inputs; kv_len 0 gives exact zeros and no NaN reaches the poisoned output."""
+    lens, qh, kvh, ps, ql, mode, kw = V1V2_CASES[case]
+    inp = _inputs(lens, "fp8", q_heads=qh, kv_heads=kvh, page_size=ps, q_len=ql, seed=11 + case)
+    _, o2 = _run(inp, mode=mode, variant="v2", **kw)
+    p3, o3 = _run(inp, mode=mode, variant=variant, **kw)
+    assert not torch.isnan(o3.float()).any()
+    assert_close(o3, o2, op=OP, path="fp8_vs_emulation")
+    assert_close(o3, _emulate(inp, p3), op=OP, path="fp8_vs_emulation")
+    for r in [i for i, L in enumerate(lens) if L == 0]:
+        rows = slice(r * ql, (r + 1) * ql)
+        assert torch.equal(o3[rows].float(), torch.zeros_like(o3[rows].float()))
+
+
+def test_v3_grid_sized_per_config():
+    """plan() sizes the default persistent grid from the variant's CTAs per SM."""
+    K, _ = _mods()
+    kv = torch.tensor([100, 65], dtype=torch.int32, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for v, cps in (("v2", 2), ("v3", 2), ("v3s3c3", 3), ("v3s2c4", 4)):
+        assert K.ctas_per_sm(v) == cps
+        assert K.plan(kv, num_kv_heads=1, q_heads=8, variant=v).num_ctas == cps * sms

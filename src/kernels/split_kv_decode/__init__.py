@@ -12,8 +12,11 @@ same device tile function (attention.cu), so dynamic / static is a fair ratio.
 
 Variants (attention kernel only; task map, partial layout, combine and API are shared): "v1" (the original kernel)
 and "v2" (the default: bank-conflict-free shared-memory patterns, FP8 V fragments built in registers, a 4th FP8 stage,
-coalesced output / partial stores: docs/notes/split_kv_decode.md). plan(variant=None) reads the environment variable
-HOTPATHS_DECODE_VARIANT (default "v2", the faster one on the H200).
+coalesced output / partial stores: docs/notes/split_kv_decode.md) and "v3" (FP8 KV: products transposed so the
+64-token tile fills the MMA's 16-row side, QK on the FP8 tensor-core instruction, P transposed in registers with
+movmatrix; BF16 KV runs v2). "v3s3c3", "v3s5", "v3s2c4" are v3 with other (stages, CTAs per SM) choices, kept for
+the measurement that picked v3's. plan(variant=None) reads the environment variable HOTPATHS_DECODE_VARIANT
+(default DEFAULT_VARIANT).
 
 The static modes size their grid from the lengths on the host (plan() reads kv_lens, or takes max_kv_len): later
 updates must not exceed that maximum. The dynamic mode never reads lengths on the host.
@@ -37,7 +40,9 @@ MAX_Q_LEN = 4
 MODES = ("dynamic", "static_count", "static_chunk", "batch_invariant")
 _MODE_CODE = {"dynamic": 0, "static_count": 1, "static_chunk": 2, "batch_invariant": 2}
 DEFAULT_CHUNK_TILES = 16  # static_chunk / batch_invariant chunk: 1024 tokens
-VARIANTS = ("v1", "v2")
+VARIANTS = ("v1", "v2", "v3", "v3s3c3", "v3s5", "v3s2c4")
+# v3 configurations: name -> config index of hp_decode_attention_v3 ({stages, CTAs per SM}: 4/2, 3/3, 5/2, 2/4).
+V3_CONFIGS = {"v3": 0, "v3s3c3": 1, "v3s5": 2, "v3s2c4": 3}
 # v2 is the default since the H200 run of 2026-11-29: all GPU tests pass on both, and v2 was faster on all six
 # timed configurations (FP8 8-10%, BF16 0.4-6%; data/results/h200/decode_variant_choice.txt).
 DEFAULT_VARIANT = "v2"
@@ -65,6 +70,12 @@ def _load():
         lib.hp_decode_combine.restype = i
         lib.hp_decode_smem_bytes.argtypes = [i]
         lib.hp_decode_smem_bytes.restype = i
+        lib.hp_decode_attention_v3.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp, i]
+        lib.hp_decode_attention_v3.restype = i
+        lib.hp_decode_v3_ctas_per_sm.argtypes = [i]
+        lib.hp_decode_v3_ctas_per_sm.restype = i
+        lib.hp_decode_v3_smem_bytes.argtypes = [i, i]
+        lib.hp_decode_v3_smem_bytes.restype = i
         lib.hp_decode_ctas_per_sm.argtypes = []
         lib.hp_decode_ctas_per_sm.restype = i
         _lib = lib
@@ -96,6 +107,14 @@ def resolve_variant(variant: str | None = None) -> str:
     return variant
 
 
+def ctas_per_sm(variant: str) -> int:
+    """Resident CTAs per SM the variant's attention kernel is sized for (the default persistent grid is this x SMs).
+    v3 configurations size for FP8 KV (BF16 KV runs v2, two per SM)."""
+    if variant in V3_CONFIGS:
+        return int(_load().hp_decode_v3_ctas_per_sm(V3_CONFIGS[variant]))
+    return int(_load().hp_decode_ctas_per_sm())
+
+
 def workspace_len(num_ctas: int, max_pairs: int) -> int:
     """Length (int32 entries) of the task-map workspace for C CTAs and MAX_PAIRS (head, request) pairs."""
     return 8 + (num_ctas + 1) + 4 * (max_pairs + num_ctas) + 2 * max_pairs
@@ -118,7 +137,7 @@ class DecodePlan:
     fit); max_batch; num_ctas (C, dynamic grid); min_tiles (F); splits (static grid: splits per pair);
     chunk_tiles (static_chunk / batch_invariant); workspace [workspace_len(C, max_batch*H)] int32 (dynamic task
     map); partial_o [slots, rows, head_dim] fp32; partial_lse [slots, rows] fp32; batch and kv_lens of the last
-    update; variant ("v1" / "v2": which attention kernel run() launches).
+    update; variant (one of VARIANTS: which attention kernel run() launches).
     """
 
     mode: str
@@ -184,12 +203,12 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
          variant: str | None = None) -> DecodePlan:
     """Allocate the step's buffers and build its schedule (dynamic: device assign kernel, no host sync).
 
-    Shape/Dtype: kv_lens [batch] int32 on the GPU. num_ctas defaults to 2 x the SM count (two resident CTAs per
-    SM); max_batch to batch (sizes the workspace and the partial buffers); q_len is the largest query length run()
-    will be called with.
+    Shape/Dtype: kv_lens [batch] int32 on the GPU. num_ctas: see variant below; max_batch defaults to batch (sizes
+    the workspace and the partial buffers); q_len is the largest query length run() will be called with.
     Static modes: num_splits (static_count; default ceil(num_ctas / (batch * H))), chunk_tiles (static_chunk /
     batch_invariant; default 16), max_kv_len (default: max(kv_lens), read on the host).
-    variant: attention kernel "v1" / "v2" (None: $HOTPATHS_DECODE_VARIANT, default DEFAULT_VARIANT = "v2"); every mode runs on both.
+    variant: attention kernel, one of VARIANTS (None: $HOTPATHS_DECODE_VARIANT, else DEFAULT_VARIANT); every mode
+    runs on every variant. num_ctas defaults to ctas_per_sm(variant) x the SM count.
     Raises ValueError/TypeError for an unknown mode or variant, unsupported head_dim / GQA ratio / q_len,
     batch > max_batch, or non-positive sizes.
     """
@@ -217,7 +236,7 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
         raise ValueError(f"kv_lens has batch {batch} > max_batch {max_batch}")
     dev = kv_lens.device
     if num_ctas is None:
-        num_ctas = torch.cuda.get_device_properties(dev).multi_processor_count * _load().hp_decode_ctas_per_sm()
+        num_ctas = torch.cuda.get_device_properties(dev).multi_processor_count * ctas_per_sm(variant)
     if num_ctas < 1:
         raise ValueError(f"num_ctas must be >= 1, got {num_ctas}")
     H = int(num_kv_heads)
@@ -373,12 +392,15 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     with torch.cuda.device(dev):
         s = stream_ptr(dev)
-        attention = lib.hp_decode_attention_v2 if p.variant == "v2" else lib.hp_decode_attention
-        code = attention(
-            q.data_ptr(), ptr(q_scale), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
-            kv_lens.data_ptr(), ptr(k_scale), ptr(v_scale), out.data_ptr(), p.partial_o.data_ptr(),
-            p.partial_lse.data_ptr(), p.workspace.data_ptr(), scale, batch, H, q_heads, q_len, page_size,
-            block_table.shape[1], num_pages, p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, int(fp8), 1, s)
+        args = (q.data_ptr(), ptr(q_scale), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
+                kv_lens.data_ptr(), ptr(k_scale), ptr(v_scale), out.data_ptr(), p.partial_o.data_ptr(),
+                p.partial_lse.data_ptr(), p.workspace.data_ptr(), scale, batch, H, q_heads, q_len, page_size,
+                block_table.shape[1], num_pages, p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, int(fp8), 1, s)
+        if p.variant in V3_CONFIGS:
+            code = lib.hp_decode_attention_v3(*args, V3_CONFIGS[p.variant])
+        else:
+            attention = lib.hp_decode_attention_v2 if p.variant == "v2" else lib.hp_decode_attention
+            code = attention(*args)
         check_status(code, f"split_kv_decode attention ({p.variant})")
         code = lib.hp_decode_combine(kv_lens.data_ptr(), out.data_ptr(), p.partial_o.data_ptr(),
                                      p.partial_lse.data_ptr(), p.workspace.data_ptr(), batch, H, q_heads, q_len,

@@ -3,19 +3,206 @@
 // What: from device-side kv_lens [batch] int32 computes the whole workspace in the format of
 //   hotpaths.reference.split_kv_decode.build_task_map (header, bin_start, descriptors, chunk_start, num_chunks;
 //   every entry written, padding -1), byte for byte.
-// Launch: grid 1, block 1024. No inter-CTA communication, so no co-residency assumption; CUDA-graph safe
-//   (reads lengths from device memory, writes a fixed-size workspace).
-// Memory: reads batch*4 B, writes 4 * (8 + C + 1 + 4 (MAX_PAIRS + C) + 2 MAX_PAIRS) B (~40 KB at 256x8 pairs).
-// Design: two block-wide exclusive scans (tiles -> tile_start, then chunks -> chunk_start); each thread owns a
-//   contiguous run of pairs so the scans are one shuffle pass; a pair's descriptors are written by its owner.
+// Launch: grid 1. Fast path (batch * H <= 1024 pairs): block 256, each thread owns up to 4 consecutive pairs.
+//   Generic path (more pairs): block 1024, the original two-scan kernel. No inter-CTA communication, so no
+//   co-residency assumption; CUDA-graph safe (reads lengths from device memory, writes a fixed-size workspace).
+//   The launch is a plain stream-ordered one (no PDL wait: kv_lens may come from the previous kernel), but the
+//   kernel triggers programmatic completion at once, so a PDL-launched attention kernel gets its CTAs resident
+//   early; it reads the workspace only after cudaGridDependencySynchronize (= after this grid completes).
+// Memory: reads batch*4 B, writes 4 * (9 + 5 C + 6 max_pairs) B (~11 KB at 256 pairs, C = 264).
+// Design (fast path), a chain of two __syncthreads and no serial per-pair loop:
+//   1. Issue the kv_lens loads first; while they are in flight write what does not depend on them (header
+//      fields 4-7, chunk_start/num_chunks past the n = batch*H pairs, descriptor slots >= n + C - 1: the map has
+//      at most (nonempty pairs) + (nbins - 1) <= n + C - 1 descriptors).
+//   2. Tiles per pair -> warp shuffle scan; warp totals to shared memory; barrier 1; every thread reads the 8
+//      warp totals itself (no second barrier, no warp-0 pass): tile prefix ts, total T, budget
+//      B = max(ceil(T / C), F), nbins = ceil(T / B).
+//   3. Chunks of a pair are closed form: ts / B .. (ts + t - 1) / B (division by B through a multiply-high with
+//      a reciprocal computed once per thread). Warp scan of chunk counts; the warp-local chunk prefix and the
+//      pair's (ts, te) go to shared memory with the warp index; barrier 2; warp chunk totals give ndesc and each
+//      warp's offset.
+//   4. Every descriptor starts either at a bin boundary b*B or at a pair start that is not one. The pair owner
+//      writes chunk_start, num_chunks and, in the second case, its first descriptor; the thread of bin b
+//      (b = tid, tid + 256, ...) binary-searches the pair holding tile b*B in shared memory and writes the
+//      descriptor that opens the bin and bin_start[b]. A request of 128 bins is thus written by 128 threads,
+//      not one (the old kernel's skewed-batch tail). Each workspace entry is written exactly once.
+//   tests/test_split_kv_assign_model.py mirrors this per-thread arithmetic in Python and checks it against
+//   build_task_map (and that every entry is written exactly once).
+// Limits: total tiles (sum over pairs of ceil(kv_len / 64)) must stay below 2^31, as for the old kernel.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 namespace {
 
-constexpr int kAssignThreads = 1024;
-constexpr int kCache = 4;  // pairs per thread whose tile counts stay in registers (all of them up to 4096 pairs)
+constexpr int kFastThreads = 256;
+constexpr int kFastWarps = kFastThreads / 32;
+constexpr int kFastPer = 4;  // pairs per thread on the fast path
+constexpr int kFastMaxPairs = kFastThreads * kFastPer;
+constexpr int kAssignThreads = 1024;  // generic path
+constexpr int kCache = 4;  // generic path: pairs per thread whose tile counts stay in registers
 
+// x / d for 0 <= x < 2^31, 1 <= d < 2^31: m = ceil(2^32 / d) makes umulhi(x, m) either floor(x / d) or one more.
+struct FastDiv {
+  unsigned d, m;
+};
+__device__ __forceinline__ FastDiv make_fastdiv(unsigned d) { return {d, d > 1u ? 0xFFFFFFFFu / d + 1u : 0u}; }
+__device__ __forceinline__ int fdiv(int x, FastDiv f) {
+  unsigned q = __umulhi((unsigned)x, f.m);
+  q = (q * f.d > (unsigned)x) ? q - 1u : q;
+  return (int)(f.d == 1u ? (unsigned)x : q);
+}
+
+__global__ void __launch_bounds__(kFastThreads, 1)
+assign_fast_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int batch, int H, int C, int F,
+                   int max_pairs) {
+  __shared__ __align__(16) int s_wtiles[kFastWarps];
+  __shared__ __align__(16) int s_wchunks[kFastWarps];
+  __shared__ int4 s_pair[kFastMaxPairs];  // (ts, te, warp-local chunk prefix, owner warp)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();  // dependents still wait for our completion in GridDependencySync
+#endif
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n = batch * H;
+  const int per = (n + kFastThreads - 1) / kFastThreads;  // 1..4 (0 when n == 0)
+  const int p0 = tid * per;
+  const int cnt = max(0, min(per, n - p0));
+
+  int* header = ws;
+  int* bin_start = ws + 8;
+  int* desc = bin_start + (C + 1);
+  int* chunk_start = desc + 4 * (max_pairs + C);
+  int* num_chunks = chunk_start + max_pairs;
+
+  // 1. The one long latency: issue the loads first.
+  int rr[kFastPer], hh[kFastPer], len[kFastPer];
+  {
+    int r = 0, h = 0;
+    if (cnt > 0) {  // H == 1 (the published config): no division ahead of the load
+      h = (H == 1) ? 0 : p0 / batch;
+      r = p0 - h * batch;
+    }
+#pragma unroll
+    for (int k = 0; k < kFastPer; ++k) {
+      rr[k] = r; hh[k] = h;
+      len[k] = (k < cnt) ? __ldg(kv_lens + r) : 0;
+      if (++r == batch) { r = 0; ++h; }
+    }
+  }
+  // Data-independent entries while the loads fly.
+  if (tid == 0) { header[4] = batch; header[5] = H; header[6] = C; header[7] = F; }
+  for (int p = n + tid; p < max_pairs; p += kFastThreads) { chunk_start[p] = -1; num_chunks[p] = -1; }
+  for (int i = 4 * (n + C - 1) + tid; i < 4 * (max_pairs + C); i += kFastThreads) desc[i] = -1;
+  const FastDiv divC = make_fastdiv((unsigned)C);
+
+  // 2. Tiles and their prefix.
+  int t[kFastPer], tx[kFastPer];
+  int my_t = 0;
+#pragma unroll
+  for (int k = 0; k < kFastPer; ++k) {
+    t[k] = (max(len[k], 0) + 63) >> 6;
+    tx[k] = my_t;
+    my_t += t[k];
+  }
+  int inc = my_t;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) s_wtiles[warp] = inc;
+  __syncthreads();  // barrier 1
+  int T = 0, woff = 0;
+#pragma unroll
+  for (int w = 0; w < kFastWarps; ++w) {
+    const int v = s_wtiles[w];
+    woff += (w < warp) ? v : 0;
+    T += v;
+  }
+  const int ts0 = woff + inc - my_t;
+  int B = F;
+  if (T > 0) {
+    int q = fdiv(T, divC);
+    q += (q * C < T) ? 1 : 0;  // ceil(T / C)
+    B = max(q, F);
+  }
+  const FastDiv divB = make_fastdiv((unsigned)B);
+  int nbins = 0;
+  if (T > 0) {
+    nbins = fdiv(T, divB);
+    nbins += (nbins * B < T) ? 1 : 0;
+  }
+
+  // 3. Chunks per pair (closed form) and their prefix.
+  int b0[kFastPer], nc[kFastPer], cx[kFastPer];
+  int my_c = 0;
+#pragma unroll
+  for (int k = 0; k < kFastPer; ++k) {
+    const int ts = ts0 + tx[k];
+    b0[k] = fdiv(ts, divB);
+    nc[k] = (t[k] > 0) ? fdiv(ts + t[k] - 1, divB) - b0[k] + 1 : 0;
+    cx[k] = my_c;
+    my_c += nc[k];
+  }
+  int cinc = my_c;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(0xffffffffu, cinc, o);
+    if (lane >= o) cinc += y;
+  }
+#pragma unroll
+  for (int k = 0; k < kFastPer; ++k)
+    if (k < cnt) s_pair[p0 + k] = make_int4(ts0 + tx[k], ts0 + tx[k] + t[k], cinc - my_c + cx[k], warp);
+  if (lane == 31) s_wchunks[warp] = cinc;
+  __syncthreads();  // barrier 2
+  int wc[kFastWarps];
+  int ndesc = 0;
+#pragma unroll
+  for (int w = 0; w < kFastWarps; ++w) {
+    wc[w] = ndesc;  // exclusive prefix of warp chunk totals
+    ndesc += s_wchunks[w];
+  }
+  auto warp_chunk_offset = [&](int w) {
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < kFastWarps; ++k) s = (k == w) ? wc[k] : s;
+    return s;
+  };
+
+  // 4a. The pair owner: chunk_start, num_chunks, and a first descriptor that does not open a bin.
+  const int cs0 = warp_chunk_offset(warp) + cinc - my_c;
+#pragma unroll
+  for (int k = 0; k < kFastPer; ++k) {
+    if (k < cnt) {
+      const int p = p0 + k, cs = cs0 + cx[k], ts = ts0 + tx[k];
+      chunk_start[p] = cs;
+      num_chunks[p] = nc[k];
+      if (t[k] > 0 && b0[k] * B != ts) {
+        int* d = desc + 4 * cs;
+        d[0] = rr[k]; d[1] = hh[k]; d[2] = 0; d[3] = min(ts + t[k], (b0[k] + 1) * B) - ts;
+      }
+    }
+  }
+  // 4b. The bin thread: the descriptor that opens bin b (at tile b*B) and bin_start[b].
+  for (int b = tid; b < nbins; b += kFastThreads) {
+    const int x = b * B;
+    int lo = 0, hi = n - 1;  // first pair whose tile end is > x (it holds tile x: x < T)
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (s_pair[mid].y > x) hi = mid; else lo = mid + 1;
+    }
+    const int4 e = s_pair[lo];
+    const int idx = warp_chunk_offset(e.w) + e.z + b - fdiv(e.x, divB);
+    const int h = lo / batch;
+    int* d = desc + 4 * idx;
+    d[0] = lo - h * batch; d[1] = h; d[2] = x - e.x; d[3] = min(e.y, x + B) - e.x;
+    bin_start[b] = idx;
+  }
+  for (int b = nbins + tid; b <= C; b += kFastThreads) bin_start[b] = ndesc;
+  for (int i = 4 * ndesc + tid; i < 4 * (n + C - 1); i += kFastThreads) desc[i] = -1;
+  if (tid == 0) { header[0] = T; header[1] = B; header[2] = nbins; header[3] = ndesc; }
+}
+
+// ---- Generic path (batch * H > kFastMaxPairs): two block-wide exclusive scans, pair-major writes. ----
 // Exclusive block scan of one int per thread; returns the exclusive prefix, *total = block sum.
 __device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -46,9 +233,12 @@ __device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
 }
 
 __global__ void __launch_bounds__(kAssignThreads, 1)
-assign_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int batch, int H, int C, int F,
+assign_generic_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int batch, int H, int C, int F,
               int max_pairs) {
   __shared__ int warp_sums[33];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
   const int n = batch * H;
   const int per = (n + kAssignThreads - 1) / kAssignThreads;
   const int p0 = min(n, (int)threadIdx.x * per);
@@ -137,11 +327,19 @@ assign_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int batch, 
 
 }  // namespace
 
+// Host launcher: NVRTC (hotpaths.harness.nvrtc) compiles device code only, so it is guarded out there.
+#if !defined(__CUDACC_RTC__)
 extern "C" int hp_decode_assign(const int* kv_lens, int* ws, int batch, int num_kv_heads, int num_ctas,
                                 int min_tiles, int max_pairs, void* stream) {
-  if (batch < 0 || num_kv_heads <= 0 || num_ctas <= 0 || min_tiles <= 0 || batch * num_kv_heads > max_pairs)
+  if (batch < 0 || num_kv_heads <= 0 || num_ctas <= 0 || min_tiles <= 0 ||
+      (long long)batch * num_kv_heads > (long long)max_pairs)
     return (int)cudaErrorInvalidValue;
-  assign_kernel<<<1, kAssignThreads, 0, (cudaStream_t)stream>>>(kv_lens, ws, batch, num_kv_heads, num_ctas,
-                                                                min_tiles, max_pairs);
+  cudaStream_t s = (cudaStream_t)stream;
+  if (batch * num_kv_heads <= kFastMaxPairs)
+    assign_fast_kernel<<<1, kFastThreads, 0, s>>>(kv_lens, ws, batch, num_kv_heads, num_ctas, min_tiles, max_pairs);
+  else
+    assign_generic_kernel<<<1, kAssignThreads, 0, s>>>(kv_lens, ws, batch, num_kv_heads, num_ctas, min_tiles,
+                                                       max_pairs);
   return (int)cudaGetLastError();
 }
+#endif

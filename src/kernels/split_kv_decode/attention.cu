@@ -618,6 +618,422 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
   cp_wait<0>();
 }
 
+// ================================================================================================================
+// v3 (FP8 KV only; BF16 runs the v2 kernel): the same task map, partial layout, combine and API as v1/v2, with the
+// products transposed so that the 64-token tile, not the query rows, fills the MMA's 16-row side.
+//
+// Why: at the published GQA 8:1 and q_len 1 a row group has R = 8 query rows, so v1/v2's m16 tiles of query rows
+// are half padding: half of every QK and PV product is wasted, and the fragments, accumulators (64 fp32 O values per
+// thread) and conversions are sized for 16 rows. v3 computes S^T = K Q^T (m = 16 tokens of the warp, n = 8 query
+// rows, k = head_dim) and O^T += V^T P^T (m = 16 head dims, n = 8 rows, k = 16 tokens):
+//  - QK uses the FP8 tensor-core instruction directly (mma.m16n8k32 e4m3 x e4m3 -> fp32): K and Q are fed as the
+//    bytes in shared memory, no e4m3 -> f16 conversion; 4 MMAs per warp-tile (v2: 16 f16 MMAs + 16 conversions).
+//  - S^T's accumulator holds (token, row); P^T must be PV's B operand (row = column n, token = k): two
+//    movmatrix.trans (8 x 8 b16 register transposes) turn the f16-packed P into exactly that fragment.
+//  - PV: A = V^T built in registers from 16 B smem loads of the thread's 4 tokens + prmt + exact e4m3 -> f16 (as
+//    v2), 8 MMAs per warp-tile (v2: 16); O^T is 32 fp32 per thread (v2: 64).
+//  P stays f16 (same numerics as v1/v2 and the emulation). NT = 2 (R = 9..16 rows per group) doubles n.
+// Head-dim maps: QK: thread (g, t) feeds dims 32t..32t+31 (k slots 4t.. / 16+4t.. of each k32 step, the same map on
+// the A (K) and B (Q) side). PV: m-tile j, row g <-> dim 16g + j, row g + 8 <-> dim 16g + 8 + j (thread g loads dims
+// 16g..16g+15 of each of its tokens); the merge stores by real dim.
+// Loads: as v2 (cp.async 16 B, K/V/Q rows XOR-swizzled by row & 7), with the block-table lookup done once per
+// thread and tile when a page holds whole tiles (page_size >= 64), instead of once per 16 B copy.
+// Configurations (STAGES, CTAS per SM): see hp_decode_v3_config; the plan sizes the persistent grid from
+// hp_decode_v3_ctas_per_sm.
+template <int NT, int STAGES> struct Cfg3 {
+  static constexpr int ROWB = kD;                            // fp8 rows, swizzled, unpadded
+  static constexpr int KV_BYTES = kTile * ROWB;
+  static constexpr int MROWS = 8 * NT;                       // query rows per row group
+  static constexpr int STAGE_BYTES = 2 * KV_BYTES + MROWS * kD + MROWS * 4;
+  static constexpr int MERGE_BYTES = 4 * MROWS * kD * 4 + 2 * 4 * MROWS * 4;
+  static constexpr int DESC_BYTES = kDescCache * 8 * 4;
+  static constexpr int SMEM = STAGES * STAGE_BYTES + MERGE_BYTES + DESC_BYTES;
+};
+
+__device__ __forceinline__ void mma_e4m3_16832(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
+// merge buffer of v3: 16 B unit u of row r stored at u ^ ((r >> 1) & 3): the float4 writes (8 lanes: rows 2t + c,
+// units 4g + q) and the read-out (8 lanes of one row, consecutive units) are conflict-free.
+__device__ __forceinline__ int merge3_swz(int r, int u) { return u ^ ((r >> 1) & 3); }
+constexpr int kLenCache = 256;  // v3: kv_lens of batches up to this size are staged in smem at start-up
+
+template <int NT, int STAGES, int CPS>
+__global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Params P) {
+  using CF = Cfg3<NT, STAGES>;
+  constexpr int MROWS = CF::MROWS;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* stages = smem;
+  float* merge_o = reinterpret_cast<float*>(smem + STAGES * CF::STAGE_BYTES);
+  float* merge_m = merge_o + 4 * MROWS * kD;
+  float* merge_l = merge_m + 4 * MROWS;
+  int* dcache = reinterpret_cast<int*>(smem + STAGES * CF::STAGE_BYTES + CF::MERGE_BYTES);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tig = lane & 3;
+  const int rg = blockIdx.y;  // row group of MROWS rows
+
+  cudaGridDependencySynchronize();
+  // Let the combine grid launch now: its CTAs wait in their own cudaGridDependencySynchronize (which still waits
+  // for this whole grid to finish and flush), so its launch latency hides behind this kernel instead of adding to it.
+  cudaTriggerProgrammaticLaunchCompletion();
+
+  const int kv_cap = P.max_pages * P.page_size;
+  int d_begin = 0, d_end = 0;
+  if (P.mode == kDynamic) {
+    // Start-up chain of dependent memory round trips (cold L2 in the benchmark, ~0.6-1 us each): bin bounds and
+    // kv_lens together -> descriptors -> block table -> first KV tile. kv_lens is an input (not produced by the
+    // descriptor reads), so it is fetched beside the bin bounds; num_chunks (needed only at a descriptor's end)
+    // arrives by cp.async with the first stage's group instead of blocking.
+    __shared__ int s_len[kLenCache];
+    const int* bin_start = P.ws + 8;
+    d_begin = bin_start[blockIdx.x];
+    d_end = bin_start[blockIdx.x + 1];
+    const bool lens_cached = P.batch <= kLenCache;
+    if (lens_cached)
+      for (int i = tid; i < P.batch; i += kThreads) s_len[i] = max(P.kv_lens[i], 0);
+    __syncthreads();
+    const int* desc = P.ws + 8 + (P.C + 1);
+    const int* nchunks = desc + 4 * (P.max_pairs + P.C) + P.max_pairs;
+    for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
+      int d = d_begin + i;
+      const int4 dd = make_int4(desc[4 * d], desc[4 * d + 1], desc[4 * d + 2], desc[4 * d + 3]);  // 4 B aligned only
+      int* e = dcache + 8 * i;
+      e[0] = dd.x; e[1] = dd.y; e[2] = dd.z; e[3] = dd.w;
+      e[4] = d; e[6] = lens_cached ? s_len[dd.x] : max(P.kv_lens[dd.x], 0);
+      cp_async4(e + 5, nchunks + dd.y * P.batch + dd.x, true);  // completes with the first stage's group
+    }
+  } else {
+    Desc sd;
+    if (static_desc(P, sd)) {
+      d_end = 1;
+      if (tid == 0) {
+        int* e = dcache;
+        e[0] = sd.r; e[1] = sd.h; e[2] = sd.tb; e[3] = sd.te; e[4] = sd.slot; e[5] = sd.nch; e[6] = sd.kvlen;
+      }
+    }
+  }
+  __syncthreads();
+  if (d_begin >= d_end) return;
+
+  auto fetch = [&](int d) -> Desc {
+    Desc o;
+    const int i = d - d_begin;
+    if (i < kDescCache) {
+      const int* e = dcache + 8 * i;
+      o.r = e[0]; o.h = e[1]; o.tb = e[2]; o.te = e[3]; o.slot = e[4]; o.kvlen = e[6];
+      o.nch = (P.mode == kDynamic) ? -1 : e[5];  // dynamic: e[5] may still be in flight (cp.async): nch_of()
+    } else {
+      const int* desc = P.ws + 8 + (P.C + 1);
+      const int* nchunks = desc + 4 * (P.max_pairs + P.C) + P.max_pairs;
+      o.r = desc[4 * d]; o.h = desc[4 * d + 1]; o.tb = desc[4 * d + 2]; o.te = desc[4 * d + 3];
+      o.slot = d; o.nch = nchunks[o.h * P.batch + o.r]; o.kvlen = max(P.kv_lens[o.r], 0);
+    }
+    return o;
+  };
+  // chunk count of descriptor d's pair, read at its end (the dcache slot is filled by cp.async, see above)
+  auto nch_of = [&](int d) -> int {
+    const int i = d - d_begin;
+    if (P.mode != kDynamic || i >= kDescCache) return fetch(d).nch;
+    return dcache[8 * i + 5];
+  };
+
+  // ---- loader: thread copies 16 B unit ch = tid & 7 of tokens tid / 8 + 16 i (i < 4) of K and of V ----
+  const uint8_t* kbase = reinterpret_cast<const uint8_t*>(P.k);
+  const uint8_t* vbase = reinterpret_cast<const uint8_t*>(P.v);
+  const uint8_t* qbase = reinterpret_cast<const uint8_t*>(P.q);
+  const bool whole_pages = P.page_size >= kTile;  // a 64-token tile never straddles a page
+  auto load_tile = [&](int stage, const Desc& d, int tile, bool first) {
+    uint8_t* sK = stages + stage * CF::STAGE_BYTES;
+    uint8_t* sV = sK + CF::KV_BYTES;
+    const int lim = min(d.kvlen, kv_cap);
+    const int ch = tid & 7, t0 = tid >> 3;
+    const int* bt = P.block_table + (size_t)d.r * P.max_pages;
+    int page_once = -1;
+    if (whole_pages && tile * kTile < lim) page_once = __ldg(bt + ((tile * kTile) >> P.page_shift));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tl = t0 + 16 * i;
+      const int tok = tile * kTile + tl;
+      bool ok = tok < lim;
+      int page = page_once;
+      if (!whole_pages && ok) page = __ldg(bt + (tok >> P.page_shift));
+      ok = ok && page >= 0 && page < P.num_pages;
+      const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
+      const size_t off = ok ? (slot * P.H + d.h) * kD + ch * 16 : 0;
+      const int dcol = (ch ^ (tl & 7)) * 16;
+      cp_async16(sK + tl * CF::ROWB + dcol, kbase + off, ok);
+      cp_async16(sV + tl * CF::ROWB + dcol, vbase + off, ok);
+    }
+    if (first) {
+      uint8_t* sQ = sV + CF::KV_BYTES;
+      float* sQs = reinterpret_cast<float*>(sQ + MROWS * kD);
+      constexpr int QPER = MROWS * 8;  // 16 B units
+      for (int c = tid; c < QPER; c += kThreads) {
+        const int row = c >> 3, u = c & 7;
+        const int rr = rg * MROWS + row;
+        const bool ok = rr < P.R;
+        const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
+        const size_t qrow = (size_t)d.r * P.q_len + qi;
+        const size_t off = ok ? (qrow * P.q_heads + d.h * P.ratio + hl) * kD + u * 16 : 0;
+        cp_async16(sQ + row * kD + ((u ^ (row & 7)) * 16), qbase + off, ok);
+      }
+      if (tid < MROWS) {
+        const int rr = rg * MROWS + tid;
+        const bool ok = rr < P.R;
+        const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
+        const size_t idx = ok ? ((size_t)d.r * P.q_len + qi) * P.q_heads + d.h * P.ratio + hl : 0;
+        cp_async4(sQs + tid, P.q_scale + idx, ok);
+      }
+    }
+  };
+
+  int ld_d = d_begin;
+  Desc ldd = fetch(ld_d);
+  int ld_t = ldd.tb;
+  bool ld_ok = true;
+  auto ld_advance = [&]() {
+    if (++ld_t >= ldd.te) {
+      if (++ld_d < d_end) { ldd = fetch(ld_d); ld_t = ldd.tb; } else ld_ok = false;
+    }
+  };
+#pragma unroll 1
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (ld_ok) { load_tile(s, ldd, ld_t, ld_t == ldd.tb); ld_advance(); }
+    cp_commit();
+  }
+
+  const float kscale = __ldg(P.k_scale);
+  const float vscale = __ldg(P.v_scale);
+
+  int cd = d_begin;
+  Desc cdd = fetch(cd);
+  int ct = cdd.tb;
+  uint32_t qb[NT][8];      // B fragments of Q (row 8nt + g, dims 32tig..32tig+31)
+  float o[NT][8][4];       // O^T: m-tile j (dims 16g + j / 16g + 8 + j) x rows 8nt + 2tig + {0, 1}
+  float m_[NT][2], l_[NT][2], sc[NT][2];
+  int lim_[NT][2];
+
+#pragma unroll 1
+  for (int it = 0;; ++it) {
+    cp_wait<STAGES - 2>();
+    __syncthreads();
+    if (ld_ok) { load_tile((it + STAGES - 1) % STAGES, ldd, ld_t, ld_t == ldd.tb); ld_advance(); }
+    cp_commit();
+
+    const int stage = it % STAGES;
+    const uint8_t* sK = stages + stage * CF::STAGE_BYTES;
+    const uint8_t* sV = sK + CF::KV_BYTES;
+
+    if (ct == cdd.tb) {  // descriptor start: Q fragments, per-row scales and causal limits, fresh state
+      const uint8_t* sQ = sV + CF::KV_BYTES;
+      const float* sQs = reinterpret_cast<const float*>(sQ + MROWS * kD);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int row = 8 * nt + g;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ (row & 7)) * 16));
+          qb[nt][4 * i] = u.x; qb[nt][4 * i + 1] = u.y; qb[nt][4 * i + 2] = u.z; qb[nt][4 * i + 3] = u.w;
+        }
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int rowc = 8 * nt + 2 * tig + c;
+          const int rr = rg * MROWS + rowc;
+          const int qi = rr < P.R ? rr / P.ratio : 0;
+          sc[nt][c] = P.sm_scale * kLog2e * sQs[rowc] * kscale;
+          lim_[nt][c] = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
+          m_[nt][c] = -INFINITY;
+          l_[nt][c] = 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[nt][j][0] = o[nt][j][1] = o[nt][j][2] = o[nt][j][3] = 0.f;
+      }
+    }
+
+    // ---- S^T = K Q^T: A = K rows (tokens 16w + g, 16w + g + 8), 32 B each (units 2tig, 2tig + 1) ----
+    uint32_t ka[2][8];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = warp * 16 + g + 8 * h;  // t & 7 == g
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint4 u = *reinterpret_cast<const uint4*>(sK + t * CF::ROWB + (((2 * tig + i) ^ g) * 16));
+        ka[h][4 * i] = u.x; ka[h][4 * i + 1] = u.y; ka[h][4 * i + 2] = u.z; ka[h][4 * i + 3] = u.w;
+      }
+    }
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      float s2[4] = {0.f, 0.f, 0.f, 0.f};  // two accumulation chains (even / odd k32 steps)
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const uint32_t a[4] = {ka[0][2 * ks], ka[1][2 * ks], ka[0][2 * ks + 1], ka[1][2 * ks + 1]};
+        mma_e4m3_16832((ks & 1) ? s2 : s[nt], a, qb[nt][2 * ks], qb[nt][2 * ks + 1]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] += s2[e];
+    }
+
+    // ---- online softmax per row (column of S^T): max over the warp's 16 tokens (lanes of equal tig) ----
+    const int tok0 = ct * kTile + warp * 16 + g;
+    uint32_t pb[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      float alpha[2], muse[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float v0 = s[nt][c] * sc[nt][c], v1 = s[nt][c + 2] * sc[nt][c];
+        v0 = tok0 < lim_[nt][c] ? v0 : -INFINITY;
+        v1 = tok0 + 8 < lim_[nt][c] ? v1 : -INFINITY;
+        float mx = fmaxf(v0, v1);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float mnew = fmaxf(m_[nt][c], mx);
+        muse[c] = (mnew == -INFINITY) ? 0.f : mnew;
+        alpha[c] = exp2f(m_[nt][c] - muse[c]);
+        m_[nt][c] = mnew;
+        v0 = exp2f(v0 - muse[c]);
+        v1 = exp2f(v1 - muse[c]);
+        l_[nt][c] = l_[nt][c] * alpha[c] + (v0 + v1);  // per-thread partial sum (its 2 tokens), reduced at the end
+        s[nt][c] = v0;
+        s[nt][c + 2] = v1;
+      }
+      if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          o[nt][j][0] *= alpha[0]; o[nt][j][1] *= alpha[1];
+          o[nt][j][2] *= alpha[0]; o[nt][j][3] *= alpha[1];
+        }
+      }
+      // (token g | g + 8, rows 2tig, 2tig + 1) as f16x2 -> transpose -> (row g, tokens 2tig, 2tig + 1 | + 8)
+      pb[nt][0] = movmatrix_trans(pack_p<true>(s[nt][0], s[nt][1]));
+      pb[nt][1] = movmatrix_trans(pack_p<true>(s[nt][2], s[nt][3]));
+    }
+
+    // ---- O^T += V^T P^T: A = V^T from the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9, dims 16g.. ----
+    {
+      const int t0 = warp * 16 + 2 * tig;
+      auto ldv = [&](int t) {
+        return *reinterpret_cast<const uint4*>(sV + t * CF::ROWB + ((g ^ (t & 7)) * 16));
+      };
+      const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
+      const uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
+      const uint32_t c4[4] = {vc.x, vc.y, vc.z, vc.w}, d4[4] = {vd.x, vd.y, vd.z, vd.w};
+#pragma unroll
+      for (int wq = 0; wq < 2; ++wq) {  // word wq: dims 16g + 4wq.. (rows g), word 2 + wq: dims 16g + 8 + 4wq..
+        const uint32_t ab_lo = __byte_perm(a4[wq], b4[wq], 0x5140), ab_hi = __byte_perm(a4[wq], b4[wq], 0x7362);
+        const uint32_t cd_lo = __byte_perm(c4[wq], d4[wq], 0x5140), cd_hi = __byte_perm(c4[wq], d4[wq], 0x7362);
+        const uint32_t AB_lo = __byte_perm(a4[wq + 2], b4[wq + 2], 0x5140);
+        const uint32_t AB_hi = __byte_perm(a4[wq + 2], b4[wq + 2], 0x7362);
+        const uint32_t CD_lo = __byte_perm(c4[wq + 2], d4[wq + 2], 0x5140);
+        const uint32_t CD_hi = __byte_perm(c4[wq + 2], d4[wq + 2], 0x7362);
+        uint32_t a[4][4];  // m-tiles j = 4wq + 0..3
+        a[0][0] = e4m3x2_to_f16x2(ab_lo); a[0][1] = e4m3x2_to_f16x2(AB_lo);
+        a[0][2] = e4m3x2_to_f16x2(cd_lo); a[0][3] = e4m3x2_to_f16x2(CD_lo);
+        a[1][0] = e4m3x2_hi_to_f16x2(ab_lo); a[1][1] = e4m3x2_hi_to_f16x2(AB_lo);
+        a[1][2] = e4m3x2_hi_to_f16x2(cd_lo); a[1][3] = e4m3x2_hi_to_f16x2(CD_lo);
+        a[2][0] = e4m3x2_to_f16x2(ab_hi); a[2][1] = e4m3x2_to_f16x2(AB_hi);
+        a[2][2] = e4m3x2_to_f16x2(cd_hi); a[2][3] = e4m3x2_to_f16x2(CD_hi);
+        a[3][0] = e4m3x2_hi_to_f16x2(ab_hi); a[3][1] = e4m3x2_hi_to_f16x2(AB_hi);
+        a[3][2] = e4m3x2_hi_to_f16x2(cd_hi); a[3][3] = e4m3x2_hi_to_f16x2(CD_hi);
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma16816<true>(o[nt][4 * wq + b], a[b], pb[nt][0], pb[nt][1]);
+      }
+    }
+
+    // ---- advance; epilogue at the end of a descriptor ----
+    if (++ct >= cdd.te) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float l = l_[nt][c];
+          l += __shfl_xor_sync(0xffffffffu, l, 4);
+          l += __shfl_xor_sync(0xffffffffu, l, 8);
+          l += __shfl_xor_sync(0xffffffffu, l, 16);
+          const int r = 8 * nt + 2 * tig + c;
+          if (g == 0) {
+            merge_m[warp * MROWS + r] = m_[nt][c];
+            merge_l[warp * MROWS + r] = l;
+          }
+          // units 4g + q of row r: q = 0, 1: dims 16g + 4q + i (c-slot c); q = 2, 3: dims 16g + 8 + 4(q-2) + i (c + 2)
+          float* mrow = merge_o + (warp * MROWS + r) * kD;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int jb = 4 * (q & 1), e = c + 2 * (q >> 1);
+            *reinterpret_cast<float4*>(mrow + (merge3_swz(r, 4 * g + q) << 2)) =
+                make_float4(o[nt][jb][e], o[nt][jb + 1][e], o[nt][jb + 2][e], o[nt][jb + 3][e]);
+          }
+        }
+      __syncthreads();
+      {
+        constexpr int TPR = kThreads / MROWS;  // threads per row
+        constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
+        const int row = tid / TPR, seg = tid % TPR;
+        const int rr = rg * MROWS + row;
+        if (rr < P.R) {
+          float mw[4], M = -INFINITY;
+#pragma unroll
+          for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * MROWS + row]; M = fmaxf(M, mw[w]); }
+          float acc[UPT][4];
+#pragma unroll
+          for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+          float L = 0.f;
+          if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+              const float f = exp2f(mw[w] - M);
+              L += merge_l[w * MROWS + row] * f;
+              const float* mrow = merge_o + (w * MROWS + row) * kD;
+#pragma unroll
+              for (int i = 0; i < UPT; ++i) {
+                const float4 x = *reinterpret_cast<const float4*>(mrow + (merge3_swz(row, seg + TPR * i) << 2));
+                acc[i][0] += f * x.x; acc[i][1] += f * x.y; acc[i][2] += f * x.z; acc[i][3] += f * x.w;
+              }
+            }
+          }
+          const float inv = (L > 0.f) ? vscale / L : 0.f;
+          const int qi = rr / P.ratio, hl = rr % P.ratio;
+          if (nch_of(cd) == 1) {
+            const size_t orow = ((size_t)cdd.r * P.q_len + qi) * P.q_heads + cdd.h * P.ratio + hl;
+#pragma unroll
+            for (int i = 0; i < UPT; ++i)
+              *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
+                  make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
+          } else {
+            const size_t prow = (size_t)cdd.slot * P.R + rr;
+#pragma unroll
+            for (int i = 0; i < UPT; ++i)
+              *reinterpret_cast<float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)) =
+                  make_float4(acc[i][0] * inv, acc[i][1] * inv, acc[i][2] * inv, acc[i][3] * inv);
+            if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
+          }
+        }
+      }
+      if (++cd >= d_end) break;
+      cdd = fetch(cd);
+      ct = cdd.tb;
+    }
+  }
+  cp_wait<0>();
+}
+
 // combine: one CTA per (row, pair) (grid (R, pairs): a long pair's rows land on R different SMs), 8 warps split
 // the pair's chunks (warp w merges chunks w, w+8, ...; lanes own 4 dims, 16 B loads, 4 chunks in flight per warp)
 // and are merged through smem. A pair with one chunk returns at once (the attention kernel wrote it); 0 chunks
@@ -808,6 +1224,73 @@ extern "C" int hp_decode_attention_v2(const void* q, const float* q_scale, const
   return attention_entry<true>(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
                                sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs,
                                mode, splits, chunk_tiles, kv_fp8, pdl, stream);
+}
+
+// spills-ok: v3 config 3 (2 stages, 4 CTAs per SM: a 128-register cap) spills 4 bytes; an experiment config.
+// v3 configurations (FP8): {STAGES, CTAs per SM}. 0: 4 / 2 (default), 1: 3 / 3, 2: 5 / 2, 3: 2 / 4. Row groups of
+// 9-16 rows (NT = 2) always run 4 stages / 2 CTAs per SM (their merge buffer is twice as large); a config whose
+// CTAs-per-SM is higher then simply runs its persistent grid in more than one wave (correct, slower).
+namespace {
+constexpr int kV3Configs = 4;
+constexpr int kV3Cps[kV3Configs] = {2, 3, 2, 4};
+
+template <int NT, int STAGES, int CPS>
+int launch_v3(dim3 grid, bool pdl, cudaStream_t stream, const Params& P) {
+  static bool attr_done = false;
+  constexpr int smem = Cfg3<NT, STAGES>::SMEM;
+  if (!attr_done) {
+    cudaError_t e = cudaFuncSetAttribute(attention_v3_kernel<NT, STAGES, CPS>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return (int)e;
+    attr_done = true;
+  }
+  return launch(attention_v3_kernel<NT, STAGES, CPS>, grid, dim3(kThreads), smem, pdl, stream, P);
+}
+}  // namespace
+
+extern "C" int hp_decode_v3_ctas_per_sm(int config) {
+  return (config >= 0 && config < kV3Configs) ? kV3Cps[config] : -1;
+}
+extern "C" int hp_decode_v3_smem_bytes(int config, int nt) {
+  if (config < 0 || config >= kV3Configs || nt < 1 || nt > 2) return -1;
+  if (nt == 2) return Cfg3<2, 4>::SMEM;
+  switch (config) {
+    case 1: return Cfg3<1, 3>::SMEM;
+    case 2: return Cfg3<1, 5>::SMEM;
+    case 3: return Cfg3<1, 2>::SMEM;
+    default: return Cfg3<1, 4>::SMEM;
+  }
+}
+
+// Same arguments and outputs as hp_decode_attention, plus config (above). FP8 KV runs the v3 kernel; BF16 KV runs
+// the v2 kernel (v3's transposed products are written for FP8 only).
+extern "C" int hp_decode_attention_v3(const void* q, const float* q_scale, const void* k, const void* v,
+                                      const int* block_table, const int* kv_lens, const float* k_scale,
+                                      const float* v_scale, void* out, float* part_o, float* part_lse, const int* ws,
+                                      float sm_scale, int batch, int H, int q_heads, int q_len, int page_size,
+                                      int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
+                                      int chunk_tiles, int kv_fp8, int pdl, void* stream, int config) {
+  if (!kv_fp8)
+    return attention_entry<true>(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse,
+                                 ws, sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C,
+                                 max_pairs, mode, splits, chunk_tiles, kv_fp8, pdl, stream);
+  if (config < 0 || config >= kV3Configs) return (int)cudaErrorInvalidValue;
+  if (batch <= 0 || H <= 0 || q_heads % H != 0 || q_len <= 0 || page_size <= 0 || (page_size & (page_size - 1)))
+    return (int)cudaErrorInvalidValue;
+  Params P = make_params(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
+                         sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode,
+                         splits, chunk_tiles);
+  const int NT = P.R <= 8 ? 1 : 2;
+  const int G = (P.R + 8 * NT - 1) / (8 * NT);
+  const dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
+  cudaStream_t s = (cudaStream_t)stream;
+  if (NT == 2) return launch_v3<2, 4, 2>(grid, pdl, s, P);
+  switch (config) {
+    case 1: return launch_v3<1, 3, 3>(grid, pdl, s, P);
+    case 2: return launch_v3<1, 5, 2>(grid, pdl, s, P);
+    case 3: return launch_v3<1, 2, 4>(grid, pdl, s, P);
+    default: return launch_v3<1, 4, 2>(grid, pdl, s, P);
+  }
 }
 
 extern "C" int hp_decode_combine(const int* kv_lens, void* out, const float* part_o, const float* part_lse,
