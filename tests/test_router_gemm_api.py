@@ -193,7 +193,9 @@ def test_generalised_decode_configs_host_side():
 def test_wide_n_candidates_only_where_bn_divides_n():
     # every tiled variant has a tile entry and a C-side id; the wide-N tiles (BN 96 / 192) join the candidates
     # exactly when N is a multiple of BN (N = 192, 384, 768: yes; 256, 64: no)
-    assert set(rg.TILED_TILES) == {v for v in rg.VARIANTS if v not in ("auto",) and not v.startswith("decode")}
+    assert set(rg.TILED_TILES) | set(rg.WGMMA_TILES) == {v for v in rg.VARIANTS
+                                                         if v not in ("auto",) and not v.startswith("decode")}
+    assert not set(rg.TILED_TILES) & set(rg.WGMMA_TILES)
     assert len(set(rg.VARIANTS.values())) == len(rg.VARIANTS)
     wide = {v for v, (_, bn, _) in rg.TILED_TILES.items() if bn > 64}
     assert wide == {"t128n96", "t128n96d", "t64n96d", "t64n192", "t64n192d", "t64n96", "t64n96d3", "t128n96d3"}
@@ -203,7 +205,7 @@ def test_wide_n_candidates_only_where_bn_divides_n():
         assert ("t128n96", 2) in rg.kernel_candidates(4096, n, k)  # N=192: 64 CTAs -> 128 with 2 K splits
     for n in (64, 256, 320):
         assert not wide & {v for v, _ in rg.kernel_candidates(4096, n, 4096)}, n
-    assert {v for v, _ in rg.kernel_candidates(4096, 128, 4096)} == set(rg.TILED_TILES) - wide
+    assert {v for v, _ in rg.kernel_candidates(4096, 128, 4096) if v in rg.TILED_TILES} == set(rg.TILED_TILES) - wide
 
 
 def test_benchmark_rows_reject_unknown_impl():
@@ -230,3 +232,69 @@ def test_cli_rejects_bad_shape(capsys):
 
     assert main(["router", "--m", "1", "--n", "100", "--k", str(K)]) == 2
     assert "multiple of 64" in capsys.readouterr().err
+
+
+# ---- SM90 wgmma prefill variants: candidates and host-side checks (no GPU needed) ------------------------------
+
+
+@pytest.mark.parametrize("n,k", [(192, 4096), (768, 6144), (384, 3072), (256, 7168), (64, 4096), (128, 4096),
+                                 (320, 4096), (576, 1024)])
+def test_wgmma_candidates_only_for_valid_shapes(n, k):
+    """A wgmma variant is offered exactly when M >= WGMMA_MIN_M, its BN divides N and its BK divides K; its splits
+    keep the grid within ~2 CTAs per SM (split 1 always) and >= 4 k-tiles per split."""
+    for m in (1, 64, 65, 255, 256, 257, 1000, 2048, 4096):
+        got = [(v, s) for v, s in rg.kernel_candidates(m, n, k) if v in rg.WGMMA_TILES]
+        want_variants = {v for v, (_, bn, bk) in rg.WGMMA_TILES.items()
+                         if m >= rg.WGMMA_MIN_M and n % bn == 0 and k % bk == 0}
+        assert {v for v, _ in got} == want_variants, (m, n, k, got)
+        for v, s in got:
+            bm, bn, bk = rg.WGMMA_TILES[v]
+            assert s in (1, 2, 4, 8) and (k // bk) // s >= 4, (v, s)
+            assert s == 1 or -(-m // bm) * (n // bn) * s <= 2 * 132, (m, v, s)
+            assert (v, 1) in got
+
+
+def test_wgmma_candidates_at_the_hy3_targets():
+    # M = 4096, N = 192: 128 x 96 with 2 splits and 128 x 192 with 4 fill ~128 of 132 SMs (one CTA each)
+    c = rg.kernel_candidates(4096, 192, 4096)
+    assert {("wg128n96", 2), ("wg128n192", 4), ("wg64n192", 2)} <= set(c)
+    assert not [v for v, _ in c if v == "wg128n128"]  # 192 % 128
+    assert {v for v, _ in rg.kernel_candidates(4096, 256, 7168) if v in rg.WGMMA_TILES} == {"wg128n128"}
+    assert not [v for v, _ in rg.kernel_candidates(255, 192, 4096) if v in rg.WGMMA_TILES]
+    # the variant ids are the C enum's, contiguous after the mma.sync variants
+    assert sorted(rg.VARIANTS[v] for v in rg.WGMMA_TILES) == list(range(27, 27 + len(rg.WGMMA_TILES)))
+
+
+def test_wgmma_refuses_bf16x3_before_touching_a_device():
+    _, w = ref.make_router_inputs(1, 192, 256, seed=5)
+    p3 = rg.plan(w, three_part=True)
+    x = torch.randn(300, 256).to(torch.bfloat16)
+    for v in rg.WGMMA_TILES:
+        with pytest.raises(ValueError, match="two-part"):
+            rg.router_gemm(x, p3, impl="bf16x3_kernel", variant=v)
+
+
+@needs_nvcc
+def test_wgmma_configs_host_side():
+    """hp_router_gemm_config / hp_router_gemm are host code up to the launch: the C side knows the wgmma names,
+    picks a split that keeps one wave of CTAs, and refuses (cudaErrorInvalidValue = 1) N % BN != 0 and parts = 3
+    before launching anything."""
+    import ctypes
+
+    for v, (bm, bn, bk) in rg.WGMMA_TILES.items():
+        for m in (1, 257, 4096):
+            cfg = rg.kernel_config(m, 768, 4096, variant=v)
+            assert cfg["variant"] == v and cfg["splits"] in (1, 2, 4, 8), (v, m, cfg)
+            tiles = -(-m // bm) * (768 // bn)
+            assert cfg["splits"] == 1 or tiles * cfg["splits"] <= 132, (v, m, cfg)  # one wave
+        assert rg.kernel_config(4096, 768, 4096, variant=v, splits=2)["splits"] == 2
+        with pytest.raises(ValueError, match="multiple of their BN"):
+            rg.kernel_config(2048, 64, 4096, variant=v)
+    assert rg.kernel_config(4096, 192, 4096, variant="wg128n192")["splits"] == 4  # 32 tiles -> 128 CTAs
+    assert rg.kernel_config(4096, 192, 4096, variant="wg128n96")["splits"] == 2  # 64 tiles -> 128 CTAs
+    lib = rg._lib()
+    fake = ctypes.c_void_p(256)  # never dereferenced: both requests are refused before any launch
+    for parts, n, v in ((3, 192, "wg128n96"), (2, 256, "wg128n96"), (2, 192, "wg128n128"), (3, 256, "wg128n128")):
+        code = lib.hp_router_gemm(fake, fake, fake, fake, fake, 300, n, 4096, parts, 1 / 256, 1 / 256,
+                                  rg.VARIANTS[v], 1, None)
+        assert code == 1, (parts, n, v, code)

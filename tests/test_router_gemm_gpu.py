@@ -306,3 +306,107 @@ def test_m_zero_and_bad_input(rg, hy3):
         rg.router_gemm(x, weights, out=torch.empty(4, N + 1, device="cuda"))
     with pytest.raises(ValueError, match="multiple of 64"):
         rg.plan(torch.randn(100, K, device="cuda"))
+
+
+# ---- SM90 wgmma prefill variants (router_wgmma.cu) -------------------------------------------------------------
+
+def _wgmma_shape(variant):
+    """A router shape whose N the variant's BN divides: hy3 (N = 192) for BN 96 / 192, DeepSeek (N = 256) for 128."""
+    from hotpaths.kernels.router_gemm import WGMMA_TILES
+
+    bn = WGMMA_TILES[variant][1]
+    return next(ref.SHAPES[s] for s in ("hy3", "deepseek_v3") if ref.SHAPES[s][0] % bn == 0)
+
+
+@pytest.fixture(scope="module")
+def wg_weights(rg):
+    """plan() of each (N, K) the wgmma tests use, built once per module."""
+    cache = {}
+
+    def get(n, k):
+        if (n, k) not in cache:
+            _, w = ref.make_router_inputs(1, n, k, seed=43)
+            cache[(n, k)] = rg.plan(w.cuda())
+        return cache[(n, k)]
+
+    return get
+
+
+@pytest.mark.parametrize("variant", ["wg128n96", "wg128n192", "wg64n192", "wg128n128"])
+@pytest.mark.parametrize("m,splits", [(257, 1), (257, 4), (1000, 2), (4096, 0), (4096, 1)])
+def test_wgmma_variants_match_emulation(rg, wg_weights, variant, m, splits):
+    """Each wgmma variant vs the BF16x2 emulation on a NaN-poisoned output: odd M (a partial last row tile: the
+    zero-filled rows must not leak), M = 4096, one CTA per tile (splits 1) and the cluster split-K reduction."""
+    n, k = _wgmma_shape(variant)
+    weights = wg_weights(n, k)
+    x = _x(m, k=k, seed=43)
+    out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant, splits=splits)
+    torch.cuda.synchronize()
+    assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
+                 path="bf16x2_vs_emulation", what=f"{variant} s={splits} m={m} n={n} k={k}")
+
+
+@pytest.mark.parametrize("variant", ["wg128n96", "wg128n192", "wg64n192", "wg128n128"])
+def test_wgmma_variants_other_shapes(rg, wg_weights, variant):
+    """Every router shape the variant's BN divides (several column tiles at N = 384 / 768; K = 3072 / 6144 / 7168)."""
+    bn = rg.WGMMA_TILES[variant][1]
+    for name in ("longcat_chat", "longcat_lite", "deepseek_v3"):
+        n, k = ref.SHAPES[name]
+        if n % bn:
+            continue
+        weights = wg_weights(n, k)
+        for m, splits in ((257, 1), (1000, 2), (2048, 0)):
+            x = _x(m, k=k, seed=47)
+            out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant,
+                                 splits=splits)
+            torch.cuda.synchronize()
+            assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
+                         path="bf16x2_vs_emulation", what=f"{name} {variant} s={splits} m={m}")
+
+
+@pytest.mark.parametrize("variant,splits", [("wg128n96", 2), ("wg128n192", 4)])
+def test_wgmma_deterministic_and_graph_safe(rg, hy3, variant, splits):
+    """Same bits on every call and from a captured graph's replay (fixed-order cluster reduction, no atomics)."""
+    _, weights, _ = hy3
+    m = 2048
+    x = _x(m, seed=53)
+    a = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
+    b = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+    out = _poisoned(m, N)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            rg.router_gemm(x, weights, impl="bf16x2_kernel", out=out, variant=variant, splits=splits)
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, a)
+
+
+def test_wgmma_error_vs_fp64_within_emulation_bound(rg, hy3):
+    """The issue's accuracy target holds for the wgmma path too at M = 4096 (one CTA accumulates all of K)."""
+    w, weights, _ = hy3
+    m = 4096
+    x = _x(m, seed=59)
+    out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant="wg128n96", splits=1)
+    torch.cuda.synchronize()
+    r64 = ref.router_gemm_ref(x, w)
+    e_k = ref.error_metrics(out, r64)
+    e_e = ref.error_metrics(ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), r64)
+    assert e_k["max_abs_err"] <= 1.5 * e_e["max_abs_err"] + 1e-7, (e_k, e_e)
+    assert e_k["rel_l2_err"] <= 1.5 * e_e["rel_l2_err"], (e_k, e_e)
+
+
+def test_wgmma_rejects_bf16x3_and_indivisible_n(rg, hy3):
+    _, _, w3 = hy3
+    with pytest.raises(ValueError, match="two-part"):
+        rg.router_gemm(_x(300), w3, impl="bf16x3_kernel", variant="wg128n96")
+    n, k = ref.SHAPES["deepseek_v3"]  # N = 256: not a multiple of 96 or 192
+    _, w = ref.make_router_inputs(1, n, k, seed=61)
+    weights = rg.plan(w.cuda())
+    with pytest.raises(ValueError, match="multiple of their BN"):
+        rg.router_gemm(_x(300, k=k), weights, impl="bf16x2_kernel", variant="wg64n192")

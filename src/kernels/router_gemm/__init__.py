@@ -52,11 +52,15 @@ DTYPE_OF = {"bf16x2_kernel": "x bf16, w fp32 as 2x bf16 (hi + lo/256), out fp32"
 # (16 CTAs of 8 warps), "decode_n32" / "decode_n64" (16 CTAs of 32 / 64 experts: x re-read by fewer column
 # groups); tiled "t64n96" (BK 32, 4 stages), "t64n96d3" (BK 64, 3 stages: 2 CTAs per SM), "t128n96d3" (BK 64,
 # 3 stages), "tiled128s3" / "tiled128s6" (BK 32, 3 / 6 stages), "tiled64s6" (BK 32, 6 stages).
+# SM90 wgmma prefill variants (router_wgmma.cu; two parts only, offered to the tuner at M >= WGMMA_MIN_M):
+# "wg128n96" (2 warpgroups, 128 x 96, 4 stages), "wg128n192" (2 WG, 128 x 192, 3 stages), "wg64n192" (1 WG,
+# 64 x 192, 4 stages), "wg128n128" (2 WG, 128 x 128, 4 stages: the N = 256 shape); BK 64 for all.
 VARIANTS = {"auto": 0, "decode": 1, "tiled64": 2, "tiled128": 3, "tiled64d": 4, "tiled128d": 5, "tiled64x": 6,
             "tiled128x": 7, "decode_n1": 8, "decode_n2": 9, "t128n96": 10, "t128n96d": 11, "t64n96d": 12,
             "t64n192": 13, "t64n192d": 14, "decode_c16": 15, "decode_c16n2": 16, "decode_w8": 17,
             "decode_c16w8": 18, "decode_n32": 19, "decode_n64": 20, "t64n96": 21, "t64n96d3": 22, "t128n96d3": 23,
-            "tiled128s3": 24, "tiled128s6": 25, "tiled64s6": 26}
+            "tiled128s3": 24, "tiled128s6": 25, "tiled64s6": 26, "wg128n96": 27, "wg128n192": 28, "wg64n192": 29,
+            "wg128n128": 30}
 # Decode variants the tuner times at M <= 64 (every one needs M <= 64; the C side rejects larger M).
 DECODE_VARIANTS = ("decode_n1", "decode_n2", "decode_c16", "decode_c16n2", "decode_w8", "decode_c16w8",
                    "decode_n32", "decode_n64")
@@ -67,6 +71,11 @@ TILED_TILES = {"tiled64": (64, 64, 32), "tiled64d": (64, 64, 64), "tiled64x": (6
                "t64n192": (64, 192, 32), "t64n192d": (64, 192, 64), "t64n96": (64, 96, 32),
                "t64n96d3": (64, 96, 64), "t128n96d3": (128, 96, 64), "tiled128s3": (128, 64, 32),
                "tiled128s6": (128, 64, 32), "tiled64s6": (64, 64, 32)}
+# wgmma variants: (BM, BN, BK) of the CTA tile (mirrors wgmma_tile() in router_wgmma.cuh). BF16x2 only: the C side
+# refuses parts = 3 for them, so they are never candidates or tuned choices of impl="bf16x3_kernel".
+WGMMA_TILES = {"wg128n96": (128, 96, 64), "wg128n192": (128, 192, 64), "wg64n192": (64, 192, 64),
+               "wg128n128": (128, 128, 64)}
+WGMMA_MIN_M = 256  # below this the grid is a handful of CTAs and the mma.sync tiles (with split-K) suffice
 _VARIANT_NAMES = {v: k for k, v in VARIANTS.items()}
 _SCALE = 1.0 / 256.0
 DISPATCH_DIR = Path(__file__).resolve().parents[3] / "data" / "dispatch"
@@ -90,6 +99,10 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
+def _tile(variant: str) -> tuple[int, int, int]:
+    return TILED_TILES.get(variant) or WGMMA_TILES.get(variant) or (0, 64, 0)
+
+
 def kernel_config(m: int, n: int, k: int, *, variant: str = "auto", splits: int = 0) -> dict:
     """The launch configuration the kernel uses for [M, K] x [N, K]^T: variant (a VARIANTS name; decode, decode_n1
     and decode_n2 report "decode"), K splits (CTAs of one cluster), m16 tiles and n8 tiles per warp (decode).
@@ -99,7 +112,7 @@ def kernel_config(m: int, n: int, k: int, *, variant: str = "auto", splits: int 
     if code:
         raise ValueError(f"router GEMM kernel: no configuration for M={m}, N={n}, K={k}, variant={variant!r}, "
                          f"splits={splits} (N, K multiples of 64; decode needs M <= 64; the tiled variants need N "
-                         f"a multiple of their BN, {TILED_TILES.get(variant, (0, 64))[1]}; splits in 0, 1, 2, 4, 8)")
+                         f"a multiple of their BN, {_tile(variant)[1]}; splits in 0, 1, 2, 4, 8)")
     return {"variant": _VARIANT_NAMES[buf[0]], "splits": buf[1], "mt": buf[2], "nt": buf[3]}
 
 
@@ -268,6 +281,9 @@ def _validate(x, weights, impl, out):
 
 
 def _run_kernel(x, weights, out, *, parts, variant="auto", splits=0):
+    if parts == 3 and variant in WGMMA_TILES:
+        raise ValueError(f"variant={variant!r}: the wgmma variants run the two-part weight only "
+                         f"(impl='bf16x2_kernel'); for impl='bf16x3_kernel' pick one of {sorted(TILED_TILES)}")
     if x.device.type != "cuda":
         raise RuntimeError(f"the router GEMM kernel needs an SM90 CUDA device; x is on {x.device} (use the "
                            f"emulations in hotpaths.reference.router_gemm on CPU)")
@@ -280,6 +296,8 @@ def _run_kernel(x, weights, out, *, parts, variant="auto", splits=0):
     m, n, k = int(x.shape[0]), weights.n, weights.k
     if variant == "auto" and splits == 0:  # the configuration tuned on this device, when there is one
         variant, splits = tuned_config(m, n, k) or ("auto", 0)
+        if parts == 3 and variant in WGMMA_TILES:  # tuned for BF16x2 with a two-part-only kernel
+            variant, splits = "auto", 0
     # BF16x3: (high, mid, low) with the kernel's epilogue acc0 + (acc1 + acc2 / 256) / 256
     p1, p2 = (weights.w_mid, weights.w_low2) if parts == 3 else (weights.w_low, None)
     with torch.cuda.device(x.device):
@@ -431,9 +449,12 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
 
 
 def kernel_candidates(m: int, n: int, k: int) -> list[tuple[str, int]]:
-    """Kernel configurations worth timing at M x (N, K): every decode variant (DECODE_VARIANTS, M <= 64) and each
-    tiled variant whose BN divides N, with K splits 1, 2, 4, 8 while the grid stays under ~4 CTAs per SM and each
-    split keeps >= 4 k-steps. Raises ValueError for an unsupported shape (N, K not multiples of 64, M < 1)."""
+    """Kernel configurations worth timing at M x (N, K) with the two-part weight (BF16x2): every decode variant
+    (DECODE_VARIANTS, M <= 64) and each tiled variant whose BN divides N, with K splits 1, 2, 4, 8 while the grid
+    stays under ~4 CTAs per SM and each split keeps >= 4 k-steps; at M >= WGMMA_MIN_M also each wgmma variant whose
+    BN divides N and BK divides K, with splits 1, 2, 4, 8 while the grid stays under ~2 CTAs per SM (they run one
+    CTA per SM) and each split keeps >= 4 k-tiles. Raises ValueError for an unsupported shape (N, K not multiples
+    of 64, M < 1)."""
     if n % 64 or k % 64 or m < 1:
         raise ValueError(f"kernel_candidates: unsupported M={m}, N={n}, K={k} (N, K multiples of 64, M >= 1)")
     out = [(v, 0) for v in DECODE_VARIANTS] if m <= 64 else []
@@ -444,6 +465,14 @@ def kernel_candidates(m: int, n: int, k: int) -> list[tuple[str, int]]:
         for s in (1, 2, 4, 8):
             if (s == 1 or base * s <= 4 * 132) and (k // bk) // s >= 4:
                 out.append((v, s))
+    if m >= WGMMA_MIN_M:
+        for v, (bm, bn, bk) in WGMMA_TILES.items():
+            if n % bn or k % bk:
+                continue
+            base = -(-m // bm) * (n // bn)
+            for s in (1, 2, 4, 8):
+                if (s == 1 or base * s <= 2 * 132) and (k // bk) // s >= 4:
+                    out.append((v, s))
     return out
 
 

@@ -30,6 +30,10 @@
 //    over 2 K halves gives 128 CTAs and ~170 MB, a 64 x 192 tile reads x exactly once, and the 32 x 48 warp tile
 //    issues 8 ldmatrix.x4 per 24 mma (BN = 64: 6 per 16 or 4 per 8). Which wins is measured by the tuner.
 //
+// 3. router_wgmma_kernel (router_wgmma.cu; variants wg128n96, wg128n192, wg64n192, wg128n128, two parts only):
+//    the same two-accumulator prefill tile on wgmma (m64nBNk16, shared-memory descriptors over 128-byte-swizzled
+//    cp.async tiles), for the compute-bound M in the thousands where mma.sync tops out; see that file's header.
+//
 // Numerics measured on H200 (run 2): against the cuBLAS-SGEMM emulation of the same two products, the kernel
 // differs by rel L2 ~4.4e-6 (max abs 2.5e-5, logits of std ~1) when one CTA accumulates all of K = 4096 in the
 // MMA accumulators (splits = 1), ~2.1e-6 with 2 splits and below 2e-6 with 8: the tensor core's FP32
@@ -44,6 +48,7 @@
 #include <cuda_runtime.h>
 
 #include "router_gemm.cuh"
+#include "router_wgmma.cuh"
 
 namespace cg = cooperative_groups;
 using hp_router::cp_async_16;
@@ -503,8 +508,10 @@ enum Variant {
   kTiled128X = 7, kDecodeN1 = 8, kDecodeN2 = 9, kT128n96 = 10, kT128n96d = 11, kT64n96d = 12, kT64n192 = 13,
   kT64n192d = 14, kDecC16 = 15, kDecC16N2 = 16, kDecW8 = 17, kDecC16W8 = 18, kDecN32 = 19, kDecN64 = 20,
   kT64n96 = 21, kT64n96d3 = 22, kT128n96d3 = 23, kTiled128s3 = 24, kTiled128s6 = 25, kTiled64s6 = 26,
-  kNumVariants = 27
+  // 27 .. 30: the wgmma variants of router_wgmma.cu (hp_router::kWg128n96 ...)
+  kNumVariants = hp_router::kWgEnd
 };
+static_assert(kTiled64s6 + 1 == hp_router::kWg128n96, "wgmma variant ids continue enum Variant");
 bool is_decode(int v) { return v == kDecode || v == kDecodeN1 || v == kDecodeN2 || (v >= kDecC16 && v <= kDecN64); }
 // Shape of a generalised decode variant: cluster size, warps, n-slabs per CTA, n8 tiles per warp.
 struct Decode2 {
@@ -538,7 +545,10 @@ Tile tile_of(int variant) {
     case kT128n96d3: return {128, 96};
     case kTiled128s3: case kTiled128s6: return {128, 64};
     case kTiled64s6: return {64, 64};
-    default: return {0, 0};
+    default: {
+      const hp_router::WgTile t = hp_router::wgmma_tile(variant);
+      return {t.bm, t.bn};
+    }
   }
 }
 
@@ -567,6 +577,13 @@ Config choose(int M, int N, int K, int variant, int splits) {
     if (cfg.nt == 2 && N % 16) cfg.nt = 1;
     cfg.variant = kDecode;
     cfg.splits = kClusterK;
+  } else if (cfg.splits <= 0 && hp_router::is_wgmma_variant(cfg.variant)) {
+    // wgmma tiles run one CTA per SM: split K while the grid fits in one wave and each split keeps >= 4 k-tiles.
+    const Tile t = tile_of(cfg.variant);
+    const int base = ((M + t.bm - 1) / t.bm) * (N / t.bn);
+    int s = 1;
+    while (s < 8 && base * 2 * s <= kTargetCtas && (K / 64) / (2 * s) >= 4) s *= 2;
+    cfg.splits = s;
   } else if (cfg.splits <= 0) {
     const Tile t = tile_of(cfg.variant);
     const int base = ((M + t.bm - 1) / t.bm) * (N / t.bn);
@@ -744,6 +761,12 @@ int hp_router_gemm(const void* x, const void* w0, const void* w1, const void* w2
   if (e) return e;
   if ((parts != 2 && parts != 3) || !x || !w0 || !w1 || !out || (parts == 3 && !w2)) return cudaErrorInvalidValue;
   const Config cfg{cfg_raw[0], cfg_raw[1], cfg_raw[2], cfg_raw[3]};
+  if (hp_router::is_wgmma_variant(cfg.variant)) {  // two parts only (BF16x2)
+    if (parts != 2) return cudaErrorInvalidValue;
+    return hp_router::launch_router_wgmma(cfg.variant, static_cast<const __nv_bfloat16*>(x),
+                                          static_cast<const __nv_bfloat16*>(w0), static_cast<const __nv_bfloat16*>(w1),
+                                          out, M, N, K, s1, cfg.splits, static_cast<cudaStream_t>(stream));
+  }
   auto xb = static_cast<const __nv_bfloat16*>(x);
   auto b0 = static_cast<const __nv_bfloat16*>(w0);
   auto b1 = static_cast<const __nv_bfloat16*>(w1);

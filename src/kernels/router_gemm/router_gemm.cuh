@@ -3,7 +3,7 @@
 // Why mma.sync m16n8k16 + ldmatrix instead of wgmma/CUTLASS: the router GEMM is tiny (N = 192..768), the
 // decode sizes are memory-bound (the weight read dominates) and the point of the notebook is the two-part
 // numerics, so the warp-level MMA keeps every register visible and teachable; its ~60% of the wgmma peak is
-// enough for the prefill target (~13 GFLOP at M = 4096).
+// enough for most prefill sizes (~13 GFLOP at M = 4096). The wgmma variants for large M live in router_wgmma.cu.
 #pragma once
 #include <cuda_bf16.h>
 #include <cstdint>

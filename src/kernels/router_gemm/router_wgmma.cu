@@ -1,0 +1,336 @@
+// Router GEMM prefill on SM90 tensor cores through wgmma: out[M, N] (fp32) = x[M, K] (bf16) @ (W0 + s1 * W1)^T,
+// the FP32 router weight held as two BF16 parts (W ~ W0 + W1 / 256). Two-part (BF16x2) only.
+//
+// What runs: each CTA owns a BM x BN output tile (BM = 64 per warpgroup, 1 or 2 warpgroups; BN = 96, 128 or
+// 192) and a K range (split-K over a (1, 1, S) cluster). Per 64-wide k-tile the whole CTA stages x[BM, 64],
+// W0[BN, 64] and W1[BN, 64] into shared memory with cp.async (16 B per thread-chunk, zero-fill for rows past M),
+// written in the 128-byte-swizzle layout (16-byte chunk c of row r lands at chunk c ^ (r % 8); each tile
+// 1024-byte aligned), so one shared-memory matrix descriptor per operand feeds wgmma directly. Each warpgroup
+// then issues, per k16 step, wgmma m64nBNk16 for W0 into acc0 and for W1 into acc1 (the x fragment is read once
+// per product by the tensor core; both accumulators fp32, like the emulation's two products), commits them as
+// one group and waits for the previous group only (wgmma.wait_group 1), so the tensor cores run the current
+// k-tile while the next copies land. Epilogue: acc0 + s1 * acc1 in fp32, float2 stores; with S > 1 splits the
+// combined partial tiles are summed over the cluster's ranks in rank order through distributed shared memory
+// (the deterministic reduction of router_tiled_kernel: no atomics, no workspace, graph-safe).
+//
+// Pipeline (STAGES slots, prefetch distance STAGES - 2): iteration t waits for its own copies of tile t
+// (cp.async.wait_group STAGES - 3), fences them to the async proxy (fence.proxy.async: wgmma reads shared memory
+// through the async proxy, cp.async writes through the generic one), and __syncthreads; after that barrier every
+// warpgroup has passed wgmma.wait_group 1 of iteration t - 1, so tile t - 2's slot is free and is refilled with
+// tile t + STAGES - 2. One barrier per k-tile; no mbarriers, so nothing can wait forever on a lost arrival.
+//
+// Why cp.async and not TMA: no driver entry point / tensor map per call, rows past M are zero-filled by the
+// same instruction, and every thread's address arithmetic stays visible. Cost: ~10 (BN 96) to ~14 (BN 192)
+// 16-byte cp.async per thread per k-tile and no cluster multicast of the W tile.
+//
+// Traffic (L2 -> SM) at M = 4096, N = 192, K = 4096: M * N * K * 2 B * (1 / BN + 2 / BM) = 168 MB for 128 x 96,
+// 134 MB for 128 x 192, 235 MB for 64 x 192 (x is 32 MB, each W part 1.5 MB); the mma.sync tiles moved ~170-200
+// MB. Grid there: 128 x 96 -> 64 CTAs (128 with 2 K splits), 128 x 192 -> 32 (128 with 4), 64 x 192 -> 64.
+// Registers: acc0 + acc1 are 2 * BN / 2 fp32 per thread (96 at BN 96, 128 at BN 128, 192 at BN 192); the BN = 192
+// variants run one CTA of <= 256 threads per SM (__launch_bounds__(..., 1): up to 255 registers).
+// Configurations (WGS warpgroups, BM = 64 * WGS, BN, STAGES; shared memory = STAGES * (BM + 2 * BN) * 128 B):
+//   wg128n96  2 WG, 128 x  96, 4 stages (160 KB)    wg128n192 2 WG, 128 x 192, 3 stages (192 KB)
+//   wg64n192  1 WG,  64 x 192, 4 stages (224 KB)    wg128n128 2 WG, 128 x 128, 4 stages (192 KB; N = 256)
+#include <cooperative_groups.h>
+#include <cstdint>
+
+#include "router_gemm.cuh"
+#include "router_wgmma.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace {
+
+constexpr int kWgBK = 64;           // k-tile: one 128-byte swizzle row of bf16
+constexpr int kRowBytes = kWgBK * 2;  // 128
+
+// Shared-memory matrix descriptor of a K-major tile in the 128-byte-swizzle layout whose base is 1024-byte
+// aligned: start address >> 4 (bits 0-13), leading byte offset 16 B (bits 16-29; unused for swizzled K-major),
+// stride byte offset 1024 B between 8-row groups (bits 32-45), base offset 0 (bits 49-51), layout 1 = 128B
+// swizzle (bits 62-63). The k16 step j inside the 64-wide row is start + 32 * j bytes (descriptor + 2 * j).
+__device__ __forceinline__ uint64_t smem_desc_sw128(const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes (generic proxy) -> visible to wgmma's shared-memory reads (async proxy).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Pins the accumulators in registers across the asynchronous wgmma (no compiler moves between issue and wait).
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D[64 x 96] (fp32, 48 regs per thread) += A[64 x 16] * B[96 x 16]^T, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n96k16(float (&d)[48], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+      "{"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
+      "}, %48, %49, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+// D[64 x 128] (fp32, 64 regs per thread) += A[64 x 16] * B[128 x 16]^T, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, %64, %65, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+// D[64 x 192] (fp32, 96 regs per thread) += A[64 x 16] * B[192 x 16]^T, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
+      "{"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+      "}, %96, %97, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+      : "l"(desc_a), "l"(desc_b));
+}
+template <int BN>
+__device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], uint64_t da, uint64_t db) {
+  if constexpr (BN == 96) wgmma_m64n96k16(d, da, db);
+  else if constexpr (BN == 128) wgmma_m64n128k16(d, da, db);
+  else wgmma_m64n192k16(d, da, db);
+}
+
+template <int WGS, int BN, int STAGES>
+constexpr int wg_smem_bytes() {
+  constexpr int pipe = STAGES * (64 * WGS + 2 * BN) * kRowBytes;
+  constexpr int red = 64 * WGS * (BN + 4) * 4;
+  return (pipe > red ? pipe : red) + 1024;  // + 1024: the base is rounded up to the swizzle atom
+}
+
+template <int WGS, int BN, int STAGES>
+__global__ void __launch_bounds__(WGS * 128, 1)
+    router_wgmma_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w0,
+                        const __nv_bfloat16* __restrict__ w1, float* __restrict__ out, int M, int N, int K,
+                        float s1) {
+  constexpr int BM = 64 * WGS, THREADS = 128 * WGS, R = BN / 2;
+  constexpr int A_BYTES = BM * kRowBytes, B_BYTES = BN * kRowBytes, STAGE_BYTES = A_BYTES + 2 * B_BYTES;
+  static_assert(STAGES >= 3, "prefetch distance STAGES - 2 >= 1");
+  static_assert(BN % 8 == 0 && BN >= 8 && BN <= 256 && (BN * kRowBytes) % 1024 == 0, "wgmma N, swizzle atoms");
+  static_assert(wg_smem_bytes<WGS, BN, STAGES>() <= 227 * 1024, "shared memory per block (sm_90)");
+  extern __shared__ unsigned char wg_smem_raw[];
+  const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(wg_smem_raw));
+  unsigned char* smem = wg_smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
+
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int n_block = blockIdx.x * BN, m_block = blockIdx.y * BM;
+  const int splits = gridDim.z, rank = blockIdx.z;  // cluster (1, 1, splits): rank == blockIdx.z
+  const int kt_total = K / kWgBK;
+  const int kt_begin = static_cast<int>((static_cast<long long>(kt_total) * rank) / splits);
+  const int kt_end = static_cast<int>((static_cast<long long>(kt_total) * (rank + 1)) / splits);
+
+  auto load_stage = [&](int slot, int kt) {
+    unsigned char* sa = smem + slot * STAGE_BYTES;
+    const int k0 = kt * kWgBK;
+#pragma unroll
+    for (int i = tid; i < BM * 8; i += THREADS) {
+      const int r = i >> 3, c = i & 7, gm = m_block + r;
+      const __nv_bfloat16* src = x + static_cast<size_t>(gm < M ? gm : 0) * K + k0 + c * 8;
+      hp_router::cp_async_16(sa + r * kRowBytes + ((c ^ (r & 7)) << 4), src, gm < M ? 16 : 0);
+    }
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      unsigned char* sb = sa + A_BYTES + p * B_BYTES;
+      const __nv_bfloat16* w = p ? w1 : w0;
+#pragma unroll
+      for (int i = tid; i < BN * 8; i += THREADS) {
+        const int r = i >> 3, c = i & 7;
+        hp_router::cp_async_16(sb + r * kRowBytes + ((c ^ (r & 7)) << 4),
+                               w + static_cast<size_t>(n_block + r) * K + k0 + c * 8, 16);
+      }
+    }
+  };
+
+  float acc0[R], acc1[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 2; ++s) {
+    if (kt_begin + s < kt_end) load_stage(s, kt_begin + s);
+    hp_router::cp_async_commit();
+  }
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    const int it = kt - kt_begin;
+    hp_router::cp_async_wait<STAGES - 3>();  // this thread's copies of tile kt have landed
+    fence_proxy_async_smem();
+    __syncthreads();  // everyone's copies of tile kt visible; every warpgroup is done with tile kt - 2
+    const int nk = kt + STAGES - 2;
+    if (nk < kt_end) load_stage((it + STAGES - 2) % STAGES, nk);
+    hp_router::cp_async_commit();
+
+    const unsigned char* st = smem + (it % STAGES) * STAGE_BYTES;
+    const uint64_t da = smem_desc_sw128(st + wg * 64 * kRowBytes);
+    const uint64_t db0 = smem_desc_sw128(st + A_BYTES);
+    const uint64_t db1 = smem_desc_sw128(st + A_BYTES + B_BYTES);
+    fence_regs(acc0);
+    fence_regs(acc1);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kWgBK / 16; ++ks) {
+      wgmma_bn<BN>(acc0, da + 2 * ks, db0 + 2 * ks);
+      wgmma_bn<BN>(acc1, da + 2 * ks, db1 + 2 * ks);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // tile kt - 1's products are done: its slot may be refilled after the next barrier
+    fence_regs(acc0);
+    fence_regs(acc1);
+  }
+  wgmma_wait<0>();
+  fence_regs(acc0);
+  fence_regs(acc1);
+  hp_router::cp_async_wait<0>();
+
+  // Accumulator layout of wgmma m64nN (per warpgroup): register j of thread (warp w, lane l) holds row
+  // 16 w + l / 4 + 8 * ((j >> 1) & 1), column 8 * (j >> 2) + 2 * (l % 4) + (j & 1).
+  const int lane = tid & 31, warp = (tid >> 5) & 3;
+  const int row0 = wg * 64 + warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
+  if (splits == 1) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m_block + row0 + 8 * h, e = 4 * j + 2 * h;
+        if (row < M)
+          *reinterpret_cast<float2*>(out + static_cast<size_t>(row) * N + n_block + 8 * j + col0) =
+              make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]);
+      }
+    return;
+  }
+
+  // Split-K: combined partial tile -> own shared memory (the pipeline buffers are idle now), then rank r sums
+  // its slice of rows over the cluster's ranks in rank order (deterministic) and writes it.
+  __syncthreads();
+  constexpr int LDR = BN + 4;
+  float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int e = 4 * j + 2 * h;
+      *reinterpret_cast<float2*>(red + (row0 + 8 * h) * LDR + 8 * j + col0) =
+          make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]);
+    }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int rows_per = BM / splits;
+  for (int idx = tid; idx < rows_per * (BN / 4); idx += THREADS) {
+    const int r = rank * rows_per + idx / (BN / 4), c4 = (idx % (BN / 4)) * 4;
+    const int row = m_block + r;
+    if (row >= M) continue;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q = 0; q < splits; ++q) {
+      const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, q) + r * LDR + c4);
+      v.x += t.x; v.y += t.y; v.z += t.z; v.w += t.w;
+    }
+    *reinterpret_cast<float4*>(out + static_cast<size_t>(row) * N + n_block + c4) = v;
+  }
+  cluster.sync();  // keep this CTA's shared memory alive until every rank has read it
+}
+
+#if !defined(__CUDACC_RTC__)
+template <int WGS, int BN, int STAGES>
+cudaError_t launch_wg(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1, float* out, int M,
+                      int N, int K, float s1, int splits, cudaStream_t stream) {
+  constexpr int smem = wg_smem_bytes<WGS, BN, STAGES>();
+  auto kernel = router_wgmma_kernel<WGS, BN, STAGES>;
+  static bool configured = false;  // attribute set once per instantiation (host-side, not a stream op)
+  if (!configured) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    configured = true;
+  }
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(N / BN, (M + 64 * WGS - 1) / (64 * WGS), splits);
+  lc.blockDim = dim3(128 * WGS);
+  lc.dynamicSmemBytes = smem;
+  lc.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = splits;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  cudaError_t e = cudaLaunchKernelEx(&lc, kernel, x, w0, w1, out, M, N, K, s1);
+  if (e != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+#endif
+
+}  // namespace
+
+#if !defined(__CUDACC_RTC__)
+namespace hp_router {
+
+cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_bfloat16* w0,
+                                const __nv_bfloat16* w1, float* out, int M, int N, int K, float s1, int splits,
+                                cudaStream_t stream) {
+  const WgTile t = wgmma_tile(variant);
+  if (!t.bn || M < 1 || N < t.bn || N % t.bn || K < kWgBK || K % kWgBK || !x || !w0 || !w1 || !out)
+    return cudaErrorInvalidValue;
+  if (splits != 1 && splits != 2 && splits != 4 && splits != 8) return cudaErrorInvalidValue;  // divides BM
+  switch (variant) {
+    case kWg128n96: return launch_wg<2, 96, 4>(x, w0, w1, out, M, N, K, s1, splits, stream);
+    case kWg128n192: return launch_wg<2, 192, 3>(x, w0, w1, out, M, N, K, s1, splits, stream);
+    case kWg64n192: return launch_wg<1, 192, 4>(x, w0, w1, out, M, N, K, s1, splits, stream);
+    case kWg128n128: return launch_wg<2, 128, 4>(x, w0, w1, out, M, N, K, s1, splits, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace hp_router
+#endif

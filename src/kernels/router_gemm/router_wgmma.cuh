@@ -1,0 +1,34 @@
+// Router GEMM, SM90 wgmma prefill variants (router_wgmma.cu): ids shared with enum Variant in router_gemm.cu and
+// VARIANTS / WGMMA_TILES in __init__.py. Two-part weight only (BF16x2): parts = 3 is refused by the entry point.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace hp_router {
+
+// Variant ids (continue enum Variant of router_gemm.cu; kWgEnd is its kNumVariants).
+constexpr int kWg128n96 = 27, kWg128n192 = 28, kWg64n192 = 29, kWg128n128 = 30, kWgEnd = 31;
+
+constexpr bool is_wgmma_variant(int v) { return v >= kWg128n96 && v < kWgEnd; }
+
+// Output tile (rows, columns) of a wgmma variant; {0, 0} otherwise. BK is 64 for all of them.
+struct WgTile {
+  int bm, bn;
+};
+constexpr WgTile wgmma_tile(int v) {
+  return v == kWg128n96 ? WgTile{128, 96}
+         : v == kWg128n192 ? WgTile{128, 192}
+         : v == kWg64n192 ? WgTile{64, 192}
+         : v == kWg128n128 ? WgTile{128, 128}
+                           : WgTile{0, 0};
+}
+
+#if !defined(__CUDACC_RTC__)
+// out[M, N] = x @ (w0 + s1 * w1)^T with wgmma variant `variant`, K split over a cluster of `splits` (1, 2, 4, 8)
+// CTAs. Returns cudaErrorInvalidValue for a shape the variant cannot run (N % BN, K % 64, M < 1, bad splits).
+cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_bfloat16* w0,
+                                const __nv_bfloat16* w1, float* out, int M, int N, int K, float s1, int splits,
+                                cudaStream_t stream);
+#endif
+
+}  // namespace hp_router
