@@ -36,7 +36,8 @@ def copy_ceiling_gbps(nbytes: int = 1 << 30) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="v2,v3,v3s3c3,v3s5,v3s2c4")
+    ap.add_argument("--variants", default="v2,v3,v3s3c3,v3s5,v3s2c4",
+                    help="comma-separated plan variants, each optionally ':fuseN' (v3 fused-merge bound)")
     ap.add_argument("--kv", default="fp8")
     ap.add_argument("--cases", default=CASES)
     ap.add_argument("--min-tiles", type=int, default=K.DEFAULT_MIN_TILES)
@@ -64,9 +65,10 @@ def main() -> None:
             ref = R.split_kv_decode_ref(**inp)
             nbytes = sum(lens) * inp["k_cache"].shape[2] * inp["k_cache"].shape[3] * inp["k_cache"].element_size() * 2
             base = None
-            for v in variants:
+            for v in variants:  # "name" or "name:fuseN" (v3 fused-merge bound)
+                name, _, fz = v.partition(":fuse")
                 p = K.plan(inp["kv_lens"], num_kv_heads=inp["k_cache"].shape[2], q_heads=inp["q"].shape[1],
-                           min_tiles=a.min_tiles, variant=v)
+                           min_tiles=a.min_tiles, variant=name, fuse_max=int(fz) if fz else None)
                 out = torch.full_like(inp["q"], float("nan"), dtype=torch.bfloat16)
                 args = (p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"])
                 kw = dict(q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"], out=out)

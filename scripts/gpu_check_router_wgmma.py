@@ -13,6 +13,8 @@ Each variant runs in its own subprocess under ``timeout 60`` (a hung kernel cann
 parent builds the library first, then prints a summary and the targets (hy3: M=4096 < 30 us, M=2048 < 33.4 us).
 
 Usage (repo root, hotpaths importable):   python scripts/gpu_check_router_wgmma.py [--iters 50] [--out DIR]
+                                           [--variants ws128n192,ws128n192m2]  (default: every WGMMA_TILES name,
+                                           the TMA + mbarrier ws* variants included)
 Output: one line per case
     <variant> s=<splits> m=<M> n=<N> k=<K> PASS|FAIL max_abs=<diff vs emulation> us=<median> old=<cfg> <us>
 then "SUMMARY" lines (best passing wgmma configuration vs best old per case) and a final line
@@ -122,6 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", help="(internal) run one variant's cases in this process")
     ap.add_argument("--iters", type=int, default=50, help="timed replays per configuration (median)")
     ap.add_argument("--out", default="scratch/gpu_check_router_wgmma", help="folder for the per-variant JSON")
+    ap.add_argument("--variants", help="comma-separated subset of WGMMA_TILES to check (default: all)")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -145,8 +148,14 @@ def main(argv=None) -> int:
                   f"{r.get('spill_loads', 0)}  {r['kernel'][-60:]}")
     print(f"build ok [{time.time() - t0:.0f} s]", flush=True)
 
+    variants = list(rg.WGMMA_TILES)
+    if args.variants:
+        variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+        unknown = [v for v in variants if v not in rg.WGMMA_TILES]
+        if unknown:
+            ap.error(f"--variants: unknown {unknown}; expected names from {list(rg.WGMMA_TILES)}")
     bad = []
-    for v in rg.WGMMA_TILES:
+    for v in variants:
         cmd = ["timeout", str(TIMEOUT_S), sys.executable, os.path.abspath(__file__), "--variant", v,
                "--iters", str(args.iters), "--out", str(out_dir)]
         t = time.time()
@@ -159,7 +168,7 @@ def main(argv=None) -> int:
 
     print("SUMMARY  (m, n, k): best passing wgmma config us | best old config us | speedup")
     recs = []
-    for v in rg.WGMMA_TILES:
+    for v in variants:
         p = out_dir / f"router_wgmma_{v}.json"
         if p.exists():
             recs += json.loads(p.read_text())

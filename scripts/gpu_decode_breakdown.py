@@ -37,9 +37,16 @@ def main() -> None:
 
     f1, f2 = timing_floor(1), timing_floor(2)
     say(f"floor1 {f1.median_us:.2f} floor2 {f2.median_us:.2f} us")
+    for mb in (8, 64, 128):  # pure read of the same bytes under the same convention: torch.sum over float32
+        x = torch.rand(mb * 2**20 // 4, device="cuda")
+        y = torch.empty((), device="cuda")
+        t = bench(lambda: torch.sum(x, dim=0, out=y), iters=a.iters).median_us
+        say(f"read floor: torch.sum over {mb} MB {t:.2f} us = {mb * 2**20 / (t * 1e3):.0f} GB/s (incl. the floor)")
+        rows.append(dict(case=f"read_{mb}MB", us=t))
+        del x
     lib = K._load()
     real_att = {n: getattr(lib, n) for n in ("hp_decode_attention", "hp_decode_attention_v2", "hp_decode_attention_v3")}
-    real_comb = lib.hp_decode_combine
+    real_comb = {n: getattr(lib, n) for n in ("hp_decode_combine", "hp_decode_combine1")}
     noop = lambda *args: 0  # noqa: E731
     for case in a.cases.split(";"):
         lens = expand_lengths(parse_cases(case))
@@ -47,13 +54,17 @@ def main() -> None:
             inp = R.make_decode_inputs(lens, kv_dtype="fp8", device="cuda", seed=0)
             if pages == "sequential":  # same data, pages renumbered so each request's pages are consecutive
                 bt = inp["block_table"]
-                order = bt[bt >= 0]
-                kc, vc = inp["k_cache"].clone(), inp["v_cache"].clone()
+                ps = inp["k_cache"].shape[1]
+                used = torch.zeros_like(bt, dtype=torch.bool)
+                for r, L in enumerate(lens):
+                    used[r, :-(-L // ps)] = True
+                order = bt[used].long()
                 n = order.numel()
-                kc[:n] = inp["k_cache"][order.long()]
-                vc[:n] = inp["v_cache"][order.long()]
-                nb = torch.full_like(bt, -1)
-                nb[bt >= 0] = torch.arange(n, dtype=bt.dtype, device=bt.device)
+                kc, vc = inp["k_cache"].clone(), inp["v_cache"].clone()
+                kc[:n] = inp["k_cache"][order]
+                vc[:n] = inp["v_cache"][order]
+                nb = bt.clone()
+                nb[used] = torch.arange(n, dtype=bt.dtype, device=bt.device)
                 inp.update(k_cache=kc, v_cache=vc, block_table=nb)
             for v in a.variants.split(","):
                 p = K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, variant=v)
@@ -63,9 +74,11 @@ def main() -> None:
                           check_inputs=False)
                 K.run(*args, **kw)
                 t_full = bench(lambda: K.run(*args, **kw), iters=a.iters).median_us
-                lib.hp_decode_combine = noop
+                for n_ in real_comb:
+                    setattr(lib, n_, noop)
                 t_att = bench(lambda: K.run(*args, **kw), iters=a.iters).median_us
-                lib.hp_decode_combine = real_comb
+                for n_, fn in real_comb.items():
+                    setattr(lib, n_, fn)
                 for n_ in real_att:
                     setattr(lib, n_, noop)
                 t_comb = bench(lambda: K.run(*args, **kw), iters=a.iters).median_us

@@ -298,3 +298,64 @@ def test_wgmma_configs_host_side():
         code = lib.hp_router_gemm(fake, fake, fake, fake, fake, 300, n, 4096, parts, 1 / 256, 1 / 256,
                                   rg.VARIANTS[v], 1, None)
         assert code == 1, (parts, n, v, code)
+
+
+# ---- TMA + mbarrier variants (ws128n192, ws128n192m2): candidates and host-side refusals -------------------------
+
+
+def test_ws_candidates_at_the_hy3_targets():
+    """Offered at M >= WGMMA_MIN_M where 192 divides N; the multicast pair keeps its cluster (2, 1, splits) <= 8
+    CTAs, so it never gets 8 splits; its grid counts M tiles padded to pairs."""
+    assert rg.VARIANTS["ws128n192"] == 31 and rg.VARIANTS["ws128n192m2"] == 32
+    assert rg.WGMMA_TILES["ws128n192"] == rg.WGMMA_TILES["ws128n192m2"] == (128, 192, 64)
+    c4096, c2048 = rg.kernel_candidates(4096, 192, 4096), rg.kernel_candidates(2048, 192, 4096)
+    assert {("ws128n192", 4), ("ws128n192m2", 4)} <= set(c4096)  # 32 tiles x 4 splits = 128 CTAs
+    assert {("ws128n192", 8), ("ws128n192m2", 4)} <= set(c2048)  # 16 tiles x 8 / x 4
+    for m in (256, 257, 1000, 2048, 4096):
+        for n, k in ((192, 4096), (384, 3072), (768, 6144)):
+            splits = {s for v, s in rg.kernel_candidates(m, n, k) if v == "ws128n192m2"}
+            assert splits and splits <= {1, 2, 4}, (m, n, k, splits)
+            pairs = -(-m // 256) * 2 * (n // 192)  # padded M tiles x N tiles
+            assert all(s == 1 or pairs * s <= 2 * 132 for s in splits), (m, n, splits)
+    for m, n, k in ((255, 192, 4096), (4096, 256, 7168), (4096, 128, 4096), (4096, 320, 4096)):
+        assert not {v for v, _ in rg.kernel_candidates(m, n, k)} & {"ws128n192", "ws128n192m2"}, (m, n, k)
+
+
+@needs_nvcc
+def test_ws_configs_host_side():
+    """The C side knows the names, picks splits that keep one wave (pairs counted padded) and cluster <= 8, and
+    refuses splits = 8 for the pair, N % 192, and parts = 3 (cudaErrorInvalidValue = 1) before any launch."""
+    import ctypes
+
+    assert rg.kernel_config(4096, 192, 4096, variant="ws128n192") == {"variant": "ws128n192", "splits": 4,
+                                                                        "mt": 0, "nt": 0}
+    assert rg.kernel_config(4096, 192, 4096, variant="ws128n192m2")["splits"] == 4
+    assert rg.kernel_config(2048, 192, 4096, variant="ws128n192")["splits"] == 8
+    assert rg.kernel_config(2048, 192, 4096, variant="ws128n192m2")["splits"] == 4  # 2 x 4 = 8 CTAs per cluster
+    assert rg.kernel_config(257, 192, 4096, variant="ws128n192m2")["splits"] == 4
+    assert rg.kernel_config(4096, 768, 6144, variant="ws128n192m2", splits=2)["splits"] == 2
+    with pytest.raises(ValueError, match="splits <= 4"):
+        rg.kernel_config(2048, 192, 4096, variant="ws128n192m2", splits=8)
+    assert rg.kernel_config(2048, 192, 4096, variant="ws128n192", splits=8)["splits"] == 8
+    for v in ("ws128n192", "ws128n192m2"):
+        with pytest.raises(ValueError, match="multiple of their BN"):
+            rg.kernel_config(2048, 256, 4096, variant=v)
+    lib = rg._lib()
+    fake = ctypes.c_void_p(256)  # never dereferenced: every request below is refused before any launch
+    for parts, n, v, s in ((3, 192, "ws128n192", 1), (2, 256, "ws128n192", 1), (3, 192, "ws128n192m2", 1),
+                           (2, 192, "ws128n192m2", 8), (2, 320, "ws128n192m2", 2)):
+        code = lib.hp_router_gemm(fake, fake, fake, fake, fake, 300, n, 4096, parts, 1 / 256, 1 / 256,
+                                  rg.VARIANTS[v], s, None)
+        assert code == 1, (parts, n, v, s, code)
+
+
+def test_tuned_config_bf16x3_skips_two_part_only_variants():
+    """A row tuned to a wgmma variant (two parts only) gives BF16x3 the fastest measured non-wgmma candidate."""
+    table = {"shapes": [{"n": 192, "k": 4096, "rows": [
+        {"m": 4096, "choice": "bf16x2_kernel", "kernel": {"variant": "wg128n96", "splits": 2},
+         "candidates_us": {"wg128n96/2": 40.1, "ws128n192/2": 41.0, "t128n96d/2": 55.8, "tiled128/1": 60.0}},
+        {"m": 8, "choice": "bf16x2_kernel", "kernel": {"variant": "wg128n96", "splits": 1},
+         "candidates_us": {"wg128n96/1": 9.0}}]}]}
+    assert rg.tuned_config(4096, 192, 4096, table) == ("wg128n96", 2)
+    assert rg.tuned_config(4096, 192, 4096, table, parts=3) == ("t128n96d", 2)
+    assert rg.tuned_config(8, 192, 4096, table, parts=3) is None  # no non-wgmma candidate measured

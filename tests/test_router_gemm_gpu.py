@@ -410,3 +410,74 @@ def test_wgmma_rejects_bf16x3_and_indivisible_n(rg, hy3):
     weights = rg.plan(w.cuda())
     with pytest.raises(ValueError, match="multiple of their BN"):
         rg.router_gemm(_x(300, k=k), weights, impl="bf16x2_kernel", variant="wg64n192")
+
+
+# ---- TMA + mbarrier variants (router_wgmma_ws_kernel: ws128n192, ws128n192m2) ----------------------------------
+
+WS_VARIANTS = ["ws128n192", "ws128n192m2"]
+
+
+@pytest.mark.parametrize("variant", WS_VARIANTS)
+@pytest.mark.parametrize("m,splits", [(257, 1), (257, 4), (1000, 2), (1100, 1), (2048, 4), (4096, 0), (4096, 1),
+                                      (4096, 4)])
+def test_ws_variants_match_emulation(rg, hy3, variant, m, splits):
+    """vs the BF16x2 emulation on a NaN-poisoned output: M = 257 (a 1-row last tile: TMA's zero-filled rows must not
+    leak; for the pair an odd tile count, so a padding CTA), M = 1100 (9 tiles: padding CTA at splits 1), the
+    cluster split-K reduction (2, 4 splits), M = 4096 (the target shape)."""
+    _, weights, _ = hy3
+    x = _x(m, seed=71)
+    out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
+    torch.cuda.synchronize()
+    assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
+                 path="bf16x2_vs_emulation", what=f"{variant} s={splits} m={m}")
+
+
+@pytest.mark.parametrize("variant", WS_VARIANTS)
+def test_ws_variants_other_shapes(rg, wg_weights, variant):
+    """Several N tiles (N = 384, 768: the W multicast halves sit at n_block + 96) and K = 3072 / 6144."""
+    for name in ("longcat_chat", "longcat_lite"):
+        n, k = ref.SHAPES[name]
+        weights = wg_weights(n, k)
+        for m, splits in ((257, 1), (1000, 2), (2048, 0)):
+            x = _x(m, k=k, seed=73)
+            out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant,
+                                 splits=splits)
+            torch.cuda.synchronize()
+            assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
+                         path="bf16x2_vs_emulation", what=f"{name} {variant} s={splits} m={m}")
+
+
+@pytest.mark.parametrize("variant,splits", [("ws128n192", 1), ("ws128n192", 4), ("ws128n192m2", 1),
+                                            ("ws128n192m2", 4)])
+def test_ws_deterministic_and_graph_safe(rg, hy3, variant, splits):
+    """M = 4096: same bits on every call and from a captured graph's replay (replayed twice; the tensor maps are
+    kernel parameters, captured with the graph)."""
+    _, weights, _ = hy3
+    m = 4096
+    x = _x(m, seed=79)
+    a = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
+    b = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+    out = _poisoned(m, N)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            rg.router_gemm(x, weights, impl="bf16x2_kernel", out=out, variant=variant, splits=splits)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, a)
+
+
+def test_ws_refuses_bf16x3_and_eight_pair_splits(rg, hy3):
+    _, _, w3 = hy3
+    for v in WS_VARIANTS:
+        with pytest.raises(ValueError, match="two-part"):
+            rg.router_gemm(_x(300), w3, impl="bf16x3_kernel", variant=v)
+    with pytest.raises(ValueError, match="splits <= 4"):
+        rg.router_gemm(_x(300), hy3[1], impl="bf16x2_kernel", variant="ws128n192m2", splits=8)

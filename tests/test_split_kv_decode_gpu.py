@@ -339,3 +339,30 @@ def test_v3_grid_sized_per_config():
     for v, cps in (("v2", 2), ("v3", 2), ("v3s3c3", 3), ("v3s2c4", 4)):
         assert K.ctas_per_sm(v) == cps
         assert K.plan(kv, num_kv_heads=1, q_heads=8, variant=v).num_ctas == cps * sms
+
+
+@pytest.mark.parametrize("fuse_max", [0, 2, 8, 64])
+@pytest.mark.parametrize("mode,kw", [("dynamic", dict(num_ctas=16)), ("dynamic", {}),
+                                     ("static_count", dict(num_splits=5)), ("batch_invariant", dict(chunk_tiles=3))])
+def test_v3_fused_merge(fuse_max, mode, kw):
+    """v3's fused merge (pairs of 2..fuse_max chunks merged by their last-arriving CTA; longer ones by the combine)
+    matches the emulation for every split of the work between the two, the arrival counters are zero again after
+    every launch, and a second launch on the same plan is as correct as the first (the counters reset themselves)."""
+    K, _ = _mods()
+    lens = [4096] * 6 + [130000, 0, 1, 700, 65, 200]
+    inp = _inputs(lens, "fp8", seed=5)
+    p = K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, mode=mode, variant="v3", fuse_max=fuse_max, **kw)
+    assert p.fuse_max == fuse_max and (p.counters is None) == (fuse_max == 0)
+    chunks = np.asarray(K.host_task_map(p, lens).num_chunks) if mode == "dynamic" else None
+    if chunks is not None and fuse_max == 8:  # the cases really mix fused and combined pairs
+        assert ((chunks >= 2) & (chunks <= 8)).any() and (chunks > 8).any()
+    emu = _emulate(inp, p)
+    for _ in range(2):
+        out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+        K.run(p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"], q_scale=inp["q_scale"],
+              k_scale=inp["k_scale"], v_scale=inp["v_scale"], out=out)
+        torch.cuda.synchronize()
+        assert not torch.isnan(out.float()).any()
+        assert_close(out, emu, op=OP, path="fp8_vs_emulation")
+        if p.counters is not None:
+            assert int(p.counters.abs().sum()) == 0

@@ -504,3 +504,19 @@ def ncu_rows(cases=NCU_CASES, *, kv_dtype="fp8", kernel_regex="attention_kernel"
                          # the full ncu command (with the profiled snippet) is in the .ncu.txt beside the CSV
                          note=f"ncu --clock-control none, metrics {', '.join(NCU_METRICS)}; profiles_dir/decode_ncu_{safe}.ncu.txt"))
     return rows
+
+
+def stored_profile(name: str, device: str = "h200") -> tuple[dict, list[dict]]:
+    """A committed JSON measurement of a decode script (data/profiles/<device>/<name>.json, written by
+    scripts/gpu_decode_breakdown.py or scripts/gpu_ab_decode.py): (header fields, rows). Raises FileNotFoundError
+    naming the expected path when it is missing."""
+    import json
+
+    from hotpaths.harness.env import REPO_ROOT
+
+    path = REPO_ROOT / "data" / "profiles" / device / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no stored profile {name!r} for device {device!r} (expected {path})")
+    data = json.loads(path.read_text())
+    rows = data.pop("rows", [])
+    return data, rows

@@ -54,13 +54,15 @@ DTYPE_OF = {"bf16x2_kernel": "x bf16, w fp32 as 2x bf16 (hi + lo/256), out fp32"
 # 3 stages), "tiled128s3" / "tiled128s6" (BK 32, 3 / 6 stages), "tiled64s6" (BK 32, 6 stages).
 # SM90 wgmma prefill variants (router_wgmma.cu; two parts only, offered to the tuner at M >= WGMMA_MIN_M):
 # "wg128n96" (2 warpgroups, 128 x 96, 4 stages), "wg128n192" (2 WG, 128 x 192, 3 stages), "wg64n192" (1 WG,
-# 64 x 192, 4 stages), "wg128n128" (2 WG, 128 x 128, 4 stages: the N = 256 shape); BK 64 for all.
+# 64 x 192, 4 stages), "wg128n128" (2 WG, 128 x 128, 4 stages: the N = 256 shape); BK 64 for all. TMA + mbarrier
+# pipeline (router_wgmma_ws_kernel): "ws128n192" (128 x 192, 3 stages, all free slots in flight) and
+# "ws128n192m2" (the same with the W tiles multicast over a cluster pair of M tiles: K splits 1, 2, 4 only).
 VARIANTS = {"auto": 0, "decode": 1, "tiled64": 2, "tiled128": 3, "tiled64d": 4, "tiled128d": 5, "tiled64x": 6,
             "tiled128x": 7, "decode_n1": 8, "decode_n2": 9, "t128n96": 10, "t128n96d": 11, "t64n96d": 12,
             "t64n192": 13, "t64n192d": 14, "decode_c16": 15, "decode_c16n2": 16, "decode_w8": 17,
             "decode_c16w8": 18, "decode_n32": 19, "decode_n64": 20, "t64n96": 21, "t64n96d3": 22, "t128n96d3": 23,
             "tiled128s3": 24, "tiled128s6": 25, "tiled64s6": 26, "wg128n96": 27, "wg128n192": 28, "wg64n192": 29,
-            "wg128n128": 30}
+            "wg128n128": 30, "ws128n192": 31, "ws128n192m2": 32}
 # Decode variants the tuner times at M <= 64 (every one needs M <= 64; the C side rejects larger M).
 DECODE_VARIANTS = ("decode_n1", "decode_n2", "decode_c16", "decode_c16n2", "decode_w8", "decode_c16w8",
                    "decode_n32", "decode_n64")
@@ -74,7 +76,10 @@ TILED_TILES = {"tiled64": (64, 64, 32), "tiled64d": (64, 64, 64), "tiled64x": (6
 # wgmma variants: (BM, BN, BK) of the CTA tile (mirrors wgmma_tile() in router_wgmma.cuh). BF16x2 only: the C side
 # refuses parts = 3 for them, so they are never candidates or tuned choices of impl="bf16x3_kernel".
 WGMMA_TILES = {"wg128n96": (128, 96, 64), "wg128n192": (128, 192, 64), "wg64n192": (64, 192, 64),
-               "wg128n128": (128, 128, 64)}
+               "wg128n128": (128, 128, 64), "ws128n192": (128, 192, 64), "ws128n192m2": (128, 192, 64)}
+# CTAs per cluster along M sharing (multicasting) the W tiles (mirrors wgmma_cluster_m() in router_wgmma.cuh): the
+# cluster is (CM, 1, splits) of at most 8 CTAs, and the M tiles are padded to a multiple of CM.
+WGMMA_CLUSTER_M = {"ws128n192m2": 2}
 WGMMA_MIN_M = 256  # below this the grid is a handful of CTAs and the mma.sync tiles (with split-K) suffice
 _VARIANT_NAMES = {v: k for k, v in VARIANTS.items()}
 _SCALE = 1.0 / 256.0
@@ -112,7 +117,7 @@ def kernel_config(m: int, n: int, k: int, *, variant: str = "auto", splits: int 
     if code:
         raise ValueError(f"router GEMM kernel: no configuration for M={m}, N={n}, K={k}, variant={variant!r}, "
                          f"splits={splits} (N, K multiples of 64; decode needs M <= 64; the tiled variants need N "
-                         f"a multiple of their BN, {_tile(variant)[1]}; splits in 0, 1, 2, 4, 8)")
+                         f"a multiple of their BN, {_tile(variant)[1]}; splits in 0, 1, 2, 4, 8; ws128n192m2: splits <= 4)")
     return {"variant": _VARIANT_NAMES[buf[0]], "splits": buf[1], "mt": buf[2], "nt": buf[3]}
 
 
@@ -210,14 +215,26 @@ def _nearest_row(m: int, n: int, k: int, table: dict | None):
     return None
 
 
-def tuned_config(m: int, n: int, k: int, table: dict | None = None) -> tuple[str, int] | None:
+def tuned_config(m: int, n: int, k: int, table: dict | None = None, *, parts: int = 2) -> tuple[str, int] | None:
     """The kernel (variant, splits) measured fastest at the M nearest to m (log2) for (N, K), or None (no table,
-    shape not measured, or the tuned variant cannot run this M: decode needs M <= 64)."""
+    shape not measured, or the tuned variant cannot run this M: decode needs M <= 64).
+    parts=3 (BF16x3): the wgmma variants run two parts only, so the fastest measured non-wgmma candidate of that row
+    is returned instead (None when the row lists none)."""
     row = _nearest_row(m, n, k, table)
     cfg = (row or {}).get("kernel")
-    if not cfg or (cfg["variant"].startswith("decode") and m > 64):
+    if not cfg:
         return None
-    return cfg["variant"], int(cfg["splits"])
+    variant, splits = cfg["variant"], int(cfg["splits"])
+    if parts == 3 and variant in WGMMA_TILES:
+        cands = [(t, c.split("/")) for c, t in (row.get("candidates_us") or {}).items()]
+        cands = [(t, v, int(sp)) for t, (v, sp) in cands
+                 if v not in WGMMA_TILES and v in VARIANTS and not (v.startswith("decode") and m > 64)]
+        if not cands:
+            return None
+        _, variant, splits = min(cands)
+    if variant.startswith("decode") and m > 64:
+        return None
+    return variant, splits
 
 
 def choose_impl(m: int, n: int, k: int, table: dict | None = None) -> str:
@@ -295,9 +312,7 @@ def _run_kernel(x, weights, out, *, parts, variant="auto", splits=0):
 
     m, n, k = int(x.shape[0]), weights.n, weights.k
     if variant == "auto" and splits == 0:  # the configuration tuned on this device, when there is one
-        variant, splits = tuned_config(m, n, k) or ("auto", 0)
-        if parts == 3 and variant in WGMMA_TILES:  # tuned for BF16x2 with a two-part-only kernel
-            variant, splits = "auto", 0
+        variant, splits = tuned_config(m, n, k, parts=parts) or ("auto", 0)
     # BF16x3: (high, mid, low) with the kernel's epilogue acc0 + (acc1 + acc2 / 256) / 256
     p1, p2 = (weights.w_mid, weights.w_low2) if parts == 3 else (weights.w_low, None)
     with torch.cuda.device(x.device):
@@ -415,7 +430,7 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
                 timing = base_t[impl] if impl in base_t else _time(x, weights, impl, out, iters)
                 med = timing.median_us
                 if impl in ("bf16x2_kernel", "bf16x3_kernel") or choose_impl(m, n, k) == "bf16x2_kernel":
-                    v, sp = tuned_config(m, n, k) or ("auto", 0)
+                    v, sp = tuned_config(m, n, k, parts=3 if impl == "bf16x3_kernel" else 2) or ("auto", 0)
                     cfg = dict(kernel_config(m, n, k, variant=v, splits=sp), tuned=v != "auto")
                 else:
                     cfg = choose_impl(m, n, k)
@@ -453,8 +468,8 @@ def kernel_candidates(m: int, n: int, k: int) -> list[tuple[str, int]]:
     (DECODE_VARIANTS, M <= 64) and each tiled variant whose BN divides N, with K splits 1, 2, 4, 8 while the grid
     stays under ~4 CTAs per SM and each split keeps >= 4 k-steps; at M >= WGMMA_MIN_M also each wgmma variant whose
     BN divides N and BK divides K, with splits 1, 2, 4, 8 while the grid stays under ~2 CTAs per SM (they run one
-    CTA per SM) and each split keeps >= 4 k-tiles. Raises ValueError for an unsupported shape (N, K not multiples
-    of 64, M < 1)."""
+    CTA per SM) and each split keeps >= 4 k-tiles (ws128n192m2: its M tiles padded to pairs, splits * 2 <= 8, the
+    portable cluster size). Raises ValueError for an unsupported shape (N, K not multiples of 64, M < 1)."""
     if n % 64 or k % 64 or m < 1:
         raise ValueError(f"kernel_candidates: unsupported M={m}, N={n}, K={k} (N, K multiples of 64, M >= 1)")
     out = [(v, 0) for v in DECODE_VARIANTS] if m <= 64 else []
@@ -469,9 +484,10 @@ def kernel_candidates(m: int, n: int, k: int) -> list[tuple[str, int]]:
         for v, (bm, bn, bk) in WGMMA_TILES.items():
             if n % bn or k % bk:
                 continue
-            base = -(-m // bm) * (n // bn)
+            cm = WGMMA_CLUSTER_M.get(v, 1)
+            base = -(-m // (bm * cm)) * cm * (n // bn)
             for s in (1, 2, 4, 8):
-                if (s == 1 or base * s <= 2 * 132) and (k // bk) // s >= 4:
+                if (s == 1 or base * s <= 2 * 132) and (k // bk) // s >= 4 and s * cm <= 8:
                     out.append((v, s))
     return out
 

@@ -33,6 +33,8 @@
 // 3. router_wgmma_kernel (router_wgmma.cu; variants wg128n96, wg128n192, wg64n192, wg128n128, two parts only):
 //    the same two-accumulator prefill tile on wgmma (m64nBNk16, shared-memory descriptors over 128-byte-swizzled
 //    cp.async tiles), for the compute-bound M in the thousands where mma.sync tops out; see that file's header.
+//    router_wgmma_ws_kernel (same file; ws128n192, ws128n192m2): TMA + mbarrier producer / consumer warpgroups,
+//    optional W multicast over an M pair of CTAs.
 //
 // Numerics measured on H200 (run 2): against the cuBLAS-SGEMM emulation of the same two products, the kernel
 // differs by rel L2 ~4.4e-6 (max abs 2.5e-5, logits of std ~1) when one CTA accumulates all of K = 4096 in the
@@ -508,7 +510,7 @@ enum Variant {
   kTiled128X = 7, kDecodeN1 = 8, kDecodeN2 = 9, kT128n96 = 10, kT128n96d = 11, kT64n96d = 12, kT64n192 = 13,
   kT64n192d = 14, kDecC16 = 15, kDecC16N2 = 16, kDecW8 = 17, kDecC16W8 = 18, kDecN32 = 19, kDecN64 = 20,
   kT64n96 = 21, kT64n96d3 = 22, kT128n96d3 = 23, kTiled128s3 = 24, kTiled128s6 = 25, kTiled64s6 = 26,
-  // 27 .. 30: the wgmma variants of router_wgmma.cu (hp_router::kWg128n96 ...)
+  // 27 .. 32: the wgmma variants of router_wgmma.cu (hp_router::kWg128n96 ... kWs128n192m2)
   kNumVariants = hp_router::kWgEnd
 };
 static_assert(kTiled64s6 + 1 == hp_router::kWg128n96, "wgmma variant ids continue enum Variant");
@@ -579,10 +581,12 @@ Config choose(int M, int N, int K, int variant, int splits) {
     cfg.splits = kClusterK;
   } else if (cfg.splits <= 0 && hp_router::is_wgmma_variant(cfg.variant)) {
     // wgmma tiles run one CTA per SM: split K while the grid fits in one wave and each split keeps >= 4 k-tiles.
+    // ws128n192m2: M tiles padded to pairs, cluster (2, 1, splits) of at most 8 CTAs.
     const Tile t = tile_of(cfg.variant);
-    const int base = ((M + t.bm - 1) / t.bm) * (N / t.bn);
+    const int cm = hp_router::wgmma_cluster_m(cfg.variant);
+    const int base = ((M + t.bm * cm - 1) / (t.bm * cm)) * cm * (N / t.bn);
     int s = 1;
-    while (s < 8 && base * 2 * s <= kTargetCtas && (K / 64) / (2 * s) >= 4) s *= 2;
+    while (s < 8 / cm && base * 2 * s <= kTargetCtas && (K / 64) / (2 * s) >= 4) s *= 2;
     cfg.splits = s;
   } else if (cfg.splits <= 0) {
     const Tile t = tile_of(cfg.variant);
@@ -743,6 +747,7 @@ int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg
   if (is_decode(variant) && M > 64) return cudaErrorInvalidValue;
   if (splits > 0 && (splits & (splits - 1))) return cudaErrorInvalidValue;  // 1, 2, 4, 8: divides BM
   if (variant != kAuto && tile_of(variant).bn && N % tile_of(variant).bn) return cudaErrorInvalidValue;
+  if (splits * hp_router::wgmma_cluster_m(variant) > 8) return cudaErrorInvalidValue;  // cluster (CM, 1, splits)
   const Config cfg = choose(M, N, K, variant, splits);
   cfg_out[0] = cfg.variant;
   cfg_out[1] = cfg.splits;

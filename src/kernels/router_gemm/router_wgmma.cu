@@ -33,6 +33,10 @@
 //   wg64n192  1 WG,  64 x 192, 4 stages (224 KB)    wg128n128 2 WG, 128 x 128, 4 stages (192 KB; N = 256)
 #include <cooperative_groups.h>
 #include <cstdint>
+#if !defined(__CUDACC_RTC__)
+#include <cuda.h>          // CUtensorMap and its enums (types only: the encoder comes via the runtime)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
+#endif
 
 #include "router_gemm.cuh"
 #include "router_wgmma.cuh"
@@ -281,6 +285,288 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   cluster.sync();  // keep this CTA's shared memory alive until every rank has read it
 }
 
+// ------------------------------------------------------------------------------------------------------------
+// TMA + mbarrier variant (ws128n192, ws128n192m2): router_wgmma_ws_kernel<CM, STAGES>.
+//
+// Same math and the same 128-byte-swizzled stage layout as router_wgmma_kernel (TMA's SWIZZLE_128B writes
+// 16-byte chunk c of row r at chunk c ^ (r % 8) inside 1024-byte-aligned tiles: exactly what the cp.async loader
+// above writes, so the same descriptors feed wgmma); what changes is how the 128 x 192 tile is fed:
+//   - thread 0 issues, per k-tile, three cp.async.bulk.tensor (TMA) loads, x[128, 64], W0[192, 64], W1[192, 64],
+//     completing on the slot's "full" mbarrier (armed with the 64 KB it will receive); nobody else touches
+//     addresses or copies;
+//   - both warpgroups (64 x 192 each: acc0 + acc1 = 192 fp32 registers) wait on "full", issue 4 x 2 wgmma
+//     m64n192k16, keep one k-tile of wgmma in flight (wait_group 1) and release the previous slot by arriving on
+//     its "empty" mbarrier (one arrival per warp); thread 0 then waits on that "empty" barrier (overlapping its
+//     own in-flight wgmma) and refills the slot STAGES tiles ahead.
+// So a slot is refilled as soon as both warpgroups are done with it: 2 of the 3 slots (128 KB per SM) are in
+// flight while the tensor cores work on the third, with no __syncthreads in the loop. The cp.async 128 x 192
+// kernel had one slot in flight (3 stages, prefetch distance 1), and its time per k-tile grew with the grid
+// (measured ~1.6 us with 32 CTAs, ~4.2 us with 128): latency, not bandwidth, bound.
+// Not a separate producer warpgroup with setmaxnreg: ptxas (13.0) allocates the whole kernel under the
+// 384-thread cap of 168 registers, and the 192 accumulators then spill (measured here: ~2.8 KB of spills).
+// CM = 2 (ws128n192m2): the cluster pairs two CTAs of neighbouring M tiles (same N tile, same K range); each loads
+// half of the W0 / W1 tiles (96 rows) and multicasts it into both CTAs, halving W's L2 -> SM traffic (M = 4096,
+// N = 192: 134 MB -> 86 MB). A slot's "empty" barrier then counts the warps of both CTAs (16 arrivals), since
+// either issuer overwrites the slot in both; "full" expects 64 KB whoever sent them.
+// Launch: grid (ceil(M / 128) rounded up to CM, N / 192, S), cluster (CM, 1, S) with CM * S <= 8, 256 threads,
+// 194 KB of shared memory (3 x 64 KB stages + barriers), one CTA per SM. Split-K: the deterministic DSMEM
+// reduction of the kernel above over the S ranks that share this CTA's M tile. A padding CTA (odd tile count with
+// CM = 2) loads a valid x tile, takes part in the multicast and stores nothing. Rows past M: TMA zero-fills the
+// box, stores are masked.
+// Every mbarrier wait is bounded (kHangNs of %globaltimer) and then traps (no printf: see mbar_hang_report), so a
+// protocol bug fails the launch with an error instead of hanging the device.
+
+constexpr unsigned long long kHangNs = 4000000000ull;  // 4 s: legitimate waits here are microseconds
+
+// The 128-byte CUtensorMap, opaque to the device code (cuda.h is host-only; layout checked on the host).
+struct alignas(128) TmaMap {
+  unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+// A timed-out wait traps (the launch fails with an error instead of hanging the device). code > 0: the "full"
+// wait of local k-tile code - 1 timed out; code < 0: the issuer's "empty" wait for the slot of k-tile -code - 1.
+// No printf: any call (printf is one) in a kernel after its first wgmma makes ptxas serialise every wgmma
+// (warning C7510), so the code is only kept in a register for cuda-gdb / the SASS dump of a trapped launch.
+__device__ __forceinline__ void mbar_hang_report(int code) {
+  asm volatile("mov.b32 %0, %0;\n trap;\n" : "+r"(code)::"memory");
+}
+// Wait until the phase with parity `parity` of the mbarrier at shared address `bar` has completed; false after
+// kHangNs without completing.
+__device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return true;
+  const unsigned long long t0 = global_ns();
+  while (!mbar_try_wait(bar, parity))
+    if (global_ns() - t0 > kHangNs) return false;
+  return true;
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Arrive on the mbarrier at the same shared offset in cluster CTA `rank` (rank may be this CTA).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+__device__ __forceinline__ void cluster_sync_all() {  // every thread of every CTA of the cluster (non-.aligned)
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// 2-D TMA load of the box at (c0 = k, c1 = row) into this CTA's shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const TmaMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// The same box written at offset `dst` of every CTA in `mask`, each completing on its own `bar` (same offset).
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const TmaMap* map, int c0, int c1, uint32_t bar,
+                                               uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+      : "memory");
+}
+
+constexpr int kWsBM = 128, kWsBN = 192, kWsThreads = 256;
+constexpr int kWsABytes = kWsBM * kRowBytes, kWsBBytes = kWsBN * kRowBytes;  // 16 KB, 24 KB
+constexpr int kWsStageBytes = kWsABytes + 2 * kWsBBytes;                      // 64 KB, the "full" tx count
+
+template <int STAGES>
+constexpr int ws_smem_bytes() {
+  return 1024 /* alignment slack */ + 1024 /* barriers */ + STAGES * kWsStageBytes;
+}
+
+template <int CM, int STAGES>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    router_wgmma_ws_kernel(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w0,
+                           const __grid_constant__ TmaMap map_w1, float* __restrict__ out, int M, int N, int K,
+                           float s1) {
+  constexpr int R = kWsBN / 2;       // 96 fp32 per accumulator per thread
+  constexpr int WROWS = kWsBN / CM;  // W rows this CTA loads (and multicasts to its CM - 1 partners)
+  static_assert(CM == 1 || CM == 2, "cluster pairs along M");
+  static_assert((WROWS * kRowBytes) % 1024 == 0, "a multicast half must start on a swizzle atom");
+  static_assert(ws_smem_bytes<STAGES>() <= 227 * 1024, "shared memory per block (sm_90)");
+  static_assert(kWsBM * (kWsBN + 4) * 4 <= STAGES * kWsStageBytes, "split-K buffer reuses the stages");
+  extern __shared__ unsigned char ws_smem_raw[];
+  unsigned char* base = ws_smem_raw + ((1024u - (smem_u32(ws_smem_raw) & 1023u)) & 1023u);
+  const uint32_t bar_base = smem_u32(base);  // full[s] at + 8 s, empty[s] at + 8 (STAGES + s)
+  unsigned char* stages = base + 1024;
+  auto full_bar = [&](int s) { return bar_base + 8u * s; };
+  auto empty_bar = [&](int s) { return bar_base + 8u * (STAGES + s); };
+
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
+  const int mi = blockIdx.x % CM;                     // position in the M pair
+  const int splits = gridDim.z, rank_k = blockIdx.z;  // cluster (CM, 1, splits): one cluster spans all splits
+  const uint32_t group0 = static_cast<uint32_t>(rank_k * CM);  // cluster rank of (mi = 0, this split)
+  const int n_block = blockIdx.y * kWsBN, m_block = blockIdx.x * kWsBM;
+  const int kt_total = K / kWgBK;
+  const int kt_begin = static_cast<int>((static_cast<long long>(kt_total) * rank_k) / splits);
+  const int kt_end = static_cast<int>((static_cast<long long>(kt_total) * (rank_k + 1)) / splits);
+  const int nk = kt_end - kt_begin;
+  const int x_row = m_block < M ? m_block : 0;  // padding CTA (CM = 2): any valid tile, never stored
+  const int w_row = n_block + mi * WROWS;
+
+  // Thread 0 is the TMA issuer: arm slot s's "full" barrier with the 64 KB it will receive (x from this CTA, the
+  // W halves from each CTA of the pair), then load x and this CTA's W rows (multicast to the pair when CM = 2).
+  auto issue = [&](int t) {
+    const int s = t % STAGES;
+    const uint32_t st = smem_u32(stages + s * kWsStageBytes), fb = full_bar(s);
+    mbar_arrive_expect_tx(fb, kWsStageBytes);
+    const int k0 = (kt_begin + t) * kWgBK;
+    tma_load_2d(st, &map_x, k0, x_row, fb);
+    if constexpr (CM == 1) {
+      tma_load_2d(st + kWsABytes, &map_w0, k0, w_row, fb);
+      tma_load_2d(st + kWsABytes + kWsBBytes, &map_w1, k0, w_row, fb);
+    } else {
+      const uint32_t off = static_cast<uint32_t>(mi * WROWS * kRowBytes);
+      const uint16_t mask = static_cast<uint16_t>(((1u << CM) - 1u) << group0);
+      tma_load_2d_mc(st + kWsABytes + off, &map_w0, k0, w_row, fb, mask);
+      tma_load_2d_mc(st + kWsABytes + kWsBBytes + off, &map_w1, k0, w_row, fb, mask);
+    }
+  };
+
+  if (tid == 0) {
+    // The rank arithmetic above (x fastest) is what the multicast mask and remote arrivals rely on: check it.
+    uint32_t hw_rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(hw_rank));
+    if (hw_rank != group0 + mi) __trap();  // (no printf: see mbar_hang_report)
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar(s), 1);        // the local issuer's arrive.expect_tx
+      mbar_init(empty_bar(s), 8 * CM);  // every warp of the CM CTAs whose loads write this slot
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  cluster_sync_all();  // barriers initialised before any partner multicasts into or arrives on them
+  if (tid == 0) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_w0)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_w1)) : "memory");
+    for (int t = 0; t < STAGES && t < nk; ++t) issue(t);  // the slots start empty
+  }
+
+  float acc0[R], acc1[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = 0.f;
+  auto release = [&](int s) {  // this warp is done reading slot s (its wgmma groups completed)
+    __syncwarp();
+    if (lane == 0)
+#pragma unroll
+      for (int j = 0; j < CM; ++j) mbar_arrive_cluster(empty_bar(s), group0 + j);
+  };
+  int hang = 0;  // see mbar_hang_report
+  for (int t = 0; t < nk; ++t) {
+    const int s = t % STAGES;
+    if (!mbar_wait(full_bar(s), (t / STAGES) & 1)) {
+      if (!hang) hang = t + 1;
+      break;  // every thread of the CTA times out on the same barrier: no wgmma is issued by part of a warpgroup
+    }
+    __syncwarp();  // the wgmma instructions below are .sync.aligned: the warp must be converged
+    const unsigned char* st = stages + s * kWsStageBytes;
+    const uint64_t da = smem_desc_sw128(st + wg * 64 * kRowBytes);
+    const uint64_t db0 = smem_desc_sw128(st + kWsABytes);
+    const uint64_t db1 = smem_desc_sw128(st + kWsABytes + kWsBBytes);
+    fence_regs(acc0);
+    fence_regs(acc1);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kWgBK / 16; ++ks) {
+      wgmma_m64n192k16(acc0, da + 2 * ks, db0 + 2 * ks);
+      wgmma_m64n192k16(acc1, da + 2 * ks, db1 + 2 * ks);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // tile t - 1's products are done: its slot goes back to the issuer(s)
+    fence_regs(acc0);
+    fence_regs(acc1);
+    if (t > 0) {
+      const int sp = (t - 1) % STAGES;
+      release(sp);
+      // Refill the slot of tile t - 1 with tile t - 1 + STAGES once every warp of the pair has released it;
+      // the wait overlaps this warpgroup's in-flight wgmma of tile t.
+      if (tid == 0 && !hang && t - 1 + STAGES < nk) {
+        if (mbar_wait(empty_bar(sp), ((t - 1) / STAGES) & 1))
+          issue(t - 1 + STAGES);
+        else
+          hang = -t;  // stop issuing; keep computing until the "full" waits time out too (warpgroup stays whole)
+      }
+      __syncwarp();  // lane 0 of warp 0 may have waited / issued: reconverge before the next aligned instructions
+    }
+  }
+  wgmma_wait<0>();
+  fence_regs(acc0);
+  fence_regs(acc1);
+  if (nk > 0 && !hang) release((nk - 1) % STAGES);  // keeps every empty barrier's phase count uniform
+
+  const int row0 = wg * 64 + warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
+  if (splits == 1) {
+#pragma unroll
+    for (int j = 0; j < kWsBN / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m_block + row0 + 8 * h, e = 4 * j + 2 * h;
+        if (row < M)
+          *reinterpret_cast<float2*>(out + static_cast<size_t>(row) * N + n_block + 8 * j + col0) =
+              make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]);
+      }
+    if (hang) mbar_hang_report(hang);  // here the accumulators are dead: no call inside the wgmma pipeline
+    // Keep this CTA's barriers alive until the partner's last arrivals on them have landed.
+    if (CM > 1) cluster_sync_all();
+    return;
+  }
+
+  // Split-K: the combined partial tile -> own shared memory (every slot's loads have landed: all "full" phases
+  // were waited on, and both warpgroups are past their last wgmma after the barrier), then rank k sums rows
+  // [k * 128 / S, (k + 1) * 128 / S) over the S ranks of this M tile (cluster ranks q * CM + mi) in rank order.
+  __syncthreads();
+  constexpr int LDR = kWsBN + 4;
+  float* red = reinterpret_cast<float*>(stages);
+#pragma unroll
+  for (int j = 0; j < kWsBN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int e = 4 * j + 2 * h;
+      *reinterpret_cast<float2*>(red + (row0 + 8 * h) * LDR + 8 * j + col0) =
+          make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]);
+    }
+  if (hang) mbar_hang_report(hang);
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int rows_per = kWsBM / splits;
+  for (int idx = tid; idx < rows_per * (kWsBN / 4); idx += kWsThreads) {
+    const int r = rank_k * rows_per + idx / (kWsBN / 4), c4 = (idx % (kWsBN / 4)) * 4;
+    const int row = m_block + r;
+    if (row >= M) continue;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q = 0; q < splits; ++q) {
+      const float4 u = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, q * CM + mi) + r * LDR + c4);
+      v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+    }
+    *reinterpret_cast<float4*>(out + static_cast<size_t>(row) * N + n_block + c4) = v;
+  }
+  cluster.sync();  // keep this CTA's shared memory and barriers alive until every partner is done with them
+}
+
 #if !defined(__CUDACC_RTC__)
 template <int WGS, int BN, int STAGES>
 cudaError_t launch_wg(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1, float* out, int M,
@@ -309,6 +595,70 @@ cudaError_t launch_wg(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
+
+// Host: a 2-D bf16 tensor map over a row-major [rows, K] matrix with a box of 64 (K) x box_rows and the
+// 128-byte swizzle; rows past `rows` read as zeros. cuTensorMapEncodeTiled comes from the driver through the
+// runtime's entry-point query (no -lcuda link); resolved once per process.
+cudaError_t encode_bf16_map(TmaMap* map, const void* ptr, int rows, int K, int box_rows) {
+  static_assert(sizeof(TmaMap) == sizeof(CUtensorMap) && alignof(TmaMap) == alignof(CUtensorMap), "CUtensorMap");
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode) return cudaErrorNotSupported;
+  if (reinterpret_cast<uintptr_t>(ptr) % 16) return cudaErrorInvalidValue;  // TMA global address alignment
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * 2};  // bytes, row to row (K % 64 == 0: 16 B multiple)
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kWgBK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = encode(reinterpret_cast<CUtensorMap*>(map), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                            const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <int CM, int STAGES>
+cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1, float* out, int M,
+                      int N, int K, float s1, int splits, cudaStream_t stream) {
+  if (CM * splits > 8) return cudaErrorInvalidValue;  // portable cluster size
+  // Tensor maps are encoded per call on the host (a few us of CPU, no stream work): the kernel parameters carry
+  // them, so a captured graph keeps the ones of its capture, like the raw pointers of the other variants.
+  TmaMap mx, mw0, mw1;
+  cudaError_t e = encode_bf16_map(&mx, x, M, K, kWsBM);
+  if (e == cudaSuccess) e = encode_bf16_map(&mw0, w0, N, K, kWsBN / CM);
+  if (e == cudaSuccess) e = encode_bf16_map(&mw1, w1, N, K, kWsBN / CM);
+  if (e != cudaSuccess) return e;
+  constexpr int smem = ws_smem_bytes<STAGES>();
+  auto kernel = router_wgmma_ws_kernel<CM, STAGES>;
+  static bool configured = false;  // attribute set once per instantiation (host-side, not a stream op)
+  if (!configured) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    configured = true;
+  }
+  const int m_tiles = (M + kWsBM - 1) / kWsBM;
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3((m_tiles + CM - 1) / CM * CM, N / kWsBN, splits);
+  lc.blockDim = dim3(kWsThreads);
+  lc.dynamicSmemBytes = smem;
+  lc.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = CM;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = splits;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  e = cudaLaunchKernelEx(&lc, kernel, mx, mw0, mw1, out, M, N, K, s1);
+  if (e != cudaSuccess) return e;
+  return cudaGetLastError();
+}
 #endif
 
 }  // namespace
@@ -328,6 +678,8 @@ cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_
     case kWg128n192: return launch_wg<2, 192, 3>(x, w0, w1, out, M, N, K, s1, splits, stream);
     case kWg64n192: return launch_wg<1, 192, 4>(x, w0, w1, out, M, N, K, s1, splits, stream);
     case kWg128n128: return launch_wg<2, 128, 4>(x, w0, w1, out, M, N, K, s1, splits, stream);
+    case kWs128n192: return launch_ws<1, 3>(x, w0, w1, out, M, N, K, s1, splits, stream);
+    case kWs128n192m2: return launch_ws<2, 3>(x, w0, w1, out, M, N, K, s1, splits, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -43,6 +43,13 @@ DEFAULT_CHUNK_TILES = 16  # static_chunk / batch_invariant chunk: 1024 tokens
 VARIANTS = ("v1", "v2", "v3", "v3s3c3", "v3s5", "v3s2c4")
 # v3 configurations: name -> config index of hp_decode_attention_v3 ({stages, CTAs per SM}: 4/2, 3/3, 5/2, 2/4).
 V3_CONFIGS = {"v3": 0, "v3s3c3": 1, "v3s5": 2, "v3s2c4": 3}
+# v3 fused merge (off by default): with plan(fuse_max=F), a pair cut into 2..F chunks is merged by the attention CTA
+# that finishes its last chunk (per-pair arrival counters), so the combine kernel has nothing to do for it; longer
+# pairs go to the combine. Measured on the H200 (data/profiles/h200/decode_variants_ab2.txt, F = 8): ~1 us faster on
+# uniform batches, up to ~3.7 us slower on skewed ones (every CTA stalls on a fence + atomic at each fused
+# descriptor end, and the combine still runs for the long pair), so DEFAULT_FUSE_MAX = 0.
+DEFAULT_FUSE_MAX = 0
+MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_heads / H * q_len <= 64
 # v2 is the default since the H200 run of 2026-11-29: all GPU tests pass on both, and v2 was faster on all six
 # timed configurations (FP8 8-10%, BF16 0.4-6%; data/results/h200/decode_variant_choice.txt).
 DEFAULT_VARIANT = "v2"
@@ -68,9 +75,11 @@ def _load():
         lib.hp_decode_smem_bytes_v2.restype = i
         lib.hp_decode_combine.argtypes = [vp] * 5 + [i] * 10 + [vp]
         lib.hp_decode_combine.restype = i
+        lib.hp_decode_combine1.argtypes = [vp] * 5 + [i] * 10 + [vp, i]
+        lib.hp_decode_combine1.restype = i
         lib.hp_decode_smem_bytes.argtypes = [i]
         lib.hp_decode_smem_bytes.restype = i
-        lib.hp_decode_attention_v3.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp, i]
+        lib.hp_decode_attention_v3.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp, i, vp, i]
         lib.hp_decode_attention_v3.restype = i
         lib.hp_decode_v3_ctas_per_sm.argtypes = [i]
         lib.hp_decode_v3_ctas_per_sm.restype = i
@@ -137,7 +146,8 @@ class DecodePlan:
     fit); max_batch; num_ctas (C, dynamic grid); min_tiles (F); splits (static grid: splits per pair);
     chunk_tiles (static_chunk / batch_invariant); workspace [workspace_len(C, max_batch*H)] int32 (dynamic task
     map); partial_o [slots, rows, head_dim] fp32; partial_lse [slots, rows] fp32; batch and kv_lens of the last
-    update; variant (one of VARIANTS: which attention kernel run() launches).
+    update; variant (one of VARIANTS: which attention kernel run() launches); fuse_max and counters
+    [max_pairs * MAX_ROW_GROUPS] int32 (v3 fused merge; zero between launches).
     """
 
     mode: str
@@ -157,6 +167,8 @@ class DecodePlan:
     kv_lens: object = None
     device: object = None
     variant: str = DEFAULT_VARIANT
+    fuse_max: int = 0
+    counters: object = None
     _extra: dict = field(default_factory=dict)
 
     @property
@@ -200,7 +212,7 @@ def _check_lens(kv_lens, device=None) -> None:
 def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_batch: int | None = None,
          num_ctas: int | None = None, min_tiles: int = DEFAULT_MIN_TILES, mode: str = "dynamic", num_splits: int | None = None,
          chunk_tiles: int | None = None, q_len: int = 1, max_kv_len: int | None = None,
-         variant: str | None = None) -> DecodePlan:
+         variant: str | None = None, fuse_max: int | None = None) -> DecodePlan:
     """Allocate the step's buffers and build its schedule (dynamic: device assign kernel, no host sync).
 
     Shape/Dtype: kv_lens [batch] int32 on the GPU. num_ctas: see variant below; max_batch defaults to batch (sizes
@@ -209,6 +221,8 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
     batch_invariant; default 16), max_kv_len (default: max(kv_lens), read on the host).
     variant: attention kernel, one of VARIANTS (None: $HOTPATHS_DECODE_VARIANT, else DEFAULT_VARIANT); every mode
     runs on every variant. num_ctas defaults to ctas_per_sm(variant) x the SM count.
+    fuse_max (v3 variants, FP8 KV): pairs cut into 2..fuse_max chunks are merged inside the attention kernel by the
+    CTA that finishes last (default DEFAULT_FUSE_MAX = 0: every merge in the combine kernel); ignored by v1/v2.
     Raises ValueError/TypeError for an unknown mode or variant, unsupported head_dim / GQA ratio / q_len,
     batch > max_batch, or non-positive sizes.
     """
@@ -253,6 +267,12 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
         mx = int(kv_lens.max().item()) if max_kv_len is None else int(max_kv_len)  # static grids: host sizing
         splits = max(1, _cdiv(_cdiv(mx, TILE), ct))
     max_pairs = max_batch * H
+    if fuse_max is None:
+        fuse_max = DEFAULT_FUSE_MAX
+    if fuse_max < 0:
+        raise ValueError(f"fuse_max must be >= 0, got {fuse_max}")
+    if variant not in V3_CONFIGS:
+        fuse_max = 0
     slots = (max_pairs + num_ctas) if mode == "dynamic" else max_pairs * splits
     ws_len = workspace_len(num_ctas, max_pairs) if mode == "dynamic" else 8
     p = DecodePlan(mode=mode, num_kv_heads=H, q_heads=int(q_heads), head_dim=head_dim, q_len=q_len,
@@ -261,7 +281,9 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
                    workspace=torch.full((ws_len,), -1, dtype=torch.int32, device=dev),
                    partial_o=torch.empty((slots, rows, head_dim), dtype=torch.float32, device=dev),
                    partial_lse=torch.empty((slots, rows), dtype=torch.float32, device=dev), device=dev,
-                   variant=variant)
+                   variant=variant, fuse_max=int(fuse_max),
+                   counters=torch.zeros((max_pairs * MAX_ROW_GROUPS,), dtype=torch.int32, device=dev)
+                   if fuse_max else None)
     return p.update(kv_lens)
 
 
@@ -396,15 +418,17 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
                 kv_lens.data_ptr(), ptr(k_scale), ptr(v_scale), out.data_ptr(), p.partial_o.data_ptr(),
                 p.partial_lse.data_ptr(), p.workspace.data_ptr(), scale, batch, H, q_heads, q_len, page_size,
                 block_table.shape[1], num_pages, p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, int(fp8), 1, s)
+        fuse = p.fuse_max if (p.variant in V3_CONFIGS and fp8) else 0  # BF16 runs the v2 kernel: no fused merge
         if p.variant in V3_CONFIGS:
-            code = lib.hp_decode_attention_v3(*args, V3_CONFIGS[p.variant])
+            code = lib.hp_decode_attention_v3(*args, V3_CONFIGS[p.variant], ptr(p.counters), fuse)
         else:
             attention = lib.hp_decode_attention_v2 if p.variant == "v2" else lib.hp_decode_attention
             code = attention(*args)
         check_status(code, f"split_kv_decode attention ({p.variant})")
-        code = lib.hp_decode_combine(kv_lens.data_ptr(), out.data_ptr(), p.partial_o.data_ptr(),
-                                     p.partial_lse.data_ptr(), p.workspace.data_ptr(), batch, H, q_heads, q_len,
-                                     p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, 1, s)
+        combine = lib.hp_decode_combine1 if p.variant in V3_CONFIGS else lib.hp_decode_combine
+        code = combine(kv_lens.data_ptr(), out.data_ptr(), p.partial_o.data_ptr(), p.partial_lse.data_ptr(),
+                       p.workspace.data_ptr(), batch, H, q_heads, q_len, p.num_ctas, p.max_pairs, mode, p.splits,
+                       p.chunk_tiles, 1, s, *((fuse,) if p.variant in V3_CONFIGS else ()))
         check_status(code, "split_kv_decode combine")
     return out
 

@@ -57,6 +57,8 @@ struct Params {
   float sm_scale;
   int batch, H, q_heads, ratio, q_len, R, page_size, page_shift, max_pages, num_pages, C, max_pairs;
   int mode, splits, chunk_tiles;
+  int* counters;  // v3: per (pair, row group) arrival counters of the fused merge (self-resetting), or null
+  int fuse_max;   // v3: pairs with 2..fuse_max chunks are merged by their last-arriving CTA (0: all by combine)
 };
 
 // V2 = false: the original kernel (v1). V2 = true (v2): see the v2 notes above; FP8 rows are XOR-swizzled instead of
@@ -668,6 +670,7 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 // units 4g + q) and the read-out (8 lanes of one row, consecutive units) are conflict-free.
 __device__ __forceinline__ int merge3_swz(int r, int u) { return u ^ ((r >> 1) & 3); }
 constexpr int kLenCache = 256;  // v3: kv_lens of batches up to this size are staged in smem at start-up
+constexpr int kMaxRowGroups = 8;  // v3 fused merge: counters per pair (R <= 64 rows = 8 groups of 8)
 
 template <int NT, int STAGES, int CPS>
 __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Params P) {
@@ -713,6 +716,7 @@ __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Param
       e[0] = dd.x; e[1] = dd.y; e[2] = dd.z; e[3] = dd.w;
       e[4] = d; e[6] = lens_cached ? s_len[dd.x] : max(P.kv_lens[dd.x], 0);
       cp_async4(e + 5, nchunks + dd.y * P.batch + dd.x, true);  // completes with the first stage's group
+      cp_async4(e + 7, nchunks - P.max_pairs + dd.y * P.batch + dd.x, true);  // chunk_start (fused merge)
     }
   } else {
     Desc sd;
@@ -748,6 +752,15 @@ __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Param
     if (P.mode != kDynamic || i >= kDescCache) return fetch(d).nch;
     return dcache[8 * i + 5];
   };
+  // slot of chunk 0 of descriptor d's pair (its chunks occupy consecutive slots)
+  auto first_slot_of = [&](int d, const Desc& dd) -> int {
+    if (P.mode != kDynamic) return (dd.h * P.batch + dd.r) * P.splits;
+    const int i = d - d_begin;
+    if (i < kDescCache) return dcache[8 * i + 7];
+    const int* cs = P.ws + 8 + (P.C + 1) + 4 * (P.max_pairs + P.C);
+    return cs[dd.h * P.batch + dd.r];
+  };
+  __shared__ int s_last;
 
   // ---- loader: thread copies 16 B unit ch = tid & 7 of tokens tid / 8 + 16 i (i < 4) of K and of V ----
   const uint8_t* kbase = reinterpret_cast<const uint8_t*>(P.k);
@@ -1025,6 +1038,68 @@ __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Param
             if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
           }
         }
+        // Fused merge: the CTA that writes the last of a pair's 2..fuse_max chunks (for this row group) merges
+        // them, so no combine work is left for the pair. Arrival: every writer fences its stores, one atomic per
+        // CTA; the last arriver resets the counter for the next launch and reads the partials from L2.
+        const int nch = nch_of(cd);
+        if (nch > 1 && nch <= P.fuse_max) {
+          __threadfence();
+          __syncthreads();
+          int* ctr = P.counters + (size_t)(cdd.h * P.batch + cdd.r) * kMaxRowGroups + rg;
+          if (tid == 0) {
+            const int last = atomicAdd(ctr, 1) == nch - 1;
+            if (last) *ctr = 0;
+            s_last = last;
+          }
+          __syncthreads();
+          if (s_last) {
+            __threadfence();
+            if (rr < P.R) {
+              const int first = first_slot_of(cd, cdd);
+              float m = -INFINITY, L = 0.f, acc[UPT][4];
+#pragma unroll
+              for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+              for (int c0 = 0; c0 < nch; c0 += 4) {  // 4 chunks' LSE + rows in flight, online max (as combine1)
+                float lv[4];
+                float4 x[4][UPT];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                  const bool ok = c0 + u < nch;
+                  const size_t prow = (size_t)(first + c0 + u) * P.R + rr;
+                  lv[u] = ok ? __ldcg(P.part_lse + prow) : -INFINITY;
+#pragma unroll
+                  for (int i = 0; i < UPT; ++i)
+                    x[u][i] = ok ? __ldcg(reinterpret_cast<const float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)))
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+                const float mnew = fmaxf(m, fmaxf(fmaxf(lv[0], lv[1]), fmaxf(lv[2], lv[3])));
+                if (mnew == -INFINITY) continue;
+                const float f = expf(m - mnew);
+                L *= f;
+#pragma unroll
+                for (int i = 0; i < UPT; ++i) { acc[i][0] *= f; acc[i][1] *= f; acc[i][2] *= f; acc[i][3] *= f; }
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                  const float w = expf(lv[u] - mnew);
+                  L += w;
+#pragma unroll
+                  for (int i = 0; i < UPT; ++i) {
+                    acc[i][0] += w * x[u][i].x; acc[i][1] += w * x[u][i].y;
+                    acc[i][2] += w * x[u][i].z; acc[i][3] += w * x[u][i].w;
+                  }
+                }
+                m = mnew;
+              }
+              const float inv = (L > 0.f) ? 1.f / L : 0.f;
+              const int qi = rr / P.ratio, hl = rr % P.ratio;
+              const size_t orow = ((size_t)cdd.r * P.q_len + qi) * P.q_heads + cdd.h * P.ratio + hl;
+#pragma unroll
+              for (int i = 0; i < UPT; ++i)
+                *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
+                    make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
+            }
+          }
+        }
       }
       if (++cd >= d_end) break;
       cdd = fetch(cd);
@@ -1123,6 +1198,89 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Param
   reinterpret_cast<uint2*>(P.out + orow * kD)[lane] = pk;
 }
 
+// combine, one-round-trip form (used with the v3 attention variants): the same grid and warp split as combine_kernel,
+// but a warp loads its chunks' LSE and partial rows together (4 chunks in flight) and keeps an online max, instead
+// of first reducing the max over all LSEs and then loading the partials: one dependent L2 round trip per 32 chunks
+// instead of two or more. Pairs with 2..fuse_max chunks were merged by the v3 attention kernel and are skipped. Warps are merged through smem with their own maxima. The merge order
+// still depends only on the pair's chunk count (batch invariance kept).
+__global__ void __launch_bounds__(kCombineWarps * 32) combine1_kernel(const Params P) {
+  __shared__ float4 s_acc[kCombineWarps][32];
+  __shared__ float s_l[kCombineWarps], s_m[kCombineWarps];
+  cudaGridDependencySynchronize();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rr = blockIdx.x;
+  const int p = blockIdx.y;
+  if (rr >= P.R || p >= P.batch * P.H) return;
+  const int r = p % P.batch, h = p / P.batch;
+  int n, first;
+  if (P.mode == kDynamic) {
+    const int* cs = P.ws + 8 + (P.C + 1) + 4 * (P.max_pairs + P.C);
+    n = cs[P.max_pairs + p];
+    first = cs[p];
+  } else {
+    const int kvlen = max(P.kv_lens[r], 0);
+    const int tiles = (kvlen + kTile - 1) / kTile;
+    const int ct = (P.mode == kStaticCount) ? (tiles + P.splits - 1) / P.splits : P.chunk_tiles;
+    n = (tiles == 0 || ct <= 0) ? 0 : min((tiles + ct - 1) / ct, P.splits);
+    first = p * P.splits;
+  }
+  if (n == 1 || (n > 1 && n <= P.fuse_max)) return;  // written by the attention kernel (directly / fused merge)
+  const int qi = rr / P.ratio, hl = rr % P.ratio;
+  const size_t orow = ((size_t)r * P.q_len + qi) * P.q_heads + h * P.ratio + hl;
+  const float* lse = P.part_lse + (size_t)first * P.R + rr;
+  const float4* po = reinterpret_cast<const float4*>(P.part_o + ((size_t)first * P.R + rr) * kD) + lane;
+  const size_t cstride = (size_t)P.R * kD / 4;
+  float m = -INFINITY, L = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  // 4 chunks per warp in flight (n <= 32 in one round trip); 8 measured slower on the H200 (78 registers: fewer
+  // combine CTAs resident early beside the attention kernel).
+  for (int i = warp; i < n; i += 4 * kCombineWarps) {
+    float lv[4];
+    float4 x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int c = i + u * kCombineWarps;
+      lv[u] = c < n ? lse[(size_t)c * P.R] : -INFINITY;
+      x[u] = c < n ? po[c * cstride] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    const float mb = fmaxf(fmaxf(lv[0], lv[1]), fmaxf(lv[2], lv[3]));
+    const float mnew = fmaxf(m, mb);
+    if (mnew == -INFINITY) continue;  // nothing seen yet (empty chunks)
+    const float f = expf(m - mnew);   // m == -inf -> 0
+    L *= f; acc.x *= f; acc.y *= f; acc.z *= f; acc.w *= f;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float w = expf(lv[u] - mnew);  // -inf -> 0
+      L += w;
+      acc.x += w * x[u].x; acc.y += w * x[u].y; acc.z += w * x[u].z; acc.w += w * x[u].w;
+    }
+    m = mnew;
+  }
+  s_acc[warp][lane] = acc;
+  if (lane == 0) { s_l[warp] = L; s_m[warp] = m; }
+  __syncthreads();
+  if (warp != 0) return;
+  float M = s_m[0];
+#pragma unroll
+  for (int w = 1; w < kCombineWarps; ++w) M = fmaxf(M, s_m[w]);
+  float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+  float Lt = 0.f;
+  if (M != -INFINITY) {
+#pragma unroll
+    for (int w = 0; w < kCombineWarps; ++w) {
+      const float f = expf(s_m[w] - M);
+      const float4 y = s_acc[w][lane];
+      t.x += f * y.x; t.y += f * y.y; t.z += f * y.z; t.w += f * y.w;
+      Lt += f * s_l[w];
+    }
+  }
+  const float inv = (Lt > 0.f) ? 1.f / Lt : 0.f;  // n == 0 or no key seen: zeros
+  uint2 pk;
+  pk.x = pack_bf16(t.x * inv, t.y * inv);
+  pk.y = pack_bf16(t.z * inv, t.w * inv);
+  reinterpret_cast<uint2*>(P.out + orow * kD)[lane] = pk;
+}
+
 Params make_params(const void* q, const float* q_scale, const void* k, const void* v, const int* block_table,
                    const int* kv_lens, const float* k_scale, const float* v_scale, void* out, float* part_o,
                    float* part_lse, const int* ws, float sm_scale, int batch, int H, int q_heads, int q_len,
@@ -1137,6 +1295,7 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
   P.page_shift = 0;
   while ((1 << P.page_shift) < page_size) ++P.page_shift;
   P.C = C; P.max_pairs = max_pairs; P.mode = mode; P.splits = splits; P.chunk_tiles = chunk_tiles;
+  P.counters = nullptr; P.fuse_max = 0;
   return P;
 }
 
@@ -1262,14 +1421,17 @@ extern "C" int hp_decode_v3_smem_bytes(int config, int nt) {
   }
 }
 
-// Same arguments and outputs as hp_decode_attention, plus config (above). FP8 KV runs the v3 kernel; BF16 KV runs
-// the v2 kernel (v3's transposed products are written for FP8 only).
+// Same arguments and outputs as hp_decode_attention, plus config (above), and the fused merge: counters
+// [max_pairs * 8] int32, zero before the first launch (each launch leaves them zero), and fuse_max (pairs with
+// 2..fuse_max chunks are merged by their last-arriving CTA; 0 disables). FP8 KV runs the v3 kernel; BF16 KV runs the
+// v2 kernel (v3's transposed products are written for FP8 only) and must be called with fuse_max = 0.
 extern "C" int hp_decode_attention_v3(const void* q, const float* q_scale, const void* k, const void* v,
                                       const int* block_table, const int* kv_lens, const float* k_scale,
                                       const float* v_scale, void* out, float* part_o, float* part_lse, const int* ws,
                                       float sm_scale, int batch, int H, int q_heads, int q_len, int page_size,
                                       int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
-                                      int chunk_tiles, int kv_fp8, int pdl, void* stream, int config) {
+                                      int chunk_tiles, int kv_fp8, int pdl, void* stream, int config,
+                                      int* counters, int fuse_max) {
   if (!kv_fp8)
     return attention_entry<true>(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse,
                                  ws, sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C,
@@ -1280,6 +1442,9 @@ extern "C" int hp_decode_attention_v3(const void* q, const float* q_scale, const
   Params P = make_params(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
                          sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode,
                          splits, chunk_tiles);
+  if (fuse_max > 0 && (counters == nullptr || P.R > 8 * kMaxRowGroups)) return (int)cudaErrorInvalidValue;
+  P.counters = counters;
+  P.fuse_max = fuse_max;
   const int NT = P.R <= 8 ? 1 : 2;
   const int G = (P.R + 8 * NT - 1) / (8 * NT);
   const dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
@@ -1302,4 +1467,18 @@ extern "C" int hp_decode_combine(const int* kv_lens, void* out, const float* par
                          q_len, 0, 0, 0, C, max_pairs, mode, splits, chunk_tiles);
   dim3 grid(P.R, batch * H);
   return launch(combine_kernel, grid, dim3(kCombineWarps * 32), 0, pdl, (cudaStream_t)stream, P);
+}
+
+// Same arguments and output as hp_decode_combine plus fuse_max (the value given to hp_decode_attention_v3): the
+// one-round-trip combine1_kernel, run with the v3 variants.
+extern "C" int hp_decode_combine1(const int* kv_lens, void* out, const float* part_o, const float* part_lse,
+                                  const int* ws, int batch, int H, int q_heads, int q_len, int C, int max_pairs,
+                                  int mode, int splits, int chunk_tiles, int pdl, void* stream, int fuse_max) {
+  if (batch <= 0 || H <= 0 || q_heads % H != 0 || q_len <= 0) return (int)cudaErrorInvalidValue;
+  Params P = make_params(nullptr, nullptr, nullptr, nullptr, nullptr, kv_lens, nullptr, nullptr, out,
+                         const_cast<float*>(part_o), const_cast<float*>(part_lse), ws, 0.f, batch, H, q_heads,
+                         q_len, 0, 0, 0, C, max_pairs, mode, splits, chunk_tiles);
+  P.fuse_max = fuse_max;
+  dim3 grid(P.R, batch * H);
+  return launch(combine1_kernel, grid, dim3(kCombineWarps * 32), 0, pdl, (cudaStream_t)stream, P);
 }
