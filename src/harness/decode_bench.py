@@ -292,7 +292,8 @@ def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS
                     torch.cuda.synchronize()
                     chk = check(out, refo, op=OP, path=path)
                     t = bench(fn, iters=iters, warmup=warmup)
-                    rows.append(_row(case, impl, kv, timing=t, chk=chk, note=_peer_note(impl, kv), **common))
+                    note = _peer_note(impl, kv) + (f"; {fn.note}" if getattr(fn, "note", "") else "")
+                    rows.append(_row(case, impl, kv, timing=t, chk=chk, note=note, **common))
                 except Exception as e:
                     rows.append(_row(case, impl, kv, note=f"failed: {type(e).__name__}: "
                                      f"{str(e).splitlines()[0][:300] if str(e) else ''}", **common))

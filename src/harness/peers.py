@@ -238,14 +238,27 @@ def make_flex_attention_decode(inputs, *, out=None, allow_cpu: bool = False, com
     vs = _v_scale(inputs)
     empty = torch.tensor([r * q_len + i for r, L in enumerate(lens) if L == 0 for i in range(q_len)],
                          dtype=torch.long, device=dev)
-    try:  # compile (and fail) here, outside any timing or graph capture
-        attn(q, k, v, block_mask=block_mask, scale=sm_scale, enable_gqa=True)
-    except Exception as e:
-        raise PeerUnavailable(f"not available: flex_attention failed: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:300] if str(e) else ''}") from None
+    # Compile (and fail) here, outside any timing or graph capture. On the H200 image (torch 2.11) Inductor found no
+    # valid configuration for flex's short-query decoding template (NoValidChoicesError); the general flex kernel
+    # (kernel_options FORCE_USE_FLEX_ATTENTION) is then tried, and the row's note says which one ran.
+    opts, errors = None, []
+    for cand in (None, {"FORCE_USE_FLEX_ATTENTION": True}):
+        try:
+            attn(q, k, v, block_mask=block_mask, scale=sm_scale, enable_gqa=True,
+                 **({"kernel_options": cand} if cand else {}))
+            opts = cand
+            break
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+    else:
+        raise PeerUnavailable("not available: flex_attention failed: " + " | then with FORCE_USE_FLEX_ATTENTION: "
+                              .join(errors)) from None
+    kw = {"kernel_options": opts} if opts else {}
+    variant_note = "general flex kernel (FORCE_USE_FLEX_ATTENTION; the decoding template failed)" if opts else \
+        "flex decoding template"
 
     def fn():
-        o = attn(q, k, v, block_mask=block_mask, scale=sm_scale, enable_gqa=True)  # [1, Hq, ROWS, D]
+        o = attn(q, k, v, block_mask=block_mask, scale=sm_scale, enable_gqa=True, **kw)  # [1, Hq, ROWS, D]
         o = o[0, :, :rows].transpose(0, 1)
         if vs != 1.0:
             o = (o.float() * vs).to(torch.bfloat16)
@@ -253,6 +266,7 @@ def make_flex_attention_decode(inputs, *, out=None, allow_cpu: bool = False, com
         if empty.numel():
             out.index_fill_(0, empty, 0.0)  # kv_len 0: zero output, as our kernels
         return out
+    fn.note = variant_note
     return fn
 
 
