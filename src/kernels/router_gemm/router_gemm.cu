@@ -15,8 +15,8 @@
 //    distributed shared memory (each CTA sums a slice of the tile over the 8 ranks in rank order):
 //    deterministic, no workspace, no atomics, no second kernel; CUDA-graph safe.
 //    Traffic: weight once from HBM; x (M*K*2 B) read by each of the N/(8*NT) column groups, mostly from L2.
-//    router_decode2_kernel generalises it for the tuner: cluster of 8 or 16 (non-portable) CTAs, 4 or 8 warps,
-//    CTAs of 8 to 64 experts (warps split over n as well as k), weight loads issued before the PDL wait.
+//    The same kernel, templated, gives the tuner's decode candidates: cluster of 8 or 16 (non-portable) CTAs, 4 or
+//    8 warps, CTAs of 8 to 64 experts (warps split over n as well as k), weight loads issued before the PDL wait.
 //
 // 2. router_tiled_kernel (prefill, M > 64): BM x 64 output tile per CTA (BM = 64 or 128), 256 threads,
 //    4-stage cp.async pipeline over BK = 32 or 64 with padded rows (80 / 144 B stride: ldmatrix conflict-free),
@@ -73,114 +73,7 @@ __device__ __forceinline__ float combine(const float (&acc)[PARTS][4], int i, fl
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// Decode kernel. MT = m16 tiles (M <= 16 * MT), NT = n8 tiles per warp, U = K chunks loaded before computing.
-template <int MT, int NT, int PARTS>
-__global__ void __cluster_dims__(kClusterK, 1, 1) __launch_bounds__(kDecodeWarps * 32)
-    router_decode_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w0,
-                         const __nv_bfloat16* __restrict__ w1, const __nv_bfloat16* __restrict__ w2,
-                         float* __restrict__ out, int M, int N, int K, float s1, float s2) {
-  constexpr int U = MT == 4 ? 2 : 4;
-  constexpr int TILE_M = 16 * MT, TILE_N = 8 * NT, TILE = TILE_M * TILE_N;
-  __shared__ float warp_part[kDecodeWarps][TILE];
-  __shared__ float cta_part[TILE];
-
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, c = lane & 3;
-  const int n0 = blockIdx.y * TILE_N;
-  const int kc_total = K >> 5;  // 32-wide chunks
-  constexpr int STRIDE = kClusterK * kDecodeWarps;
-  const __nv_bfloat16* wp[3] = {w0, w1, w2};
-
-  float acc[PARTS][MT][NT][4];
-#pragma unroll
-  for (int p = 0; p < PARTS; ++p)
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[p][i][j][e] = 0.f;
-
-  for (int c0 = rank * kDecodeWarps + warp; c0 < kc_total; c0 += STRIDE * U) {
-    uint4 wv[U][PARTS][NT];
-    uint4 xv[U][MT][2];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int chunk = c0 + u * STRIDE;
-      const bool ok = chunk < kc_total;
-      const int kofs = chunk * 32 + c * 8;  // this thread's 8 consecutive k (16 B)
-#pragma unroll
-      for (int p = 0; p < PARTS; ++p)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-          wv[u][p][j] = ok ? ldg_stream(wp[p] + static_cast<size_t>(n0 + j * 8 + g) * K + kofs)
-                           : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = i * 16 + h * 8 + g;
-          xv[u][i][h] = (ok && row < M)
-                            ? __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(row) * K + kofs))
-                            : make_uint4(0, 0, 0, 0);
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int p = 0; p < PARTS; ++p)
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            // k16 step 0 uses words (x, y), step 1 words (z, w): the same k permutation for A and B.
-            mma_bf16_16816(acc[p][i][j], xv[u][i][0].x, xv[u][i][1].x, xv[u][i][0].y, xv[u][i][1].y,
-                           wv[u][p][j].x, wv[u][p][j].y);
-            mma_bf16_16816(acc[p][i][j], xv[u][i][0].z, xv[u][i][1].z, xv[u][i][0].w, xv[u][i][1].w,
-                           wv[u][p][j].z, wv[u][p][j].w);
-          }
-  }
-
-  // Epilogue 1: per-warp combined partial -> smem (accumulator layout: rows g / g+8, cols 2c, 2c+1).
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      float a[PARTS][4];
-#pragma unroll
-      for (int p = 0; p < PARTS; ++p)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) a[p][e] = acc[p][i][j][e];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = i * 16 + g + (e >= 2 ? 8 : 0);
-        const int col = j * 8 + 2 * c + (e & 1);
-        warp_part[warp][row * TILE_N + col] = combine<PARTS>(a, e, s1, s2);
-      }
-    }
-  __syncthreads();
-  const int rows = min(M, TILE_M);
-  for (int e = threadIdx.x; e < rows * TILE_N; e += blockDim.x) {
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) v += warp_part[w][e];
-    cta_part[e] = v;
-  }
-  // Epilogue 2: cluster-wide reduction over DSMEM; rank r owns elements r, r + 8, ... (fixed rank order).
-  cluster.sync();
-  for (int e = rank + kClusterK * threadIdx.x; e < rows * TILE_N; e += kClusterK * blockDim.x) {
-    float v = 0.f;
-#pragma unroll
-    for (int q = 0; q < kClusterK; ++q) v += cluster.map_shared_rank(cta_part, q)[e];
-    out[static_cast<size_t>(e / TILE_N) * N + n0 + (e % TILE_N)] = v;
-  }
-  cluster.sync();  // keep this CTA's shared memory alive until every rank has read it
-}
-
-// ------------------------------------------------------------------------------------------------------------
-// Decode kernel, generalised (the tuner's decode candidates beside router_decode_kernel). The cluster size CS
+// Decode kernel (M <= 64): MT = m16 tiles (M <= 16 * MT), NT = n8 tiles per warp. The cluster size CS
 // (8 or 16: 16 is a non-portable size, allowed per kernel by an attribute) comes from the launch, so more,
 // smaller CTAs can share the weight read; WARPS warps per CTA as WN n-slabs x KW = WARPS / WN k-phases (WN > 1:
 // a CTA covers 8 * NT * WN experts, so x is re-read by fewer column groups, which matters at M = 48: x is then
@@ -189,15 +82,16 @@ __global__ void __cluster_dims__(kClusterK, 1, 1) __launch_bounds__(kDecodeWarps
 // K slice in one or two loop trips, so the weight stream is entirely in flight at once (3.1 MB over ~132 SMs is
 // ~24 KB per SM). PDL-ready: the weight loads (a constant, not produced by the previous kernel) are issued before
 // griddepcontrol.wait and x is read / out written after it (a no-op when not launched with the PDL attribute).
-// Reduction as in router_decode_kernel: warps of a CTA in fixed k-phase order through smem, then the CS ranks in
-// rank order through DSMEM: deterministic, no atomics, no workspace.
+// Reduction: warps of a CTA in fixed k-phase order through smem, then the CS ranks in rank order through DSMEM:
+// deterministic, no atomics, no workspace. The built-in "decode" configuration (variants decode / decode_n1 /
+// decode_n2) is the instantiation CS = 8, WARPS = 4, WN = 1 (each warp its own k-phase), U = 4 (2 at MT = 4).
 __device__ __forceinline__ void grid_dependency_wait() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
 template <int MT, int NT, int PARTS, int WARPS, int WN, int U>
 __global__ void __launch_bounds__(WARPS * 32)
-    router_decode2_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w0,
+    router_decode_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w0,
                           const __nv_bfloat16* __restrict__ w1, const __nv_bfloat16* __restrict__ w2,
                           float* __restrict__ out, int M, int N, int K, float s1, float s2) {
   constexpr int KW = WARPS / WN;
@@ -495,7 +389,7 @@ __global__ void __launch_bounds__(kTiledThreads)
 //   kT64n192d  64 x 192, 32x48, BK 64, 3 (2)
 // At N = 192, K = 4096, M = 4096: kT128n96 = 64 CTAs (128 with 2 K splits), kT64n96d = 128 CTAs, kT64n192 = 64
 // CTAs (x read exactly once; 128 with 2 splits).
-// Generalised decode kernel (router_decode2_kernel): cluster size CS, warps, n-slabs per CTA WN, n8 tiles per
+// Decode configurations (router_decode_kernel): cluster size CS, warps, n-slabs per CTA WN, n8 tiles per
 // warp NT, chunks in flight U; grid (CS, N / (8 * NT * WN)), at N = 192:
 //   kDecC16    16, 4 warps, WN 1, NT 1, U 2: 384 CTAs      kDecC16N2  16, 4 warps, WN 1, NT 2, U 2: 192 CTAs
 //   kDecW8      8, 8 warps, WN 1, NT 1, U 2: 192 CTAs      kDecC16W8  16, 8 warps, WN 1, NT 1, U 1: 384 CTAs
@@ -599,20 +493,11 @@ Config choose(int M, int N, int K, int variant, int splits) {
   return cfg;
 }
 
-template <int MT, int NT, int PARTS>
-cudaError_t launch_decode(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
-                          const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2,
-                          cudaStream_t stream) {
-  dim3 grid(kClusterK, N / (8 * NT));
-  router_decode_kernel<MT, NT, PARTS><<<grid, kDecodeWarps * 32, 0, stream>>>(x, w0, w1, w2, out, M, N, K, s1, s2);
-  return cudaGetLastError();
-}
-
 template <int MT, int NT, int PARTS, int WARPS, int WN, int U>
-cudaError_t launch_decode2(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
+cudaError_t launch_decode_cs(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
                            const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2, int cs,
                            cudaStream_t stream) {
-  auto kernel = router_decode2_kernel<MT, NT, PARTS, WARPS, WN, U>;
+  auto kernel = router_decode_kernel<MT, NT, PARTS, WARPS, WN, U>;
   static bool configured = false;  // cluster size 16 is non-portable: allowed per kernel, once (host-side)
   if (!configured) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -636,16 +521,25 @@ cudaError_t launch_decode2(const __nv_bfloat16* x, const __nv_bfloat16* w0, cons
   return cudaGetLastError();
 }
 
+// The built-in decode configuration: cluster of kClusterK CTAs, kDecodeWarps warps each on its own k-phase.
+template <int MT, int NT, int PARTS>
+cudaError_t launch_decode(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
+                          const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2,
+                          cudaStream_t stream) {
+  return launch_decode_cs<MT, NT, PARTS, kDecodeWarps, 1, MT == 4 ? 2 : 4>(x, w0, w1, w2, out, M, N, K, s1, s2,
+                                                                         kClusterK, stream);
+}
+
 template <int NT, int PARTS, int WARPS, int WN, int U1, int U4>
-cudaError_t launch_decode2_mt(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* w0,
+cudaError_t launch_decode_mt(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* w0,
                               const __nv_bfloat16* w1, const __nv_bfloat16* w2, float* out, int M, int N, int K,
                               float s1, float s2, cudaStream_t st) {
   // U1: chunks in flight at MT = 1, 2; U4 at MT = 4 (x fragments for 64 rows cost 4x the registers)
   if (cfg.mt == 1)
-    return launch_decode2<1, NT, PARTS, WARPS, WN, U1>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    return launch_decode_cs<1, NT, PARTS, WARPS, WN, U1>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
   if (cfg.mt == 2)
-    return launch_decode2<2, NT, PARTS, WARPS, WN, U1>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-  return launch_decode2<4, NT, PARTS, WARPS, WN, U4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    return launch_decode_cs<2, NT, PARTS, WARPS, WN, U1>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+  return launch_decode_cs<4, NT, PARTS, WARPS, WN, U4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
 }
 
 template <int BM, int BN, int WARPS_M, int PARTS, int BK, int STAGES>
@@ -693,12 +587,12 @@ cudaError_t run(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* 
   }
   // Template arguments: NT, PARTS, WARPS, WN, U (MT <= 2), U (MT = 4); the cluster size is cfg.splits.
   switch (cfg.variant) {
-    case kDecC16: return launch_decode2_mt<1, PARTS, 4, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    case kDecC16N2: return launch_decode2_mt<2, PARTS, 4, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    case kDecW8: return launch_decode2_mt<1, PARTS, 8, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    case kDecC16W8: return launch_decode2_mt<1, PARTS, 8, 1, 1, 1>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    case kDecN32: return launch_decode2_mt<1, PARTS, 8, 4, 4, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    case kDecN64: return launch_decode2_mt<1, PARTS, 8, 8, 4, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    case kDecC16: return launch_decode_mt<1, PARTS, 4, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    case kDecC16N2: return launch_decode_mt<2, PARTS, 4, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    case kDecW8: return launch_decode_mt<1, PARTS, 8, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    case kDecC16W8: return launch_decode_mt<1, PARTS, 8, 1, 1, 1>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    case kDecN32: return launch_decode_mt<1, PARTS, 8, 4, 4, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    case kDecN64: return launch_decode_mt<1, PARTS, 8, 8, 4, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
     default: break;
   }
   // Template arguments: BM, BN, WARPS_M, PARTS, BK, STAGES (BN = 64 variants: warp tile 32 rows).
