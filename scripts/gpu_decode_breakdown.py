@@ -1,8 +1,9 @@
 """Where the split-KV decode time goes (one GPU run): full step vs attention alone vs combine alone, shuffled vs
 sequential pages, per variant. Same bench as everywhere (CUDA-graph replay, L2 flushed before each replay, median).
 
-Attention alone: run() with the combine launch replaced by a no-op; combine alone: run() with the attention launch
-replaced by a no-op (it merges the partials a previous full run left). Writes breakdown.txt/json under --out.
+Attention alone: run(stages="attention"); combine alone: run(stages="combine") (it merges the partials the previous
+launch left). (The committed data/profiles/h200/decode_breakdown.* were measured by an earlier form of this script
+that replaced the other launch with a no-op; same launches.) Writes breakdown.txt/json under --out.
 """
 
 from __future__ import annotations
@@ -44,10 +45,6 @@ def main() -> None:
         say(f"read floor: torch.sum over {mb} MB {t:.2f} us = {mb * 2**20 / (t * 1e3):.0f} GB/s (incl. the floor)")
         rows.append(dict(case=f"read_{mb}MB", us=t))
         del x
-    lib = K._load()
-    real_att = {n: getattr(lib, n) for n in ("hp_decode_attention", "hp_decode_attention_v2", "hp_decode_attention_v3")}
-    real_comb = {n: getattr(lib, n) for n in ("hp_decode_combine", "hp_decode_combine1")}
-    noop = lambda *args: 0  # noqa: E731
     for case in a.cases.split(";"):
         lens = expand_lengths(parse_cases(case))
         for pages in ("shuffled", "sequential"):
@@ -74,16 +71,8 @@ def main() -> None:
                           check_inputs=False)
                 K.run(*args, **kw)
                 t_full = bench(lambda: K.run(*args, **kw), iters=a.iters).median_us
-                for n_ in real_comb:
-                    setattr(lib, n_, noop)
-                t_att = bench(lambda: K.run(*args, **kw), iters=a.iters).median_us
-                for n_, fn in real_comb.items():
-                    setattr(lib, n_, fn)
-                for n_ in real_att:
-                    setattr(lib, n_, noop)
-                t_comb = bench(lambda: K.run(*args, **kw), iters=a.iters).median_us
-                for n_, fn in real_att.items():
-                    setattr(lib, n_, fn)
+                t_att = bench(lambda: K.run(*args, stages="attention", **kw), iters=a.iters).median_us
+                t_comb = bench(lambda: K.run(*args, stages="combine", **kw), iters=a.iters).median_us
                 row = dict(case=case, pages=pages, variant=v, full_us=t_full, attention_us=t_att, combine_us=t_comb)
                 rows.append(row)
                 say(f"{case:14s} {pages:10s} {v:4s} full {t_full:6.1f} attention {t_att:6.1f} combine {t_comb:5.1f} us")

@@ -161,3 +161,18 @@ def test_flex_peer_compiled_path_matches_reference():
     out = fn()
     assert torch.isfinite(out).all()
     assert check(out, split_kv_decode_ref(**inp), op="split_kv_decode", path="bf16_vs_exact").passed
+
+
+def test_overhead_rows_cpu_name_every_stage_with_reason():
+    """decode_fixed_costs: assign per batch, the floor, and step / attention_only / combine_only per stage case; on
+    CPU every timing is None and the note says why."""
+    from hotpaths.harness import decode_bench as db
+
+    rows = db.overhead_rows((1, 8), stage_cases=("64x0.5K", "1x4K+7x0.5K"))
+    impls = [(r["case"], r["impl"]) for r in rows]
+    assert impls[:2] == [("1x4K", "assign_only"), ("8x4K", "assign_only")]
+    for case in ("64x0.5K", "1x4K+7x0.5K"):
+        assert [i for c, i in impls if c == case] == ["step", "attention_only", "combine_only"]
+    stage = [r for r in rows if r["impl"] in ("step", "attention_only", "combine_only")]
+    assert all(r.get("median_us") is None for r in stage)
+    assert all(r["note"].startswith("not timed:") for r in stage)

@@ -366,3 +366,27 @@ def test_v3_fused_merge(fuse_max, mode, kw):
         assert_close(out, emu, op=OP, path="fp8_vs_emulation")
         if p.counters is not None:
             assert int(p.counters.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_run_stages_compose_to_the_full_step(variant):
+    """run(stages='attention') then run(stages='combine') on the same out gives the full step's output bit for bit;
+    'attention' alone leaves the rows of split (and empty) pairs unwritten (still NaN), and a bad stage name is
+    rejected."""
+    K, _ = _mods()
+    lens = [4096, 700, 65, 0, 1, 3000]
+    inp = _inputs(lens, "fp8", seed=3)
+    p, full = _run(inp, variant=variant, num_ctas=8)
+    kw = dict(q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"])
+    a = (p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"])
+    out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    K.run(*a, out=out, stages="attention", **kw)
+    torch.cuda.synchronize()
+    split_rows = torch.isnan(out.float()).any(dim=(1, 2))
+    nch = np.asarray(K.host_task_map(p, lens).num_chunks)[:len(lens)]
+    assert split_rows.cpu().tolist() == [bool(n > 1 or n == 0) for n in nch]  # kv_len 0: zeroed by the combine
+    K.run(*a, out=out, stages="combine", **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(out, full)
+    with pytest.raises(ValueError, match="stages"):
+        K.run(*a, out=out, stages="both", **kw)

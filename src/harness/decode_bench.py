@@ -401,13 +401,16 @@ def skew_sweep_rows(total_tokens: int = 32 * 4096, *, batch: int = 32,
     return rows
 
 
-def overhead_rows(batches=(1, 8, 32, 64, 128, 256), *, kv_len: int = 4096, kv_heads: int = 1, q_heads: int = 8,
-                  head_dim: int = 128, iters: int = 100, warmup: int = 10, num_ctas=None, min_tiles: int = DEFAULT_MIN_TILES
-                  ) -> list[dict]:
-    """Table ``decode_fixed_costs``: the assign kernel alone per batch size (target < 3 us up to 256 requests).
+STAGE_CASES = ("64x0.5K", "64x4K", "1x128K+31x4K")
 
-    The kernel API runs attention and combine together (no combine-only entry point), so combine alone is not
-    timed; a row records that. Without SM90: rows with the reason and no timing.
+
+def overhead_rows(batches=(1, 8, 32, 64, 128, 256), *, kv_len: int = 4096, kv_heads: int = 1, q_heads: int = 8,
+                  head_dim: int = 128, iters: int = 100, warmup: int = 10, num_ctas=None, min_tiles: int = DEFAULT_MIN_TILES,
+                  stage_cases=STAGE_CASES) -> list[dict]:
+    """Table ``decode_fixed_costs``: the assign kernel alone per batch size (target < 3 us up to 256 requests), the
+    one-kernel timing floor, and for each of ``stage_cases`` (FP8 KV) the step (attention + combine) beside the
+    attention kernel alone and the combine kernel alone (``run(..., stages=...)``), each timed the same way.
+    Without SM90: rows with the reason and no timing.
     """
     import torch
 
@@ -442,9 +445,48 @@ def overhead_rows(batches=(1, 8, 32, 64, 128, 256), *, kv_len: int = 4096, kv_he
                      median_us=floor.median_us if floor else None, p10_us=floor.p10_us if floor else None,
                      p90_us=floor.p90_us if floor else None,
                      note="one trivial kernel, graph replay after an L2 flush" if floor else "needs a CUDA GPU"))
-    rows.append(dict(op=OP, case="-", impl="combine_only", device=device,
-                     note="not timed alone: run() launches attention and combine together (PDL-chained); "
-                          "compare dynamic rows whose pairs need no combine (64x0.5K) with split ones"))
+    for case in stage_cases:
+        rows.extend(_stage_rows(case, reason, device=device, kv_heads=kv_heads, q_heads=q_heads, head_dim=head_dim,
+                                iters=iters, warmup=warmup, num_ctas=num_ctas, min_tiles=min_tiles))
+    return rows
+
+
+def _stage_rows(case, reason, *, device, kv_heads, q_heads, head_dim, iters, warmup, num_ctas, min_tiles):
+    """Rows step / attention_only / combine_only for one FP8 case (see overhead_rows)."""
+    notes = {"all": "attention + combine (the per-layer time of decode_kv_distribution)",
+             "attention": "attention kernel alone (run(stages='attention'))",
+             "combine": "combine kernel alone on the partials of the previous launch (run(stages='combine'))"}
+    names = {"all": "step", "attention": "attention_only", "combine": "combine_only"}
+    rows = [dict(op=OP, case=case, impl=names[st], dtype=DTYPE_LABEL["fp8"], device=device, note=notes[st])
+            for st in ("all", "attention", "combine")]
+    if reason:
+        for r in rows:
+            r["note"] = f"not timed: {reason}"
+        return rows
+    import torch
+
+    from hotpaths.harness.bench import bench
+    from hotpaths.harness.shapes import expand_lengths, parse_cases
+    from hotpaths.kernels import split_kv_decode as K
+    from hotpaths.reference import split_kv_decode as R
+
+    try:
+        inp = R.make_decode_inputs(expand_lengths(parse_cases(case)), kv_dtype="fp8", q_heads=q_heads,
+                                   kv_heads=kv_heads, head_dim=head_dim, device="cuda", seed=0)
+        p = K.plan(inp["kv_lens"], num_kv_heads=kv_heads, q_heads=q_heads, head_dim=head_dim, num_ctas=num_ctas,
+                   min_tiles=min_tiles)
+        out = torch.empty_like(inp["q"], dtype=torch.bfloat16)
+        a = (p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"])
+        kw = dict(q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"], out=out, check_inputs=False)
+        K.run(*a, **kw)
+        for r, st in zip(rows, ("all", "attention", "combine")):
+            t = bench(lambda: K.run(*a, stages=st, **kw), iters=iters, warmup=warmup)
+            r.update(median_us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us, method=t.method,
+                     note=f"{r['note']}; variant={p.variant}, num_ctas={p.num_ctas}")
+        del inp
+    except Exception as e:
+        for r in rows:
+            r["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     return rows
 
 

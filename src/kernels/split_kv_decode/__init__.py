@@ -318,7 +318,8 @@ def _check_tensor(name, t, dtypes, dev, dim=None):
 
 
 def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=None, k_scale=None, v_scale=None,
-        sm_scale: float | None = None, q_len: int = 1, out=None, check_inputs: bool | None = None):
+        sm_scale: float | None = None, q_len: int = 1, out=None, check_inputs: bool | None = None,
+        stages: str = "all"):
     """One layer of decode attention with the plan's schedule: attention then combine (PDL-chained).
 
     Shape/Dtype: q [batch*q_len, q_heads, 128] bf16, or float8_e4m3fn with q_scale [batch*q_len, q_heads] fp32;
@@ -328,6 +329,10 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
     check_inputs (default: True unless a CUDA graph is being captured) also reads kv_lens and the block table on
     the host to reject a too-short block table or out-of-range pages; without it the kernel clamps (zero-fills)
     instead of faulting.
+    stages (for profiling the parts of a step): "all" (default), "attention" (the attention kernel only: rows of
+    pairs split into several chunks are left unwritten in out) or "combine" (the combine kernel only: merges the
+    partials the previous "all"/"attention" launch on this plan left into out; rows of single-chunk pairs are not
+    written, so pass that launch's out to get its full result).
     Raises TypeError/ValueError naming the argument for wrong dtype/device/shape/contiguity, unsupported
     head_dim/page size/q_len/GQA ratio, q_heads not a multiple of H, batch != the plan's batch.
     """
@@ -336,6 +341,8 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
 
     if not isinstance(p, DecodePlan):
         raise TypeError(f"p must be a DecodePlan from plan(), got {type(p).__name__}")
+    if stages not in ("all", "attention", "combine"):
+        raise ValueError(f"stages must be 'all', 'attention' or 'combine', got {stages!r}")
     dev = p.device
     fp8 = isinstance(k_cache, torch.Tensor) and k_cache.dtype == _fp8()
     kv_types = (torch.bfloat16, _fp8())
@@ -419,12 +426,15 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
                 p.partial_lse.data_ptr(), p.workspace.data_ptr(), scale, batch, H, q_heads, q_len, page_size,
                 block_table.shape[1], num_pages, p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, int(fp8), 1, s)
         fuse = p.fuse_max if (p.variant in V3_CONFIGS and fp8) else 0  # BF16 runs the v2 kernel: no fused merge
-        if p.variant in V3_CONFIGS:
-            code = lib.hp_decode_attention_v3(*args, V3_CONFIGS[p.variant], ptr(p.counters), fuse)
-        else:
-            attention = lib.hp_decode_attention_v2 if p.variant == "v2" else lib.hp_decode_attention
-            code = attention(*args)
-        check_status(code, f"split_kv_decode attention ({p.variant})")
+        if stages != "combine":
+            if p.variant in V3_CONFIGS:
+                code = lib.hp_decode_attention_v3(*args, V3_CONFIGS[p.variant], ptr(p.counters), fuse)
+            else:
+                attention = lib.hp_decode_attention_v2 if p.variant == "v2" else lib.hp_decode_attention
+                code = attention(*args)
+            check_status(code, f"split_kv_decode attention ({p.variant})")
+        if stages == "attention":
+            return out
         combine = lib.hp_decode_combine1 if p.variant in V3_CONFIGS else lib.hp_decode_combine
         code = combine(kv_lens.data_ptr(), out.data_ptr(), p.partial_o.data_ptr(), p.partial_lse.data_ptr(),
                        p.workspace.data_ptr(), batch, H, q_heads, q_len, p.num_ctas, p.max_pairs, mode, p.splits,
