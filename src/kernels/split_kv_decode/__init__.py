@@ -83,8 +83,6 @@ def _load():
         lib.hp_decode_attention_v3.restype = i
         lib.hp_decode_v3_ctas_per_sm.argtypes = [i]
         lib.hp_decode_v3_ctas_per_sm.restype = i
-        lib.hp_decode_v3_smem_bytes.argtypes = [i, i]
-        lib.hp_decode_v3_smem_bytes.restype = i
         lib.hp_decode_ctas_per_sm.argtypes = []
         lib.hp_decode_ctas_per_sm.restype = i
         _lib = lib

@@ -1410,16 +1410,6 @@ int launch_v3(dim3 grid, bool pdl, cudaStream_t stream, const Params& P) {
 extern "C" int hp_decode_v3_ctas_per_sm(int config) {
   return (config >= 0 && config < kV3Configs) ? kV3Cps[config] : -1;
 }
-extern "C" int hp_decode_v3_smem_bytes(int config, int nt) {
-  if (config < 0 || config >= kV3Configs || nt < 1 || nt > 2) return -1;
-  if (nt == 2) return Cfg3<2, 4>::SMEM;
-  switch (config) {
-    case 1: return Cfg3<1, 3>::SMEM;
-    case 2: return Cfg3<1, 5>::SMEM;
-    case 3: return Cfg3<1, 2>::SMEM;
-    default: return Cfg3<1, 4>::SMEM;
-  }
-}
 
 // Same arguments and outputs as hp_decode_attention, plus config (above), and the fused merge: counters
 // [max_pairs * 8] int32, zero before the first launch (each launch leaves them zero), and fuse_max (pairs with
