@@ -68,7 +68,8 @@ def main() -> None:
             for v in variants:  # "name" or "name:fuseN" (v3 fused-merge bound)
                 name, _, fz = v.partition(":fuse")
                 p = K.plan(inp["kv_lens"], num_kv_heads=inp["k_cache"].shape[2], q_heads=inp["q"].shape[1],
-                           min_tiles=a.min_tiles, variant=name, fuse_max=int(fz) if fz else None)
+                           min_tiles=a.min_tiles, variant=name, fuse_max=int(fz) if fz else None,
+                           kv_dtype=inp["k_cache"].dtype)
                 out = torch.full_like(inp["q"], float("nan"), dtype=torch.bfloat16)
                 args = (p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"])
                 kw = dict(q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"], out=out)

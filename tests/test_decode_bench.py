@@ -176,3 +176,34 @@ def test_overhead_rows_cpu_name_every_stage_with_reason():
     stage = [r for r in rows if r["impl"] in ("step", "attention_only", "combine_only")]
     assert all(r.get("median_us") is None for r in stage)
     assert all(r["note"].startswith("not timed:") for r in stage)
+
+
+def test_auto_variant_choice_on_the_published_cases():
+    """variant="auto": v3s2c4 (finer grid) where the longest (head, request) stays within AUTO_MAX_CHUNKS chunks at
+    its budget, v2 where one long request dominates (the choice the H200 A/B runs support), and v2 without reading
+    anything for BF16 / unknown dtype, the static modes or an explicit grid."""
+    import torch
+
+    from hotpaths.harness.shapes import expand_lengths, parse_cases
+    from hotpaths.kernels import split_kv_decode as K
+
+    want = {"64x0.5K": "v3s2c4", "64x4K": "v3s2c4", "32x0.125K+32x4K": "v3s2c4", "2x32K+30x4K": "v3s2c4",
+            "1x64K+15x4K": "v2", "1x128K+31x4K": "v2", "1x16K+15x64": "v2", "1x64K+7x4K": "v2", "1x64K+31x4K": "v2"}
+    for case, v in want.items():
+        lens = torch.tensor(expand_lengths(parse_cases(case)), dtype=torch.int32)
+        assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132) == v, case
+        assert K.choose_variant(lens, num_kv_heads=1, kv_dtype=torch.float8_e4m3fn, num_sms=132) == v, case
+        for kw in (dict(kv_dtype="bf16"), dict(kv_dtype=None), dict(kv_dtype="fp8", mode="static_count"),
+                   dict(kv_dtype="fp8", num_ctas=264)):
+            assert K.choose_variant(lens, num_kv_heads=1, num_sms=132, **kw) == K.AUTO_FALLBACK, (case, kw)
+    # the boundary: chunks of the longest pair = ceil(tiles / budget) + 1 against AUTO_MAX_CHUNKS
+    lens = torch.tensor([127 * 64 * 2], dtype=torch.int32)  # 254 tiles alone: budget 2 -> 128 chunks
+    assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132) == "v3s2c4"
+    lens = torch.tensor([128 * 64 * 2], dtype=torch.int32)  # 256 tiles: budget 2 -> 129 chunks
+    assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132) == "v2"
+    assert K.choose_variant(torch.zeros(4, dtype=torch.int32), num_kv_heads=1, kv_dtype="fp8", num_sms=132) == "v2"
+    with pytest.raises(ValueError, match="kv_dtype"):
+        K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp16", num_sms=132)
+    assert K.resolve_variant("auto") == "auto" and K.DEFAULT_VARIANT == "auto"
+    with pytest.raises(ValueError, match="auto"):
+        K.resolve_variant("fastest")

@@ -348,6 +348,21 @@ def test_ws_configs_host_side():
                                   rg.VARIANTS[v], s, None)
         assert code == 1, (parts, n, v, s, code)
 
+    # ws128n192g: split-K through a global workspace; its size is reported, and a launch without it is refused.
+    g = rg.VARIANTS["ws128n192g"]
+    assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, g, 1) == 0
+    assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, rg.VARIANTS["ws128n192"], 4) == 0
+    assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, g, 4) == 256 + 32 * 4 * 128 * 192 * 4
+    assert lib.hp_router_gemm_workspace_bytes(300, 384, 4096, g, 8) == 256 + 3 * 2 * 8 * 128 * 192 * 4
+    assert lib.hp_router_gemm_workspace_bytes(300, 100, 4096, g, 8) == -1  # refused shape
+    assert rg.kernel_config(4096, 192, 4096, variant="ws128n192g") == {"variant": "ws128n192g", "splits": 4,
+                                                                         "mt": 0, "nt": 0}
+    assert rg.kernel_config(2048, 192, 4096, variant="ws128n192g", splits=8)["splits"] == 8
+    for ws, nbytes in ((None, 0), (fake, 1024)):
+        code = lib.hp_router_gemm_ex(fake, fake, fake, fake, fake, 4096, 192, 4096, 2, 1 / 256, 1 / 256, g, 4, ws,
+                                     nbytes, None)
+        assert code == 1, (ws, nbytes, code)
+
 
 def test_tuned_config_bf16x3_skips_two_part_only_variants():
     """A row tuned to a wgmma variant (two parts only) gives BF16x3 the fastest measured non-wgmma candidate."""

@@ -171,11 +171,13 @@ def test_generalised_decode_other_shapes(rg, variant):
 @pytest.mark.parametrize("variant,splits,m", [("decode_c16", 0, 3), ("decode_n64", 0, 48), ("decode_w8", 0, 64),
                                               ("tiled128s6", 4, 2048), ("wg128n96", 2, 2048), ("wg128n192", 4, 2048),
                                               ("ws128n192", 1, 4096), ("ws128n192", 4, 4096),
-                                              ("ws128n192m2", 1, 4096), ("ws128n192m2", 4, 4096)])
+                                              ("ws128n192m2", 1, 4096), ("ws128n192m2", 4, 4096),
+                                              ("ws128n192g", 4, 4096), ("ws128n192g", 8, 2048)])
 def test_new_variants_deterministic_and_graph_safe(rg, hy3, variant, splits, m):
-    """Same bits on every call (fixed-order cluster reductions, no atomics), and the same bits from every replay of a
-    captured graph (replayed twice into a re-poisoned output; the ws variants' tensor maps are kernel parameters,
-    captured with the graph)."""
+    """Same bits on every call (fixed-order reductions: cluster ranks, or ws128n192g's last-arriving CTA summing the
+    partials in rank order), and the same bits from every replay of a captured graph (replayed twice into a
+    re-poisoned output; the ws variants' tensor maps are kernel parameters, captured with the graph; ws128n192g's
+    workspace comes from the graph's pool and its counters are cleared by a memset node)."""
     _, weights, _ = hy3
     x = _x(m, seed=41)
     a = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
@@ -397,16 +399,19 @@ def test_wgmma_rejects_bf16x3_and_indivisible_n(rg, hy3):
 
 # ---- TMA + mbarrier variants (router_wgmma_ws_kernel: ws128n192, ws128n192m2) ----------------------------------
 
-WS_VARIANTS = ["ws128n192", "ws128n192m2"]
+WS_VARIANTS = ["ws128n192", "ws128n192m2", "ws128n192g"]
 
 
 @pytest.mark.parametrize("variant", WS_VARIANTS)
 @pytest.mark.parametrize("m,splits", [(257, 1), (257, 4), (1000, 2), (1100, 1), (2048, 4), (4096, 0), (4096, 1),
-                                      (4096, 4)])
+                                      (4096, 4), (1000, 8)])
 def test_ws_variants_match_emulation(rg, hy3, variant, m, splits):
     """vs the BF16x2 emulation on a NaN-poisoned output: M = 257 (a 1-row last tile: TMA's zero-filled rows must not
     leak; for the pair an odd tile count, so a padding CTA), M = 1100 (9 tiles: padding CTA at splits 1), the
-    cluster split-K reduction (2, 4 splits), M = 4096 (the target shape)."""
+    cluster split-K reduction (2, 4 splits), M = 4096 (the target shape); 8 splits only for ws128n192g (the pair's
+    cluster would exceed 8 CTAs: refused, tested below)."""
+    if splits == 8 and variant == "ws128n192m2":
+        pytest.skip("ws128n192m2 refuses 8 splits (cluster (2, 1, 8) > 8 CTAs): see the refusal test")
     _, weights, _ = hy3
     x = _x(m, seed=71)
     out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
@@ -437,3 +442,31 @@ def test_ws_refuses_bf16x3_and_eight_pair_splits(rg, hy3):
             rg.router_gemm(_x(300), w3, impl="bf16x3_kernel", variant=v)
     with pytest.raises(ValueError, match="splits <= 4"):
         rg.router_gemm(_x(300), hy3[1], impl="bf16x2_kernel", variant="ws128n192m2", splits=8)
+
+
+def test_ws_global_reduction_counters_reset_and_back_to_back(rg, hy3):
+    """ws128n192g: many back-to-back launches on one stream (each with its own workspace from the caching
+    allocator, the counters cleared by the launcher) give the same bits; a launch with a workspace that is too
+    short is refused by the C side before it touches memory (cudaErrorInvalidValue)."""
+    _, weights, _ = hy3
+    x = _x(4096, seed=79)
+    first = rg.router_gemm(x, weights, impl="bf16x2_kernel", variant="ws128n192g", splits=4)
+    outs = [rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(4096, N), variant="ws128n192g",
+                           splits=4) for _ in range(8)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, first) for o in outs)
+    lib = rg._lib()
+    need = lib.hp_router_gemm_workspace_bytes(4096, N, K, rg.VARIANTS["ws128n192g"], 4)
+    assert need > 4096 * N * 4 * 4  # 4 partial tiles per output element
+    short = torch.empty(need - 256, dtype=torch.uint8, device="cuda")
+    from hotpaths.kernels._build import ptr, stream_ptr
+    out = _poisoned(4096, N)
+    code = lib.hp_router_gemm_ex(ptr(x), ptr(weights.w_high), ptr(weights.w_low), None, ptr(out), 4096, N, K, 2,
+                                 1 / 256, 1 / 256, rg.VARIANTS["ws128n192g"], 4, ptr(short), need - 256,
+                                 stream_ptr(x.device))
+    assert code == 1
+    code = lib.hp_router_gemm(ptr(x), ptr(weights.w_high), ptr(weights.w_low), None, ptr(out), 4096, N, K, 2,
+                              1 / 256, 1 / 256, rg.VARIANTS["ws128n192g"], 4, stream_ptr(x.device))
+    assert code == 1  # the entry point without a workspace refuses the split global reduction
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all()  # nothing was launched

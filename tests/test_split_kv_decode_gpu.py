@@ -305,7 +305,10 @@ def test_variant_from_environment(monkeypatch):
     K, _ = _mods()
     kv = torch.tensor([100, 65], dtype=torch.int32, device="cuda")
     monkeypatch.delenv(K.VARIANT_ENV, raising=False)
-    assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == K.DEFAULT_VARIANT  # the default
+    assert K.DEFAULT_VARIANT == "auto"  # the default resolves per plan (choose_variant)
+    assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == K.AUTO_FALLBACK  # dtype unknown: v2, no host read
+    assert K.plan(kv, num_kv_heads=1, q_heads=8, kv_dtype="fp8").variant == "v3s2c4"  # 2 + 2 tiles: few chunks
+    assert K.ctas_per_sm("v3s2c4") == 4  # what choose_variant assumes for the budget
     monkeypatch.setenv(K.VARIANT_ENV, "v1")
     assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == "v1"
     assert K.plan(kv, num_kv_heads=1, q_heads=8, variant="v2").variant == "v2"  # the argument wins

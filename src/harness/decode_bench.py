@@ -330,7 +330,7 @@ def _time_ours(impl, case, kv, inputs, refo, path, common, kargs, *, iters, warm
     rows = []
     kw = dict(num_kv_heads=inputs["k_cache"].shape[2], q_heads=inputs["q"].shape[1],
               head_dim=inputs["q"].shape[2], num_ctas=num_ctas, min_tiles=min_tiles, mode=impl,
-              q_len=inputs["q_len"])
+              q_len=inputs["q_len"], kv_dtype=inputs["k_cache"].dtype)
     if impl == "static_count":
         kw["num_splits"] = num_splits
     if impl in ("static_chunk", "batch_invariant"):
@@ -474,7 +474,7 @@ def _stage_rows(case, reason, *, device, kv_heads, q_heads, head_dim, iters, war
         inp = R.make_decode_inputs(expand_lengths(parse_cases(case)), kv_dtype="fp8", q_heads=q_heads,
                                    kv_heads=kv_heads, head_dim=head_dim, device="cuda", seed=0)
         p = K.plan(inp["kv_lens"], num_kv_heads=kv_heads, q_heads=q_heads, head_dim=head_dim, num_ctas=num_ctas,
-                   min_tiles=min_tiles)
+                   min_tiles=min_tiles, kv_dtype=inp["k_cache"].dtype)
         out = torch.empty_like(inp["q"], dtype=torch.bfloat16)
         a = (p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"])
         kw = dict(q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"], out=out, check_inputs=False)

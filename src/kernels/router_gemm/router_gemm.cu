@@ -404,7 +404,7 @@ enum Variant {
   kTiled128X = 7, kDecodeN1 = 8, kDecodeN2 = 9, kT128n96 = 10, kT128n96d = 11, kT64n96d = 12, kT64n192 = 13,
   kT64n192d = 14, kDecC16 = 15, kDecC16N2 = 16, kDecW8 = 17, kDecC16W8 = 18, kDecN32 = 19, kDecN64 = 20,
   kT64n96 = 21, kT64n96d3 = 22, kT128n96d3 = 23, kTiled128s3 = 24, kTiled128s6 = 25, kTiled64s6 = 26,
-  // 27 .. 32: the wgmma variants of router_wgmma.cu (hp_router::kWg128n96 ... kWs128n192m2)
+  // 27 .. 33: the wgmma variants of router_wgmma.cu (hp_router::kWg128n96 ... kWs128n192g)
   kNumVariants = hp_router::kWgEnd
 };
 static_assert(kTiled64s6 + 1 == hp_router::kWg128n96, "wgmma variant ids continue enum Variant");
@@ -653,8 +653,19 @@ int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg
 // out[M, N] fp32 = x[M, K] bf16 @ (w0 + s1 * w1 (+ s1 * s2 * w2))^T, w* bf16 [N, K] row-major, all contiguous,
 // 16-byte aligned. parts = 2 or 3 (w2 ignored for 2). N % 64 == 0, K % 64 == 0, M >= 1 (the Python wrapper
 // validates; this returns cudaErrorInvalidValue for a shape it cannot run instead of touching memory).
-int hp_router_gemm(const void* x, const void* w0, const void* w1, const void* w2, float* out, int M, int N, int K,
-                   int parts, float s1, float s2, int variant, int splits, void* stream) {
+// Bytes of device workspace hp_router_gemm_ex needs for this request (0 for every variant but ws128n192g with
+// K split), or -1 for a request hp_router_gemm_config refuses.
+long long hp_router_gemm_workspace_bytes(int M, int N, int K, int variant, int splits) {
+  int cfg[4];
+  if (hp_router_gemm_config(M, N, K, variant, splits, cfg)) return -1;
+  return static_cast<long long>(hp_router::router_wgmma_workspace_bytes(cfg[0], M, N, cfg[1]));
+}
+
+// hp_router_gemm with a device workspace (256-byte aligned, hp_router_gemm_workspace_bytes long; may be null when
+// that is 0). Returns cudaErrorInvalidValue when the workspace is missing or short.
+int hp_router_gemm_ex(const void* x, const void* w0, const void* w1, const void* w2, float* out, int M, int N, int K,
+                      int parts, float s1, float s2, int variant, int splits, void* workspace,
+                      long long workspace_bytes, void* stream) {
   int cfg_raw[4];
   int e = hp_router_gemm_config(M, N, K, variant, splits, cfg_raw);
   if (e) return e;
@@ -664,7 +675,9 @@ int hp_router_gemm(const void* x, const void* w0, const void* w1, const void* w2
     if (parts != 2) return cudaErrorInvalidValue;
     return hp_router::launch_router_wgmma(cfg.variant, static_cast<const __nv_bfloat16*>(x),
                                           static_cast<const __nv_bfloat16*>(w0), static_cast<const __nv_bfloat16*>(w1),
-                                          out, M, N, K, s1, cfg.splits, static_cast<cudaStream_t>(stream));
+                                          out, M, N, K, s1, cfg.splits, workspace,
+                                          workspace_bytes > 0 ? static_cast<size_t>(workspace_bytes) : 0,
+                                          static_cast<cudaStream_t>(stream));
   }
   auto xb = static_cast<const __nv_bfloat16*>(x);
   auto b0 = static_cast<const __nv_bfloat16*>(w0);
@@ -673,6 +686,12 @@ int hp_router_gemm(const void* x, const void* w0, const void* w1, const void* w2
   auto st = static_cast<cudaStream_t>(stream);
   if (parts == 2) return run<2>(cfg, xb, b0, b1, b2, out, M, N, K, s1, s2, st);
   return run<3>(cfg, xb, b0, b1, b2, out, M, N, K, s1, s2, st);
+}
+
+// The entry point without a workspace (every variant but ws128n192g with K split).
+int hp_router_gemm(const void* x, const void* w0, const void* w1, const void* w2, float* out, int M, int N, int K,
+                   int parts, float s1, float s2, int variant, int splits, void* stream) {
+  return hp_router_gemm_ex(x, w0, w1, w2, out, M, N, K, parts, s1, s2, variant, splits, nullptr, 0, stream);
 }
 
 }  // extern "C"

@@ -391,6 +391,13 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const TmaMap* map, 
 
 constexpr int kWsBM = 128, kWsBN = 192, kWsThreads = 256;
 constexpr int kWsABytes = kWsBM * kRowBytes, kWsBBytes = kWsBN * kRowBytes;  // 16 KB, 24 KB
+// ws128n192g workspace: tile counters (padded to 256 B), then S fp32 partial tiles of 128 x 192 per output tile.
+constexpr size_t ws_gred_counter_bytes(int tiles) { return (static_cast<size_t>(tiles) * 4 + 255) / 256 * 256; }
+constexpr size_t ws_gred_workspace_bytes(int M, int N, int splits) {
+  return ws_gred_counter_bytes(((M + kWsBM - 1) / kWsBM) * (N / kWsBN)) +
+         static_cast<size_t>(((M + kWsBM - 1) / kWsBM) * (N / kWsBN)) * splits * kWsBM * kWsBN * 4;
+}
+
 constexpr int kWsStageBytes = kWsABytes + 2 * kWsBBytes;                      // 64 KB, the "full" tx count
 
 template <int STAGES>
@@ -398,11 +405,17 @@ constexpr int ws_smem_bytes() {
   return 1024 /* alignment slack */ + 1024 /* barriers */ + STAGES * kWsStageBytes;
 }
 
-template <int CM, int STAGES>
+// GRED (ws128n192g): split-K without a cluster. The launch is a plain grid, so all S * tiles CTAs can be resident
+// at once (a cluster of S = 4 CTAs of 194 KB fits only 30 times on the H200: Nsight Compute's "Max Active
+// Clusters", so 32 M tiles x 4 splits ran in two waves). Each rank stores its combined partial tile to a global
+// workspace in the fragment layout (coalesced), counts itself in on the tile's counter, and the last rank to
+// arrive sums the S partials in rank order (deterministic whatever the arrival order) and writes the tile.
+template <int CM, int STAGES, bool GRED>
 __global__ void __launch_bounds__(kWsThreads, 1)
     router_wgmma_ws_kernel(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w0,
                            const __grid_constant__ TmaMap map_w1, float* __restrict__ out, int M, int N, int K,
-                           float s1) {
+                           float s1, float* __restrict__ partials, int* __restrict__ counters) {
+  static_assert(!GRED || CM == 1, "the global split-K reduction runs without a cluster");
   constexpr int R = kWsBN / 2;       // 96 fp32 per accumulator per thread
   constexpr int WROWS = kWsBN / CM;  // W rows this CTA loads (and multicasts to its CM - 1 partners)
   static_assert(CM == 1 || CM == 2, "cluster pairs along M");
@@ -419,7 +432,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
   const int mi = blockIdx.x % CM;                     // position in the M pair
   const int splits = gridDim.z, rank_k = blockIdx.z;  // cluster (CM, 1, splits): one cluster spans all splits
-  const uint32_t group0 = static_cast<uint32_t>(rank_k * CM);  // cluster rank of (mi = 0, this split)
+  // cluster rank of (mi = 0, this split); GRED: every CTA is its own cluster of one
+  const uint32_t group0 = GRED ? 0u : static_cast<uint32_t>(rank_k * CM);
   const int n_block = blockIdx.y * kWsBN, m_block = blockIdx.x * kWsBM;
   const int kt_total = K / kWgBK;
   const int kt_begin = static_cast<int>((static_cast<long long>(kt_total) * rank_k) / splits);
@@ -535,6 +549,56 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     return;
   }
 
+  if constexpr (GRED) {
+    // Fragment layout: float2 number p = 2 j + h of thread tid sits at [p * kWsThreads + tid] of the rank's slot.
+    constexpr int P = kWsBN / 4;  // float2 per thread
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+    float2* slot0 = reinterpret_cast<float2*>(partials) + static_cast<size_t>(tile) * splits * P * kWsThreads;
+    float2* mine = slot0 + static_cast<size_t>(rank_k) * P * kWsThreads;
+#pragma unroll
+    for (int j = 0; j < kWsBN / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int e = 4 * j + 2 * h;
+        __stcg(mine + (2 * j + h) * kWsThreads + tid,
+               make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]));
+      }
+    if (hang) mbar_hang_report(hang);
+    __threadfence();  // this thread's partial is visible GPU-wide before the CTA counts itself in
+    __shared__ int last;
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(counters + tile, 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // acquire side: the other ranks' partials (read through L2 with ld.cg below)
+    // Sum the S slots in rank order (this rank's own slot re-read from L2 too, so the order and the bits do not
+    // depend on which rank arrived last). A slot's 48 float2 per thread are loaded together into acc1 (dead after
+    // the combine above): one L2 round trip per slot. (Looping q inside each element cost a round trip per
+    // element: ~0.25 us x 48 x (S - 1), measured 70-100 us in all.)
+    for (int q = 0; q < splits; ++q) {
+      const float2* src = slot0 + static_cast<size_t>(q) * P * kWsThreads + tid;
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const float2 u = __ldcg(src + p * kWsThreads);
+        acc1[2 * p] = u.x;
+        acc1[2 * p + 1] = u.y;
+      }
+#pragma unroll
+      for (int e = 0; e < R; ++e) acc0[e] = q ? acc0[e] + acc1[e] : acc1[e];
+    }
+#pragma unroll
+    for (int j = 0; j < kWsBN / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int e = 4 * j + 2 * h, row = m_block + row0 + 8 * h;
+        if (row < M)
+          *reinterpret_cast<float2*>(out + static_cast<size_t>(row) * N + n_block + 8 * j + col0) =
+              make_float2(acc0[e], acc0[e + 1]);
+      }
+    if (tid == 0) counters[tile] = 0;  // back to zero for the next launch (the launcher also clears them)
+    return;
+  }
+
   // Split-K: the combined partial tile -> own shared memory (every slot's loads have landed: all "full" phases
   // were waited on, and both warpgroups are past their last wgmma after the barrier), then rank k sums rows
   // [k * 128 / S, (k + 1) * 128 / S) over the S ranks of this M tile (cluster ranks q * CM + mi) in rank order.
@@ -623,10 +687,24 @@ cudaError_t encode_bf16_map(TmaMap* map, const void* ptr, int rows, int K, int b
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int CM, int STAGES>
+template <int CM, int STAGES, bool GRED>
 cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1, float* out, int M,
-                      int N, int K, float s1, int splits, cudaStream_t stream) {
-  if (CM * splits > 8) return cudaErrorInvalidValue;  // portable cluster size
+                      int N, int K, float s1, int splits, void* workspace, size_t workspace_bytes,
+                      cudaStream_t stream) {
+  if (CM * splits > 8) return cudaErrorInvalidValue;  // portable cluster size (GRED: the split limit)
+  const int m_tiles = (M + kWsBM - 1) / kWsBM;
+  float* partials = nullptr;
+  int* counters = nullptr;
+  if (GRED && splits > 1) {
+    if (!workspace || workspace_bytes < ws_gred_workspace_bytes(M, N, splits) ||
+        reinterpret_cast<uintptr_t>(workspace) % 256)
+      return cudaErrorInvalidValue;
+    const int tiles = m_tiles * (N / kWsBN);
+    counters = static_cast<int*>(workspace);
+    partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + ws_gred_counter_bytes(tiles));
+    cudaError_t e = cudaMemsetAsync(counters, 0, sizeof(int) * tiles, stream);
+    if (e != cudaSuccess) return e;
+  }
   // Tensor maps are encoded per call on the host (a few us of CPU, no stream work): the kernel parameters carry
   // them, so a captured graph keeps the ones of its capture, like the raw pointers of the other variants.
   TmaMap mx, mw0, mw1;
@@ -635,14 +713,13 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
   if (e == cudaSuccess) e = encode_bf16_map(&mw1, w1, N, K, kWsBN / CM);
   if (e != cudaSuccess) return e;
   constexpr int smem = ws_smem_bytes<STAGES>();
-  auto kernel = router_wgmma_ws_kernel<CM, STAGES>;
+  auto kernel = router_wgmma_ws_kernel<CM, STAGES, GRED>;
   static bool configured = false;  // attribute set once per instantiation (host-side, not a stream op)
   if (!configured) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     configured = true;
   }
-  const int m_tiles = (M + kWsBM - 1) / kWsBM;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3((m_tiles + CM - 1) / CM * CM, N / kWsBN, splits);
   lc.blockDim = dim3(kWsThreads);
@@ -652,10 +729,10 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = CM;
   attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = splits;
+  attr[0].val.clusterDim.z = GRED ? 1 : splits;
   lc.attrs = attr;
   lc.numAttrs = 1;
-  e = cudaLaunchKernelEx(&lc, kernel, mx, mw0, mw1, out, M, N, K, s1);
+  e = cudaLaunchKernelEx(&lc, kernel, mx, mw0, mw1, out, M, N, K, s1, partials, counters);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -666,9 +743,13 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
 #if !defined(__CUDACC_RTC__)
 namespace hp_router {
 
+size_t router_wgmma_workspace_bytes(int variant, int M, int N, int splits) {
+  return variant == kWs128n192g && splits > 1 && M > 0 && N > 0 ? ws_gred_workspace_bytes(M, N, splits) : 0;
+}
+
 cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_bfloat16* w0,
                                 const __nv_bfloat16* w1, float* out, int M, int N, int K, float s1, int splits,
-                                cudaStream_t stream) {
+                                void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const WgTile t = wgmma_tile(variant);
   if (!t.bn || M < 1 || N < t.bn || N % t.bn || K < kWgBK || K % kWgBK || !x || !w0 || !w1 || !out)
     return cudaErrorInvalidValue;
@@ -678,8 +759,10 @@ cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_
     case kWg128n192: return launch_wg<2, 192, 3>(x, w0, w1, out, M, N, K, s1, splits, stream);
     case kWg64n192: return launch_wg<1, 192, 4>(x, w0, w1, out, M, N, K, s1, splits, stream);
     case kWg128n128: return launch_wg<2, 128, 4>(x, w0, w1, out, M, N, K, s1, splits, stream);
-    case kWs128n192: return launch_ws<1, 3>(x, w0, w1, out, M, N, K, s1, splits, stream);
-    case kWs128n192m2: return launch_ws<2, 3>(x, w0, w1, out, M, N, K, s1, splits, stream);
+    case kWs128n192: return launch_ws<1, 3, false>(x, w0, w1, out, M, N, K, s1, splits, nullptr, 0, stream);
+    case kWs128n192m2: return launch_ws<2, 3, false>(x, w0, w1, out, M, N, K, s1, splits, nullptr, 0, stream);
+    case kWs128n192g:
+      return launch_ws<1, 3, true>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -9,7 +9,8 @@ namespace hp_router {
 // Variant ids (continue enum Variant of router_gemm.cu; kWgEnd is its kNumVariants).
 constexpr int kWg128n96 = 27, kWg128n192 = 28, kWg64n192 = 29, kWg128n128 = 30;
 // Warp-specialised TMA variants (router_wgmma_ws_kernel): 128 x 192, CM = 1 or 2 CTAs per cluster along M.
-constexpr int kWs128n192 = 31, kWs128n192m2 = 32, kWgEnd = 33;
+// ws128n192g: ws128n192 with split-K through a global workspace instead of a cluster (plain grid).
+constexpr int kWs128n192 = 31, kWs128n192m2 = 32, kWs128n192g = 33, kWgEnd = 34;
 
 constexpr bool is_wgmma_variant(int v) { return v >= kWg128n96 && v < kWgEnd; }
 
@@ -22,7 +23,7 @@ constexpr WgTile wgmma_tile(int v) {
          : v == kWg128n192 ? WgTile{128, 192}
          : v == kWg64n192 ? WgTile{64, 192}
          : v == kWg128n128 ? WgTile{128, 128}
-         : v == kWs128n192 || v == kWs128n192m2 ? WgTile{128, 192}
+         : v == kWs128n192 || v == kWs128n192m2 || v == kWs128n192g ? WgTile{128, 192}
                            : WgTile{0, 0};
 }
 
@@ -33,10 +34,13 @@ constexpr int wgmma_cluster_m(int v) { return v == kWs128n192m2 ? 2 : 1; }
 #if !defined(__CUDACC_RTC__)
 // out[M, N] = x @ (w0 + s1 * w1)^T with wgmma variant `variant`, K split over a cluster of `splits` (1, 2, 4, 8)
 // CTAs. Returns cudaErrorInvalidValue for a shape the variant cannot run (N % BN, K % 64, M < 1, bad splits,
-// splits * wgmma_cluster_m(variant) > 8, a pointer not 16-byte aligned for TMA).
+// splits * wgmma_cluster_m(variant) > 8, a pointer not 16-byte aligned for TMA, ws128n192g with splits > 1 and
+// no workspace of router_wgmma_workspace_bytes() 256-byte aligned).
 cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_bfloat16* w0,
                                 const __nv_bfloat16* w1, float* out, int M, int N, int K, float s1, int splits,
-                                cudaStream_t stream);
+                                void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// Bytes of device workspace launch_router_wgmma needs (0 unless ws128n192g with splits > 1).
+size_t router_wgmma_workspace_bytes(int variant, int M, int N, int splits);
 #endif
 
 }  // namespace hp_router

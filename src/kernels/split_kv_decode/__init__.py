@@ -15,8 +15,10 @@ and "v2" (the default: bank-conflict-free shared-memory patterns, FP8 V fragment
 coalesced output / partial stores: docs/notes/split_kv_decode.md) and "v3" (FP8 KV: products transposed so the
 64-token tile fills the MMA's 16-row side, QK on the FP8 tensor-core instruction, P transposed in registers with
 movmatrix; BF16 KV runs v2). "v3s3c3", "v3s5", "v3s2c4" are v3 with other (stages, CTAs per SM) choices, kept for
-the measurement that picked v3's. plan(variant=None) reads the environment variable HOTPATHS_DECODE_VARIANT
-(default DEFAULT_VARIANT).
+the measurement that picked v3's. "auto" (the default) picks per plan: v3s2c4 (a finer grid: 4 CTAs per SM of
+2 stages) for FP8 KV in dynamic mode when its longest (head, request) stays within AUTO_MAX_CHUNKS chunks, else v2
+(choose_variant). plan(variant=None) reads the environment variable HOTPATHS_DECODE_VARIANT (default
+DEFAULT_VARIANT).
 
 The static modes size their grid from the lengths on the host (plan() reads kv_lens, or takes max_kv_len): later
 updates must not exceed that maximum. The dynamic mode never reads lengths on the host.
@@ -50,9 +52,16 @@ V3_CONFIGS = {"v3": 0, "v3s3c3": 1, "v3s5": 2, "v3s2c4": 3}
 # descriptor end, and the combine still runs for the long pair), so DEFAULT_FUSE_MAX = 0.
 DEFAULT_FUSE_MAX = 0
 MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_heads / H * q_len <= 64
-# v2 is the default since the H200 run of 2026-11-29: all GPU tests pass on both, and v2 was faster on all six
-# timed configurations (FP8 8-10%, BF16 0.4-6%; data/results/h200/decode_variant_choice.txt).
-DEFAULT_VARIANT = "v2"
+# "auto" is the default since the third H200 session (2026-11-29): v3s2c4's finer grid balances better (64x4K 1.0 us,
+# 32x0.125K+32x4K 3.3 us, 2x32K+30x4K 1.2 us faster than v2: data/profiles/h200/decode_variants_ab4.txt), but it
+# cuts a long request into twice the chunks and the combine pays one more L2 round trip per 32 of them, so on
+# batches dominated by one long request (1x64K+15x4K, 1x64K+7x4K, 1x128K+31x4K: 171-342 chunks) v2 is faster.
+# AUTO_FALLBACK (v2) is also what BF16 KV, the static modes and an explicit num_ctas get.
+AUTO = "auto"
+AUTO_FINE = "v3s2c4"
+AUTO_FALLBACK = "v2"
+AUTO_MAX_CHUNKS = 128
+DEFAULT_VARIANT = AUTO
 VARIANT_ENV = "HOTPATHS_DECODE_VARIANT"
 
 _lib = None
@@ -109,9 +118,45 @@ def resolve_variant(variant: str | None = None) -> str:
     src = "variant"
     if variant is None:
         variant, src = os.environ.get(VARIANT_ENV, "").strip() or DEFAULT_VARIANT, VARIANT_ENV
-    if variant not in VARIANTS:
-        raise ValueError(f"{src} must be one of {VARIANTS}, got {variant!r}")
+    if variant not in VARIANTS and variant != AUTO:
+        raise ValueError(f"{src} must be one of {VARIANTS + (AUTO,)}, got {variant!r}")
     return variant
+
+
+def _kv_is_fp8(kv_dtype) -> bool | None:
+    if kv_dtype is None:
+        return None
+    if isinstance(kv_dtype, str):
+        if kv_dtype not in ("fp8", "bf16"):
+            raise ValueError(f"kv_dtype must be 'fp8', 'bf16', a torch dtype or None, got {kv_dtype!r}")
+        return kv_dtype == "fp8"
+    torch = _torch()
+    if kv_dtype not in (torch.bfloat16, _fp8()):
+        raise ValueError(f"kv_dtype must be torch.bfloat16 or torch.float8_e4m3fn, got {kv_dtype}")
+    return kv_dtype == _fp8()
+
+
+def choose_variant(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dynamic", num_ctas: int | None = None,
+                   min_tiles: int = DEFAULT_MIN_TILES, num_sms: int | None = None) -> str:
+    """The variant plan(variant="auto") runs: AUTO_FINE (v3s2c4) for FP8 KV in dynamic mode with the default grid
+    when the longest (head, request) is cut into at most AUTO_MAX_CHUNKS chunks at that grid's per-CTA budget
+    (max(ceil(tiles / CTAs), min_tiles), plus one for a bin boundary), else AUTO_FALLBACK (v2).
+
+    Shape/Dtype: kv_lens [batch] int32 (any device: read on the host, one sync, only when FP8 / dynamic / default
+    grid; kv_dtype None = unknown, which also gives the fallback without reading anything). num_sms defaults to
+    the device's SM count (132 without a GPU)."""
+    if _kv_is_fp8(kv_dtype) is not True or mode != "dynamic" or num_ctas is not None:
+        return AUTO_FALLBACK
+    tiles = [_cdiv(max(int(x), 0), TILE) for x in kv_lens.tolist()]
+    total = sum(tiles) * int(num_kv_heads)
+    if total == 0:
+        return AUTO_FALLBACK
+    if num_sms is None:
+        torch = _torch()
+        num_sms = (torch.cuda.get_device_properties(kv_lens.device).multi_processor_count
+                   if kv_lens.device.type == "cuda" else 132)
+    budget = max(_cdiv(total, 4 * int(num_sms)), int(min_tiles))  # v3s2c4: 4 CTAs per SM
+    return AUTO_FINE if _cdiv(max(tiles), budget) + 1 <= AUTO_MAX_CHUNKS else AUTO_FALLBACK
 
 
 def ctas_per_sm(variant: str) -> int:
@@ -164,7 +209,7 @@ class DecodePlan:
     batch: int = 0
     kv_lens: object = None
     device: object = None
-    variant: str = DEFAULT_VARIANT
+    variant: str = AUTO_FALLBACK
     fuse_max: int = 0
     counters: object = None
     _extra: dict = field(default_factory=dict)
@@ -210,15 +255,17 @@ def _check_lens(kv_lens, device=None) -> None:
 def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_batch: int | None = None,
          num_ctas: int | None = None, min_tiles: int = DEFAULT_MIN_TILES, mode: str = "dynamic", num_splits: int | None = None,
          chunk_tiles: int | None = None, q_len: int = 1, max_kv_len: int | None = None,
-         variant: str | None = None, fuse_max: int | None = None) -> DecodePlan:
+         variant: str | None = None, fuse_max: int | None = None, kv_dtype=None) -> DecodePlan:
     """Allocate the step's buffers and build its schedule (dynamic: device assign kernel, no host sync).
 
     Shape/Dtype: kv_lens [batch] int32 on the GPU. num_ctas: see variant below; max_batch defaults to batch (sizes
     the workspace and the partial buffers); q_len is the largest query length run() will be called with.
     Static modes: num_splits (static_count; default ceil(num_ctas / (batch * H))), chunk_tiles (static_chunk /
     batch_invariant; default 16), max_kv_len (default: max(kv_lens), read on the host).
-    variant: attention kernel, one of VARIANTS (None: $HOTPATHS_DECODE_VARIANT, else DEFAULT_VARIANT); every mode
-    runs on every variant. num_ctas defaults to ctas_per_sm(variant) x the SM count.
+    variant: attention kernel, one of VARIANTS or "auto" (None: $HOTPATHS_DECODE_VARIANT, else DEFAULT_VARIANT =
+    "auto": choose_variant(), which needs kv_dtype "fp8" / torch.float8_e4m3fn to pick anything but v2 and then
+    reads kv_lens on the host once); every mode runs on every variant. num_ctas defaults to ctas_per_sm(variant)
+    x the SM count.
     fuse_max (v3 variants, FP8 KV): pairs cut into 2..fuse_max chunks are merged inside the attention kernel by the
     CTA that finishes last (default DEFAULT_FUSE_MAX = 0: every merge in the combine kernel); ignored by v1/v2.
     Raises ValueError/TypeError for an unknown mode or variant, unsupported head_dim / GQA ratio / q_len,
@@ -229,6 +276,9 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     variant = resolve_variant(variant)
     _check_lens(kv_lens)
+    if variant == AUTO:
+        variant = choose_variant(kv_lens, num_kv_heads=num_kv_heads, kv_dtype=kv_dtype, mode=mode,
+                                 num_ctas=num_ctas, min_tiles=min_tiles)
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} unsupported by the SM90 kernel (supported: {HEAD_DIMS}; 64/256 are "
                          "reference-only)")
@@ -461,7 +511,8 @@ def split_kv_decode(q, k_cache, v_cache, block_table, kv_lens, *, q_len: int = 1
     if not 1 <= q_len <= MAX_Q_LEN:
         raise ValueError(f"q_len must be in 1..{MAX_Q_LEN}, got {q_len}")
     pl = plan(kv_lens, num_kv_heads=H, q_heads=q.shape[1], head_dim=D, num_ctas=num_ctas, min_tiles=min_tiles,
-              mode=mode, num_splits=num_splits, chunk_tiles=chunk_tiles, q_len=q_len, variant=variant)
+              mode=mode, num_splits=num_splits, chunk_tiles=chunk_tiles, q_len=q_len, variant=variant,
+              kv_dtype=k_cache.dtype)
     return run(pl, q, k_cache, v_cache, block_table, kv_lens, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                sm_scale=sm_scale, q_len=q_len, out=out)
 
