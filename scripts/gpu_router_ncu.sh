@@ -9,7 +9,7 @@ mkdir -p "$out"
 for c in $cfgs; do
   v="${c%/*}"; s="${c#*/}"
   timeout 120 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy \
-      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -k regex:router --launch-skip 2 --launch-count 1 \
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats -k regex:router --launch-skip 2 --launch-count 1 \
       python3 - "$v" "$s" > "$out/router_ncu_${v}_${s}.txt" 2>&1 <<'PY'
 import sys, torch
 from hotpaths.kernels import router_gemm as RG

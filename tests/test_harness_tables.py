@@ -46,3 +46,41 @@ def test_published_tables():
 def test_bench_cpu_labels_wall_clock():
     t = bench(lambda: sum(range(100)), iters=20)
     assert t.method == "cpu_wall" and t.n == 20 and t.p10_us <= t.median_us <= t.p90_us
+
+
+def test_bench_timing_options_validated(monkeypatch):
+    """The event placement and the L2 flush mode are checked by name; the environment variable picks the flush when
+    set_flush_mode has not, and a bad value names the variable."""
+    from hotpaths.harness import bench as B
+
+    with pytest.raises(ValueError, match="events"):
+        B.bench(lambda: None, events="kernel")
+    with pytest.raises(ValueError, match="flush mode"):
+        B.set_flush_mode("zero")
+    B.set_flush_mode(None)
+    monkeypatch.delenv("HOTPATHS_L2_FLUSH", raising=False)
+    assert B.flush_mode() == B.DEFAULT_FLUSH_MODE == "write"
+    monkeypatch.setenv("HOTPATHS_L2_FLUSH", "read")
+    assert B.flush_mode() == "read"
+    B.set_flush_mode("write")
+    assert B.flush_mode() == "write"  # the call wins over the environment
+    B.set_flush_mode(None)
+    monkeypatch.setenv("HOTPATHS_L2_FLUSH", "clean")
+    with pytest.raises(ValueError, match="HOTPATHS_L2_FLUSH"):
+        B.flush_mode()
+
+
+def test_stored_timing_studies_parse():
+    """The committed H200 timing-method and flush studies parse into rows, and they say what the notes claim:
+    events inside the graph give the lowest floor (the graph launch outside the span), and a read flush (clean L2)
+    makes a 64 MB read faster than a write flush (dirty L2) while a trivial kernel does not care."""
+    from hotpaths.harness.notebook import timing_studies
+
+    method, flush = timing_studies("h200")
+    assert len(method) == 6 and {r["flush"] for r in method} == {"write", "read"}
+    for r in method:
+        assert r["graph_events_us"] < r["stream_events_us"], r
+    one = next(r for r in method if r["flush"] == "write" and r["job"] == "1 trivial")
+    assert 3.0 < one["graph_events_us"] < 3.6  # the issue's 3.4 us
+    by = {r["job"]: r for r in flush}
+    assert by["sum64MB"]["read_over_write"] < 0.9 and 0.9 < by["floor1"]["read_over_write"] < 1.1

@@ -178,7 +178,7 @@ def test_generalised_decode_configs_host_side():
     want = {"decode_c16": (16, 1), "decode_c16n2": (16, 2), "decode_w8": (8, 1), "decode_c16w8": (16, 1),
             "decode_n32": (16, 1), "decode_n64": (16, 1)}
     for v, (cs, nt) in want.items():
-        for m, mt in ((1, 1), (16, 1), (17, 2), (33, 4), (64, 4)):
+        for m, mt in ((1, 1), (16, 1), (17, 2), (33, 3), (48, 3), (49, 4), (64, 4)):
             assert rg.kernel_config(m, 192, 4096, variant=v) == {"variant": v, "splits": cs, "mt": mt, "nt": nt}
         with pytest.raises(ValueError, match="decode needs M <= 64"):
             rg.kernel_config(65, 192, 4096, variant=v)
@@ -358,6 +358,12 @@ def test_ws_configs_host_side():
     assert rg.kernel_config(4096, 192, 4096, variant="ws128n192g") == {"variant": "ws128n192g", "splits": 4,
                                                                          "mt": 0, "nt": 0}
     assert rg.kernel_config(2048, 192, 4096, variant="ws128n192g", splits=8)["splits"] == 8
+    m2g = rg.VARIANTS["ws128n192m2g"]
+    assert rg.kernel_config(2048, 192, 4096, variant="ws128n192m2g", splits=8)["splits"] == 8  # cluster (2, 1, 1)
+    assert rg.kernel_config(4096, 192, 4096, variant="ws128n192m2g")["splits"] == 4
+    # 300 rows: 3 M tiles padded to 4 (the pair), x 2 N tiles, x 8 splits
+    assert lib.hp_router_gemm_workspace_bytes(300, 384, 4096, m2g, 8) == 256 + 4 * 2 * 8 * 128 * 192 * 4
+    assert set(s for v, s in rg.kernel_candidates(2048, 192, 4096) if v == "ws128n192m2g") == {1, 2, 4, 8}
     for ws, nbytes in ((None, 0), (fake, 1024)):
         code = lib.hp_router_gemm_ex(fake, fake, fake, fake, fake, 4096, 192, 4096, 2, 1 / 256, 1 / 256, g, 4, ws,
                                      nbytes, None)

@@ -172,7 +172,8 @@ def test_generalised_decode_other_shapes(rg, variant):
                                               ("tiled128s6", 4, 2048), ("wg128n96", 2, 2048), ("wg128n192", 4, 2048),
                                               ("ws128n192", 1, 4096), ("ws128n192", 4, 4096),
                                               ("ws128n192m2", 1, 4096), ("ws128n192m2", 4, 4096),
-                                              ("ws128n192g", 4, 4096), ("ws128n192g", 8, 2048)])
+                                              ("ws128n192g", 4, 4096), ("ws128n192g", 8, 2048),
+                                              ("ws128n192m2g", 4, 4096), ("ws128n192m2g", 8, 1100)])
 def test_new_variants_deterministic_and_graph_safe(rg, hy3, variant, splits, m):
     """Same bits on every call (fixed-order reductions: cluster ranks, or ws128n192g's last-arriving CTA summing the
     partials in rank order), and the same bits from every replay of a captured graph (replayed twice into a
@@ -399,17 +400,18 @@ def test_wgmma_rejects_bf16x3_and_indivisible_n(rg, hy3):
 
 # ---- TMA + mbarrier variants (router_wgmma_ws_kernel: ws128n192, ws128n192m2) ----------------------------------
 
-WS_VARIANTS = ["ws128n192", "ws128n192m2", "ws128n192g"]
+WS_VARIANTS = ["ws128n192", "ws128n192m2", "ws128n192g", "ws128n192m2g"]
 
 
 @pytest.mark.parametrize("variant", WS_VARIANTS)
 @pytest.mark.parametrize("m,splits", [(257, 1), (257, 4), (1000, 2), (1100, 1), (2048, 4), (4096, 0), (4096, 1),
-                                      (4096, 4), (1000, 8)])
+                                      (4096, 4), (1000, 8), (1100, 8)])
 def test_ws_variants_match_emulation(rg, hy3, variant, m, splits):
     """vs the BF16x2 emulation on a NaN-poisoned output: M = 257 (a 1-row last tile: TMA's zero-filled rows must not
     leak; for the pair an odd tile count, so a padding CTA), M = 1100 (9 tiles: padding CTA at splits 1), the
-    cluster split-K reduction (2, 4 splits), M = 4096 (the target shape); 8 splits only for ws128n192g (the pair's
-    cluster would exceed 8 CTAs: refused, tested below)."""
+    cluster split-K reduction (2, 4 splits), M = 4096 (the target shape); 8 splits for all but ws128n192m2 (its
+    cluster would exceed 8 CTAs: refused, tested below; M = 1000 is 8 tiles, 1100 is 9: a padding CTA for the
+    pairs)."""
     if splits == 8 and variant == "ws128n192m2":
         pytest.skip("ws128n192m2 refuses 8 splits (cluster (2, 1, 8) > 8 CTAs): see the refusal test")
     _, weights, _ = hy3

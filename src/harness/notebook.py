@@ -52,3 +52,28 @@ def show_stored(name: str, *, device: str = "h200", cols=None, where: dict | Non
         df = df[df[col].isin(list(allowed))]
     print(f"stored {device} results: {path.relative_to(REPO_ROOT)} (run {df['run_id'].iloc[0] if len(df) else '?'})")
     return show(df.reset_index(drop=True), cols=cols)
+
+
+def timing_studies(device: str = "h200") -> tuple[list[dict], list[dict]]:
+    """The two committed timing-method measurements (data/profiles/<device>/): rows of timing_method.txt
+    (scripts/gpu_timing_method.py: per flush mode and job, us with events on the stream around the graph replay,
+    eager, and events inside the graph) and of flush_study.json (scripts/gpu_flush_study.py: per job, the mean
+    median us after a "write" and a "read" L2 flush, and their ratio). Raises FileNotFoundError naming a missing
+    file."""
+    import json
+    import re
+
+    from hotpaths.harness.env import REPO_ROOT
+
+    d = REPO_ROOT / "data" / "profiles" / device
+    method, flush = [], []
+    pat = re.compile(r"flush=(\w+)\s+(.+?)\s+graph\s+([\d.]+) us\s+eager\s+([\d.]+) us\s+events-inside-graph ([\d.]+) us")
+    for line in (d / "timing_method.txt").read_text().splitlines():
+        m = pat.match(line.strip())
+        if m:
+            method.append(dict(flush=m[1], job=m[2], stream_events_us=float(m[3]), eager_us=float(m[4]),
+                               graph_events_us=float(m[5])))
+    for job, modes in json.loads((d / "flush_study.json").read_text()).items():
+        w, r = sum(modes["write"]) / len(modes["write"]), sum(modes["read"]) / len(modes["read"])
+        flush.append(dict(job=job, write_flush_us=round(w, 2), read_flush_us=round(r, 2), read_over_write=round(r / w, 3)))
+    return method, flush

@@ -58,13 +58,14 @@ DTYPE_OF = {"bf16x2_kernel": "x bf16, w fp32 as 2x bf16 (hi + lo/256), out fp32"
 # pipeline (router_wgmma_ws_kernel): "ws128n192" (128 x 192, 3 stages, all free slots in flight) and
 # "ws128n192m2" (the same with the W tiles multicast over a cluster pair of M tiles: K splits 1, 2, 4 only);
 # "ws128n192g" (ws128n192 with split-K through a global workspace and a per-tile arrival counter instead of a
-# cluster: a cluster of 4 such CTAs fits only 30 times on the H200, so 32 M tiles x 4 splits ran in two waves).
+# cluster: a cluster of 4 such CTAs fits only 30 times on the H200, so 32 M tiles x 4 splits ran in two waves);
+# "ws128n192m2g" (the W multicast pair with that global split-K: K splits up to 8).
 VARIANTS = {"auto": 0, "decode": 1, "tiled64": 2, "tiled128": 3, "tiled64d": 4, "tiled128d": 5, "tiled64x": 6,
             "tiled128x": 7, "decode_n1": 8, "decode_n2": 9, "t128n96": 10, "t128n96d": 11, "t64n96d": 12,
             "t64n192": 13, "t64n192d": 14, "decode_c16": 15, "decode_c16n2": 16, "decode_w8": 17,
             "decode_c16w8": 18, "decode_n32": 19, "decode_n64": 20, "t64n96": 21, "t64n96d3": 22, "t128n96d3": 23,
             "tiled128s3": 24, "tiled128s6": 25, "tiled64s6": 26, "wg128n96": 27, "wg128n192": 28, "wg64n192": 29,
-            "wg128n128": 30, "ws128n192": 31, "ws128n192m2": 32, "ws128n192g": 33}
+            "wg128n128": 30, "ws128n192": 31, "ws128n192m2": 32, "ws128n192g": 33, "ws128n192m2g": 34}
 # Decode variants the tuner times at M <= 64 (every one needs M <= 64; the C side rejects larger M).
 DECODE_VARIANTS = ("decode_n1", "decode_n2", "decode_c16", "decode_c16n2", "decode_w8", "decode_c16w8",
                    "decode_n32", "decode_n64")
@@ -79,10 +80,12 @@ TILED_TILES = {"tiled64": (64, 64, 32), "tiled64d": (64, 64, 64), "tiled64x": (6
 # refuses parts = 3 for them, so they are never candidates or tuned choices of impl="bf16x3_kernel".
 WGMMA_TILES = {"wg128n96": (128, 96, 64), "wg128n192": (128, 192, 64), "wg64n192": (64, 192, 64),
                "wg128n128": (128, 128, 64), "ws128n192": (128, 192, 64), "ws128n192m2": (128, 192, 64),
-               "ws128n192g": (128, 192, 64)}
+               "ws128n192g": (128, 192, 64), "ws128n192m2g": (128, 192, 64)}
 # CTAs per cluster along M sharing (multicasting) the W tiles (mirrors wgmma_cluster_m() in router_wgmma.cuh): the
 # cluster is (CM, 1, splits) of at most 8 CTAs, and the M tiles are padded to a multiple of CM.
-WGMMA_CLUSTER_M = {"ws128n192m2": 2}
+WGMMA_CLUSTER_M = {"ws128n192m2": 2, "ws128n192m2g": 2}
+# Split-K through a global workspace (mirrors wgmma_global_splitk()): the cluster is (CM, 1, 1), any split <= 8.
+WGMMA_GLOBAL_SPLITK = ("ws128n192g", "ws128n192m2g")
 WGMMA_MIN_M = 256  # below this the grid is a handful of CTAs and the mma.sync tiles (with split-K) suffice
 _VARIANT_NAMES = {v: k for k, v in VARIANTS.items()}
 _SCALE = 1.0 / 256.0
@@ -322,7 +325,7 @@ def _run_kernel(x, weights, out, *, parts, variant="auto", splits=0):
         variant, splits = tuned_config(m, n, k, parts=parts) or ("auto", 0)
     # BF16x3: (high, mid, low) with the kernel's epilogue acc0 + (acc1 + acc2 / 256) / 256
     p1, p2 = (weights.w_mid, weights.w_low2) if parts == 3 else (weights.w_low, None)
-    # ws128n192g with K split: a per-call workspace from the caching allocator (a graph's private pool under
+    # Global split-K variants (ws128n192g, ws128n192m2g) with K split: a per-call workspace from the caching allocator (a graph's private pool under
     # capture), its tile counters cleared by the launcher (a memset node).
     nws = _lib().hp_router_gemm_workspace_bytes(m, n, k, VARIANTS[variant], splits)
     ws = torch.empty(nws, dtype=torch.uint8, device=x.device) if nws > 0 else None
@@ -499,7 +502,8 @@ def kernel_candidates(m: int, n: int, k: int) -> list[tuple[str, int]]:
             cm = WGMMA_CLUSTER_M.get(v, 1)
             base = -(-m // (bm * cm)) * cm * (n // bn)
             for s in (1, 2, 4, 8):
-                if (s == 1 or base * s <= 2 * 132) and (k // bk) // s >= 4 and s * cm <= 8:
+                csize = cm if v in WGMMA_GLOBAL_SPLITK else s * cm
+                if (s == 1 or base * s <= 2 * 132) and (k // bk) // s >= 4 and csize <= 8:
                     out.append((v, s))
     return out
 

@@ -84,7 +84,7 @@ __device__ __forceinline__ float combine(const float (&acc)[PARTS][4], int i, fl
 // griddepcontrol.wait and x is read / out written after it (a no-op when not launched with the PDL attribute).
 // Reduction: warps of a CTA in fixed k-phase order through smem, then the CS ranks in rank order through DSMEM:
 // deterministic, no atomics, no workspace. The built-in "decode" configuration (variants decode / decode_n1 /
-// decode_n2) is the instantiation CS = 8, WARPS = 4, WN = 1 (each warp its own k-phase), U = 4 (2 at MT = 4).
+// decode_n2) is the instantiation CS = 8, WARPS = 4, WN = 1 (each warp its own k-phase), U = 4 (2 at MT = 3, 4).
 __device__ __forceinline__ void grid_dependency_wait() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
@@ -404,7 +404,7 @@ enum Variant {
   kTiled128X = 7, kDecodeN1 = 8, kDecodeN2 = 9, kT128n96 = 10, kT128n96d = 11, kT64n96d = 12, kT64n192 = 13,
   kT64n192d = 14, kDecC16 = 15, kDecC16N2 = 16, kDecW8 = 17, kDecC16W8 = 18, kDecN32 = 19, kDecN64 = 20,
   kT64n96 = 21, kT64n96d3 = 22, kT128n96d3 = 23, kTiled128s3 = 24, kTiled128s6 = 25, kTiled64s6 = 26,
-  // 27 .. 33: the wgmma variants of router_wgmma.cu (hp_router::kWg128n96 ... kWs128n192g)
+  // 27 .. 34: the wgmma variants of router_wgmma.cu (hp_router::kWg128n96 ... kWs128n192m2g)
   kNumVariants = hp_router::kWgEnd
 };
 static_assert(kTiled64s6 + 1 == hp_router::kWg128n96, "wgmma variant ids continue enum Variant");
@@ -464,11 +464,11 @@ Config choose(int M, int N, int K, int variant, int splits) {
   }
   if (decode2_of(cfg.variant).cs) {
     const Decode2 d = decode2_of(cfg.variant);
-    cfg.mt = M <= 16 ? 1 : (M <= 32 ? 2 : 4);
+    cfg.mt = M <= 16 ? 1 : M <= 32 ? 2 : M <= 48 ? 3 : 4;  // 48 rows: 3 m16 tiles, not 4
     cfg.nt = d.nt;
     cfg.splits = d.cs;
   } else if (cfg.variant == kDecode || cfg.variant == kDecodeN1 || cfg.variant == kDecodeN2) {
-    cfg.mt = M <= 16 ? 1 : (M <= 32 ? 2 : 4);
+    cfg.mt = M <= 16 ? 1 : M <= 32 ? 2 : M <= 48 ? 3 : 4;  // 48 rows: 3 m16 tiles, not 4
     cfg.nt = cfg.variant == kDecodeN1 ? 1 : cfg.variant == kDecodeN2 ? 2 : ((N / 8) * kClusterK >= 4 * kTargetCtas ? 2 : 1);
     if (cfg.nt == 2 && N % 16) cfg.nt = 1;
     cfg.variant = kDecode;
@@ -480,7 +480,9 @@ Config choose(int M, int N, int K, int variant, int splits) {
     const int cm = hp_router::wgmma_cluster_m(cfg.variant);
     const int base = ((M + t.bm * cm - 1) / (t.bm * cm)) * cm * (N / t.bn);
     int s = 1;
-    while (s < 8 / cm && base * 2 * s <= kTargetCtas && (K / 64) / (2 * s) >= 4) s *= 2;
+    while (hp_router::wgmma_cluster_size(cfg.variant, 2 * s) <= 8 && 2 * s <= 8 && base * 2 * s <= kTargetCtas &&
+           (K / 64) / (2 * s) >= 4)
+      s *= 2;
     cfg.splits = s;
   } else if (cfg.splits <= 0) {
     const Tile t = tile_of(cfg.variant);
@@ -526,7 +528,7 @@ template <int MT, int NT, int PARTS>
 cudaError_t launch_decode(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
                           const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2,
                           cudaStream_t stream) {
-  return launch_decode_cs<MT, NT, PARTS, kDecodeWarps, 1, MT == 4 ? 2 : 4>(x, w0, w1, w2, out, M, N, K, s1, s2,
+  return launch_decode_cs<MT, NT, PARTS, kDecodeWarps, 1, MT >= 3 ? 2 : 4>(x, w0, w1, w2, out, M, N, K, s1, s2,
                                                                          kClusterK, stream);
 }
 
@@ -534,11 +536,13 @@ template <int NT, int PARTS, int WARPS, int WN, int U1, int U4>
 cudaError_t launch_decode_mt(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* w0,
                               const __nv_bfloat16* w1, const __nv_bfloat16* w2, float* out, int M, int N, int K,
                               float s1, float s2, cudaStream_t st) {
-  // U1: chunks in flight at MT = 1, 2; U4 at MT = 4 (x fragments for 64 rows cost 4x the registers)
+  // U1: chunks in flight at MT = 1, 2; U4 at MT = 3, 4 (x fragments for 48 / 64 rows cost 3-4x the registers)
   if (cfg.mt == 1)
     return launch_decode_cs<1, NT, PARTS, WARPS, WN, U1>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
   if (cfg.mt == 2)
     return launch_decode_cs<2, NT, PARTS, WARPS, WN, U1>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+  if (cfg.mt == 3)
+    return launch_decode_cs<3, NT, PARTS, WARPS, WN, U4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
   return launch_decode_cs<4, NT, PARTS, WARPS, WN, U4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
 }
 
@@ -579,13 +583,15 @@ cudaError_t run(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* 
     if (cfg.nt == 1) {
       if (cfg.mt == 1) return launch_decode<1, 1, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
       if (cfg.mt == 2) return launch_decode<2, 1, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
+      if (cfg.mt == 3) return launch_decode<3, 1, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
       return launch_decode<4, 1, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
     }
     if (cfg.mt == 1) return launch_decode<1, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
     if (cfg.mt == 2) return launch_decode<2, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
+    if (cfg.mt == 3) return launch_decode<3, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
     return launch_decode<4, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
   }
-  // Template arguments: NT, PARTS, WARPS, WN, U (MT <= 2), U (MT = 4); the cluster size is cfg.splits.
+  // Template arguments: NT, PARTS, WARPS, WN, U (MT <= 2), U (MT = 3, 4); the cluster size is cfg.splits.
   switch (cfg.variant) {
     case kDecC16: return launch_decode_mt<1, PARTS, 4, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
     case kDecC16N2: return launch_decode_mt<2, PARTS, 4, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
@@ -641,7 +647,7 @@ int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg
   if (is_decode(variant) && M > 64) return cudaErrorInvalidValue;
   if (splits > 0 && (splits & (splits - 1))) return cudaErrorInvalidValue;  // 1, 2, 4, 8: divides BM
   if (variant != kAuto && tile_of(variant).bn && N % tile_of(variant).bn) return cudaErrorInvalidValue;
-  if (splits * hp_router::wgmma_cluster_m(variant) > 8) return cudaErrorInvalidValue;  // cluster (CM, 1, splits)
+  if (hp_router::wgmma_cluster_size(variant, splits) > 8) return cudaErrorInvalidValue;  // portable cluster size
   const Config cfg = choose(M, N, K, variant, splits);
   cfg_out[0] = cfg.variant;
   cfg_out[1] = cfg.splits;
@@ -650,19 +656,19 @@ int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg
   return 0;
 }
 
-// out[M, N] fp32 = x[M, K] bf16 @ (w0 + s1 * w1 (+ s1 * s2 * w2))^T, w* bf16 [N, K] row-major, all contiguous,
-// 16-byte aligned. parts = 2 or 3 (w2 ignored for 2). N % 64 == 0, K % 64 == 0, M >= 1 (the Python wrapper
-// validates; this returns cudaErrorInvalidValue for a shape it cannot run instead of touching memory).
-// Bytes of device workspace hp_router_gemm_ex needs for this request (0 for every variant but ws128n192g with
-// K split), or -1 for a request hp_router_gemm_config refuses.
+// Bytes of device workspace hp_router_gemm_ex needs for this request (0 for every variant but the global
+// split-K ones, ws128n192g / ws128n192m2g, with K split), or -1 for a request hp_router_gemm_config refuses.
 long long hp_router_gemm_workspace_bytes(int M, int N, int K, int variant, int splits) {
   int cfg[4];
   if (hp_router_gemm_config(M, N, K, variant, splits, cfg)) return -1;
   return static_cast<long long>(hp_router::router_wgmma_workspace_bytes(cfg[0], M, N, cfg[1]));
 }
 
-// hp_router_gemm with a device workspace (256-byte aligned, hp_router_gemm_workspace_bytes long; may be null when
-// that is 0). Returns cudaErrorInvalidValue when the workspace is missing or short.
+// out[M, N] fp32 = x[M, K] bf16 @ (w0 + s1 * w1 (+ s1 * s2 * w2))^T, w* bf16 [N, K] row-major, all contiguous,
+// 16-byte aligned. parts = 2 or 3 (w2 ignored for 2). N % 64 == 0, K % 64 == 0, M >= 1 (the Python wrapper
+// validates; this returns cudaErrorInvalidValue for a shape it cannot run instead of touching memory).
+// workspace: device memory, 256-byte aligned, hp_router_gemm_workspace_bytes long (may be null when that is 0);
+// cudaErrorInvalidValue when it is missing or short.
 int hp_router_gemm_ex(const void* x, const void* w0, const void* w1, const void* w2, float* out, int M, int N, int K,
                       int parts, float s1, float s2, int variant, int splits, void* workspace,
                       long long workspace_bytes, void* stream) {
@@ -688,7 +694,7 @@ int hp_router_gemm_ex(const void* x, const void* w0, const void* w1, const void*
   return run<3>(cfg, xb, b0, b1, b2, out, M, N, K, s1, s2, st);
 }
 
-// The entry point without a workspace (every variant but ws128n192g with K split).
+// The entry point without a workspace (every variant but the global split-K ones with K split).
 int hp_router_gemm(const void* x, const void* w0, const void* w1, const void* w2, float* out, int M, int N, int K,
                    int parts, float s1, float s2, int variant, int splits, void* stream) {
   return hp_router_gemm_ex(x, w0, w1, w2, out, M, N, K, parts, s1, s2, variant, splits, nullptr, 0, stream);

@@ -331,14 +331,25 @@ __device__ __forceinline__ unsigned long long global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+// CLUSTER_SCOPE: acquire at cluster scope (a barrier that partner CTAs arrive on with a cluster-scope release);
+// otherwise the default CTA scope, enough for this CTA's own TMA completions and its own warps' arrivals.
+template <bool CLUSTER_SCOPE>
 __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   uint32_t ok;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity)
-      : "memory");
+  if (CLUSTER_SCOPE)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  else
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
   return ok != 0;
 }
 // A timed-out wait traps (the launch fails with an error instead of hanging the device). code > 0: the "full"
@@ -350,10 +361,11 @@ __device__ __forceinline__ void mbar_hang_report(int code) {
 }
 // Wait until the phase with parity `parity` of the mbarrier at shared address `bar` has completed; false after
 // kHangNs without completing.
+template <bool CLUSTER_SCOPE = false>
 __device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
-  if (mbar_try_wait(bar, parity)) return true;
+  if (mbar_try_wait<CLUSTER_SCOPE>(bar, parity)) return true;
   const unsigned long long t0 = global_ns();
-  while (!mbar_try_wait(bar, parity))
+  while (!mbar_try_wait<CLUSTER_SCOPE>(bar, parity))
     if (global_ns() - t0 > kHangNs) return false;
   return true;
 }
@@ -363,11 +375,19 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
-// Arrive on the mbarrier at the same shared offset in cluster CTA `rank` (rank may be this CTA).
+// Arrive on this CTA's mbarrier (release at CTA scope). The cluster-scope release arrivals these variants used
+// first put a cluster-wide fence on the consumers' path every k-tile: Nsight Compute at M = 4096 (128 CTAs) put
+// 42% of the warp stall cycles on memory barriers, and this change took ws128n192g/4 from 42.6 to 39.1 us.
+__device__ __forceinline__ void mbar_arrive_local(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrive on the mbarrier at the same shared offset in cluster CTA `rank` (a partner), relaxed: what the arrival
+// announces is that this warp's wgmma reads of a slot are over, and wgmma.wait_group has already completed them,
+// so no release fence is needed before the partner's TMA overwrites the slot.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 __device__ __forceinline__ void cluster_sync_all() {  // every thread of every CTA of the cluster (non-.aligned)
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
@@ -391,11 +411,13 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const TmaMap* map, 
 
 constexpr int kWsBM = 128, kWsBN = 192, kWsThreads = 256;
 constexpr int kWsABytes = kWsBM * kRowBytes, kWsBBytes = kWsBN * kRowBytes;  // 16 KB, 24 KB
-// ws128n192g workspace: tile counters (padded to 256 B), then S fp32 partial tiles of 128 x 192 per output tile.
+// Global split-K workspace: tile counters (padded to 256 B), then S fp32 partial tiles of 128 x 192 per output tile
+// of the grid (M tiles padded to the cluster's CM, as the grid is).
 constexpr size_t ws_gred_counter_bytes(int tiles) { return (static_cast<size_t>(tiles) * 4 + 255) / 256 * 256; }
-constexpr size_t ws_gred_workspace_bytes(int M, int N, int splits) {
-  return ws_gred_counter_bytes(((M + kWsBM - 1) / kWsBM) * (N / kWsBN)) +
-         static_cast<size_t>(((M + kWsBM - 1) / kWsBM) * (N / kWsBN)) * splits * kWsBM * kWsBN * 4;
+constexpr int ws_grid_tiles(int M, int N, int cm) { return ((M + kWsBM * cm - 1) / (kWsBM * cm)) * cm * (N / kWsBN); }
+constexpr size_t ws_gred_workspace_bytes(int M, int N, int splits, int cm) {
+  return ws_gred_counter_bytes(ws_grid_tiles(M, N, cm)) +
+         static_cast<size_t>(ws_grid_tiles(M, N, cm)) * splits * kWsBM * kWsBN * 4;
 }
 
 constexpr int kWsStageBytes = kWsABytes + 2 * kWsBBytes;                      // 64 KB, the "full" tx count
@@ -405,8 +427,8 @@ constexpr int ws_smem_bytes() {
   return 1024 /* alignment slack */ + 1024 /* barriers */ + STAGES * kWsStageBytes;
 }
 
-// GRED (ws128n192g): split-K without a cluster. The launch is a plain grid, so all S * tiles CTAs can be resident
-// at once (a cluster of S = 4 CTAs of 194 KB fits only 30 times on the H200: Nsight Compute's "Max Active
+// GRED (ws128n192g, ws128n192m2g): split-K without a cluster along K (the cluster is the M pair at most), so all
+// S * tiles CTAs can be resident at once (a cluster of S = 4 CTAs of 194 KB fits only 30 times on the H200: Nsight Compute's "Max Active
 // Clusters", so 32 M tiles x 4 splits ran in two waves). Each rank stores its combined partial tile to a global
 // workspace in the fragment layout (coalesced), counts itself in on the tile's counter, and the last rank to
 // arrive sums the S partials in rank order (deterministic whatever the arrival order) and writes the tile.
@@ -415,7 +437,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     router_wgmma_ws_kernel(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w0,
                            const __grid_constant__ TmaMap map_w1, float* __restrict__ out, int M, int N, int K,
                            float s1, float* __restrict__ partials, int* __restrict__ counters) {
-  static_assert(!GRED || CM == 1, "the global split-K reduction runs without a cluster");
   constexpr int R = kWsBN / 2;       // 96 fp32 per accumulator per thread
   constexpr int WROWS = kWsBN / CM;  // W rows this CTA loads (and multicasts to its CM - 1 partners)
   static_assert(CM == 1 || CM == 2, "cluster pairs along M");
@@ -485,9 +506,19 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = 0.f;
   auto release = [&](int s) {  // this warp is done reading slot s (its wgmma groups completed)
     __syncwarp();
-    if (lane == 0)
+    if (lane == 0) {
+      if constexpr (CM == 1) {
+        mbar_arrive_local(empty_bar(s));
+      } else {
 #pragma unroll
-      for (int j = 0; j < CM; ++j) mbar_arrive_cluster(empty_bar(s), group0 + j);
+        for (int j = 0; j < CM; ++j) {
+          if (j == mi)
+            mbar_arrive_local(empty_bar(s));
+          else
+            mbar_arrive_cluster(empty_bar(s), group0 + j);
+        }
+      }
+    }
   };
   int hang = 0;  // see mbar_hang_report
   for (int t = 0; t < nk; ++t) {
@@ -519,7 +550,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       // Refill the slot of tile t - 1 with tile t - 1 + STAGES once every warp of the pair has released it;
       // the wait overlaps this warpgroup's in-flight wgmma of tile t.
       if (tid == 0 && !hang && t - 1 + STAGES < nk) {
-        if (mbar_wait(empty_bar(sp), ((t - 1) / STAGES) & 1))
+        if (mbar_wait<(CM > 1)>(empty_bar(sp), ((t - 1) / STAGES) & 1))
           issue(t - 1 + STAGES);
         else
           hang = -t;  // stop issuing; keep computing until the "full" waits time out too (warpgroup stays whole)
@@ -564,6 +595,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]));
       }
     if (hang) mbar_hang_report(hang);
+    // The pair (CM = 2): the partner's last arrivals on this CTA's barriers land before either CTA may exit.
+    if (CM > 1) cluster_sync_all();
     __threadfence();  // this thread's partial is visible GPU-wide before the CTA counts itself in
     __shared__ int last;
     __syncthreads();
@@ -691,15 +724,15 @@ template <int CM, int STAGES, bool GRED>
 cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1, float* out, int M,
                       int N, int K, float s1, int splits, void* workspace, size_t workspace_bytes,
                       cudaStream_t stream) {
-  if (CM * splits > 8) return cudaErrorInvalidValue;  // portable cluster size (GRED: the split limit)
+  if ((GRED ? splits : CM * splits) > 8) return cudaErrorInvalidValue;  // portable cluster size / split limit
   const int m_tiles = (M + kWsBM - 1) / kWsBM;
   float* partials = nullptr;
   int* counters = nullptr;
   if (GRED && splits > 1) {
-    if (!workspace || workspace_bytes < ws_gred_workspace_bytes(M, N, splits) ||
+    if (!workspace || workspace_bytes < ws_gred_workspace_bytes(M, N, splits, CM) ||
         reinterpret_cast<uintptr_t>(workspace) % 256)
       return cudaErrorInvalidValue;
-    const int tiles = m_tiles * (N / kWsBN);
+    const int tiles = ws_grid_tiles(M, N, CM);
     counters = static_cast<int*>(workspace);
     partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + ws_gred_counter_bytes(tiles));
     cudaError_t e = cudaMemsetAsync(counters, 0, sizeof(int) * tiles, stream);
@@ -744,7 +777,9 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
 namespace hp_router {
 
 size_t router_wgmma_workspace_bytes(int variant, int M, int N, int splits) {
-  return variant == kWs128n192g && splits > 1 && M > 0 && N > 0 ? ws_gred_workspace_bytes(M, N, splits) : 0;
+  return wgmma_global_splitk(variant) && splits > 1 && M > 0 && N > 0
+             ? ws_gred_workspace_bytes(M, N, splits, wgmma_cluster_m(variant))
+             : 0;
 }
 
 cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_bfloat16* w0,
@@ -763,6 +798,8 @@ cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_
     case kWs128n192m2: return launch_ws<2, 3, false>(x, w0, w1, out, M, N, K, s1, splits, nullptr, 0, stream);
     case kWs128n192g:
       return launch_ws<1, 3, true>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
+    case kWs128n192m2g:
+      return launch_ws<2, 3, true>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
     default: return cudaErrorInvalidValue;
   }
 }

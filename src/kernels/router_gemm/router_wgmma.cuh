@@ -9,8 +9,9 @@ namespace hp_router {
 // Variant ids (continue enum Variant of router_gemm.cu; kWgEnd is its kNumVariants).
 constexpr int kWg128n96 = 27, kWg128n192 = 28, kWg64n192 = 29, kWg128n128 = 30;
 // Warp-specialised TMA variants (router_wgmma_ws_kernel): 128 x 192, CM = 1 or 2 CTAs per cluster along M.
-// ws128n192g: ws128n192 with split-K through a global workspace instead of a cluster (plain grid).
-constexpr int kWs128n192 = 31, kWs128n192m2 = 32, kWs128n192g = 33, kWgEnd = 34;
+// ws128n192g / ws128n192m2g: ws128n192 / ws128n192m2 with split-K through a global workspace instead of the cluster
+// (the cluster is then 1 or the M pair only).
+constexpr int kWs128n192 = 31, kWs128n192m2 = 32, kWs128n192g = 33, kWs128n192m2g = 34, kWgEnd = 35;
 
 constexpr bool is_wgmma_variant(int v) { return v >= kWg128n96 && v < kWgEnd; }
 
@@ -23,23 +24,29 @@ constexpr WgTile wgmma_tile(int v) {
          : v == kWg128n192 ? WgTile{128, 192}
          : v == kWg64n192 ? WgTile{64, 192}
          : v == kWg128n128 ? WgTile{128, 128}
-         : v == kWs128n192 || v == kWs128n192m2 || v == kWs128n192g ? WgTile{128, 192}
+         : v >= kWs128n192 && v <= kWs128n192m2g ? WgTile{128, 192}
                            : WgTile{0, 0};
 }
 
 // CTAs per cluster along M that share (multicast) the W tiles: 2 for ws128n192m2, else 1. The cluster is
 // (CM, 1, splits), so CM * splits <= 8 (portable cluster size).
-constexpr int wgmma_cluster_m(int v) { return v == kWs128n192m2 ? 2 : 1; }
+constexpr int wgmma_cluster_m(int v) { return v == kWs128n192m2 || v == kWs128n192m2g ? 2 : 1; }
+// Split-K through a global workspace (no cluster along K).
+constexpr bool wgmma_global_splitk(int v) { return v == kWs128n192g || v == kWs128n192m2g; }
+// CTAs per cluster: (CM, 1, splits), or (CM, 1, 1) with the global split-K. At most 8 (portable).
+constexpr int wgmma_cluster_size(int v, int splits) {
+  return wgmma_cluster_m(v) * (wgmma_global_splitk(v) ? 1 : splits);
+}
 
 #if !defined(__CUDACC_RTC__)
 // out[M, N] = x @ (w0 + s1 * w1)^T with wgmma variant `variant`, K split over a cluster of `splits` (1, 2, 4, 8)
 // CTAs. Returns cudaErrorInvalidValue for a shape the variant cannot run (N % BN, K % 64, M < 1, bad splits,
-// splits * wgmma_cluster_m(variant) > 8, a pointer not 16-byte aligned for TMA, ws128n192g with splits > 1 and
+// wgmma_cluster_size() > 8, a pointer not 16-byte aligned for TMA, a global split-K variant with splits > 1 and
 // no workspace of router_wgmma_workspace_bytes() 256-byte aligned).
 cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_bfloat16* w0,
                                 const __nv_bfloat16* w1, float* out, int M, int N, int K, float s1, int splits,
                                 void* workspace, size_t workspace_bytes, cudaStream_t stream);
-// Bytes of device workspace launch_router_wgmma needs (0 unless ws128n192g with splits > 1).
+// Bytes of device workspace launch_router_wgmma needs (0 unless a global split-K variant with splits > 1).
 size_t router_wgmma_workspace_bytes(int variant, int M, int N, int splits);
 #endif
 
