@@ -77,6 +77,7 @@ def test_stored_timing_studies_parse():
     from hotpaths.harness.notebook import timing_studies
 
     method, flush = timing_studies("h200")
+    method, flush = method.to_dict("records"), flush.to_dict("records")
     assert len(method) == 6 and {r["flush"] for r in method} == {"write", "read"}
     for r in method:
         assert r["graph_events_us"] < r["stream_events_us"], r

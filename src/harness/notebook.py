@@ -54,14 +54,17 @@ def show_stored(name: str, *, device: str = "h200", cols=None, where: dict | Non
     return show(df.reset_index(drop=True), cols=cols)
 
 
-def timing_studies(device: str = "h200") -> tuple[list[dict], list[dict]]:
-    """The two committed timing-method measurements (data/profiles/<device>/): rows of timing_method.txt
+def timing_studies(device: str = "h200"):
+    """The two committed timing-method measurements (data/profiles/<device>/), as two DataFrames: rows of
+    timing_method.txt
     (scripts/gpu_timing_method.py: per flush mode and job, us with events on the stream around the graph replay,
     eager, and events inside the graph) and of flush_study.json (scripts/gpu_flush_study.py: per job, the mean
     median us after a "write" and a "read" L2 flush, and their ratio). Raises FileNotFoundError naming a missing
     file."""
     import json
     import re
+
+    import pandas as pd
 
     from hotpaths.harness.env import REPO_ROOT
 
@@ -76,4 +79,4 @@ def timing_studies(device: str = "h200") -> tuple[list[dict], list[dict]]:
     for job, modes in json.loads((d / "flush_study.json").read_text()).items():
         w, r = sum(modes["write"]) / len(modes["write"]), sum(modes["read"]) / len(modes["read"])
         flush.append(dict(job=job, write_flush_us=round(w, 2), read_flush_us=round(r, 2), read_over_write=round(r / w, 3)))
-    return method, flush
+    return pd.DataFrame(method), pd.DataFrame(flush)
