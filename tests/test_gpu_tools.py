@@ -153,6 +153,13 @@ def test_run_on_gpu_packs_results_and_keeps_the_exit_status(tmp_path):
         (d / "t.csv").write_text("args," + " ".join(sys.argv[1:]) + "\\n")
         sys.exit(5)
         """))
+    # The carried peers archive is unpacked into .peers/ when that is missing (notebook 02's FlashInfer rows).
+    (repo / ".carry").mkdir()
+    src = tmp_path / "peer_src" / "flashinfer-python-0.3.1"
+    src.mkdir(parents=True)
+    (src / "marker").write_text("peer")
+    with tarfile.open(repo / ".carry/peers.tgz", "w:gz") as tf:
+        tf.add(src, arcname="flashinfer-python-0.3.1")
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "HP_LINK_DIR": str(tmp_path / "hp"),
            "JK_PREFIX": str(tmp_path / "jk"), "SITE": str(tmp_path / "site"), "PYTHONPATH": ""}
@@ -164,6 +171,7 @@ def test_run_on_gpu_packs_results_and_keeps_the_exit_status(tmp_path):
         assert tf.extractfile("data/results/h200/t.csv").read() == b"args,reproduce --only 00\n"
     log = (out / "run.log").read_text()
     assert "python3 -m hotpaths reproduce --only 00" in log and "exited 5" in log
+    assert (repo / ".peers/flashinfer-python-0.3.1/marker").read_text() == "peer" and "unpacking" in log
 
 
 # ---------------------------------------------------------------- Nsight Compute helper

@@ -371,6 +371,76 @@ def test_v3_fused_merge(fuse_max, mode, kw):
             assert int(p.counters.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("variant,kw", [("v3", dict(num_ctas=16)), ("v3s2c4", {}), ("v3", dict(q_len=2)),
+                                        ("v3s2c4", dict(page_size=16, kv_heads=2, q_heads=8))])
+def test_v3_fuse_all_no_combine(variant, kw):
+    """fuse_max=FUSE_ALL: every split pair (up to the 130000-token one) is merged by the attention kernel, which also
+    writes the zero rows of kv_len-0 requests, and no combine kernel runs (stages='combine' leaves a poisoned output
+    untouched). Matches the emulation twice on one plan (self-resetting counters), replays from a CUDA graph with
+    lengths changed between replays (a request going to 0 and back), and static modes refuse it."""
+    K, _ = _mods()
+    q_len = kw.pop("q_len", 1)
+    ps, kvh, qh = kw.pop("page_size", 64), kw.pop("kv_heads", 1), kw.pop("q_heads", 8)
+    lens = [4096] * 6 + [130000, 0, 1, 700, 65, 200]
+    inp = _inputs(lens, "fp8", seed=9, q_len=q_len, page_size=ps, kv_heads=kvh, q_heads=qh)
+    p = K.plan(inp["kv_lens"], num_kv_heads=kvh, q_heads=qh, q_len=q_len, variant=variant, fuse_max=K.FUSE_ALL,
+               **kw)
+    assert p.fuse_max == K.FUSE_ALL
+    args = (p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"])
+    sc = dict(q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"], q_len=q_len)
+    for _ in range(2):
+        out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+        K.run(*args, out=out, **sc)
+        torch.cuda.synchronize()
+        assert not torch.isnan(out.float()).any()
+        assert_close(out, _emulate(inp, p), op=OP, path="fp8_vs_emulation")
+        assert torch.equal(out[7 * q_len:8 * q_len].float(), torch.zeros_like(out[7 * q_len:8 * q_len].float()))
+        assert int(p.counters.abs().sum()) == 0
+    poisoned = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    K.run(*args, out=poisoned, stages="combine", **sc)
+    torch.cuda.synchronize()
+    assert torch.isnan(poisoned.float()).all()  # nothing launched
+    # graph replay with the lengths changed in place between replays
+    out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        with torch.cuda.graph(g, stream=st):
+            p.update(inp["kv_lens"])
+            K.run(*args, out=out, check_inputs=False, **sc)
+    torch.cuda.current_stream().wait_stream(st)
+    for new in ([0] + lens[1:], lens):
+        inp["kv_lens"].copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert_close(out, _emulate(inp, p), op=OP, path="fp8_vs_emulation")
+        assert int(p.counters.abs().sum()) == 0
+    with pytest.raises(ValueError, match="dynamic"):
+        K.plan(inp["kv_lens"], num_kv_heads=kvh, q_heads=qh, mode="static_count", variant=variant,
+               fuse_max=K.FUSE_ALL)
+
+
+def test_auto_picks_fuse_all_for_few_chunks(monkeypatch):
+    """plan(variant="auto", kv_dtype=fp8) with AUTO_FUSE_ALL_MAX_CHUNKS = 9: v3s2c4 + FUSE_ALL when the longest pair
+    has at most 9 chunks (64x4K: 8 + 1), v3s2c4 without fusing at 17 (32x0.125K+32x4K), v2 for a long request; an
+    explicit fuse_max wins; with the shipped bound (0) auto never fuses."""
+    K, _ = _mods()
+    mk = lambda lens: torch.tensor(lens, dtype=torch.int32, device="cuda")  # noqa: E731
+    assert K.AUTO_FUSE_ALL_MAX_CHUNKS == 0
+    assert K.plan(mk([4096] * 64), num_kv_heads=1, q_heads=8, kv_dtype="fp8").fuse_max == 0
+    monkeypatch.setattr(K, "AUTO_FUSE_ALL_MAX_CHUNKS", 9)
+    p = K.plan(mk([4096] * 64), num_kv_heads=1, q_heads=8, kv_dtype="fp8")
+    assert (p.variant, p.fuse_max) == ("v3s2c4", K.FUSE_ALL)
+    p = K.plan(mk([128] * 32 + [4096] * 32), num_kv_heads=1, q_heads=8, kv_dtype="fp8")
+    assert (p.variant, p.fuse_max) == ("v3s2c4", 0)
+    p = K.plan(mk([131072] + [4096] * 31), num_kv_heads=1, q_heads=8, kv_dtype="fp8")
+    assert (p.variant, p.fuse_max) == ("v2", 0)
+    p = K.plan(mk([4096] * 64), num_kv_heads=1, q_heads=8, kv_dtype="fp8", fuse_max=0)
+    assert (p.variant, p.fuse_max) == ("v3s2c4", 0)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_run_stages_compose_to_the_full_step(variant):
     """run(stages='attention') then run(stages='combine') on the same out gives the full step's output bit for bit;

@@ -480,6 +480,10 @@ def _stage_rows(case, reason, *, device, kv_heads, q_heads, head_dim, iters, war
         kw = dict(q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"], out=out, check_inputs=False)
         K.run(*a, **kw)
         for r, st in zip(rows, ("all", "attention", "combine")):
+            if st == "combine" and p.fuse_max >= K.FUSE_ALL:
+                r["note"] = (f"{r['note']}; not timed: no combine kernel (fuse-all: the attention kernel merges "
+                             f"every pair); variant={p.variant}, num_ctas={p.num_ctas}")
+                continue
             t = bench(lambda: K.run(*a, stages=st, **kw), iters=iters, warmup=warmup)
             r.update(median_us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us, method=t.method,
                      note=f"{r['note']}; variant={p.variant}, num_ctas={p.num_ctas}")

@@ -4,7 +4,7 @@
 #
 # One line, with the device tool (after `bash tools/gpu/build_wheels.sh` here, and a CPU-side kernel build in
 # build/ if wanted):
-#   run  command: "bash tools/gpu/run_on_gpu.sh reproduce --profile full"   carry: [".whl", "build", ".peers"]
+#   run  command: "bash tools/gpu/run_on_gpu.sh reproduce --profile full"   carry: [".whl", "build", ".carry"]
 # then here:
 #   bash tools/gpu/unpack_results.sh <files_at>/hotpaths_results.tar.gz
 #
@@ -41,6 +41,12 @@ elif ! "$py" -c "import papermill, ipykernel" 2>/dev/null; then
     exit 3
 fi
 
+# 1b. Peers (FlashInfer's source distribution) travel packed as .carry/peers.tgz: unpack it when .peers/ is not
+#     there, so notebook 02's peer rows are measured instead of reported "not available".
+if [ ! -d .peers ] && [ -f .carry/peers.tgz ]; then
+    say "unpacking .carry/peers.tgz into .peers/"
+    mkdir -p .peers && tar xzf .carry/peers.tgz -C .peers || say "peers unpack failed: the peer rows will say why"
+fi
 # 2. Import root `hotpaths` -> src/ without installing the project (no index there for its build backend).
 mkdir -p "$hp" && ln -sfn "$root/src" "$hp/hotpaths"
 export PYTHONPATH="$site:$hp${PYTHONPATH:+:$PYTHONPATH}"

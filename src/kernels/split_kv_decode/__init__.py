@@ -51,6 +51,18 @@ V3_CONFIGS = {"v3": 0, "v3s3c3": 1, "v3s5": 2, "v3s2c4": 3}
 # uniform batches, up to ~3.7 us slower on skewed ones (every CTA stalls on a fence + atomic at each fused
 # descriptor end, and the combine still runs for the long pair), so DEFAULT_FUSE_MAX = 0.
 DEFAULT_FUSE_MAX = 0
+# fuse_max >= FUSE_ALL (dynamic mode; mirrors attention.cu kFuseAll): every split pair is merged by the attention
+# kernel (and the zero rows of kv_len-0 requests written there too), so run() launches no combine kernel at all.
+# That takes the combine's kernel boundary off a step, but the last CTA of a pair merges its chunks 4 per L2 round
+# trip, so it only pays on batches whose pairs have few chunks. Measured on the H200 in one process
+# (data/profiles/h200/decode_variants_ab5.txt, v3s2c4 + FUSE_ALL vs v3s2c4): 64x0.5K 12.6 vs 13.7 us, 64x4K 31.4 vs
+# 33.5; every decode GPU test passes with it (data/results/h200/pytest_decode_gpu_fuse_all.log). It is opt-in for
+# now: plan(variant="auto") picks it (with v3s2c4) when the longest pair has at most AUTO_FUSE_ALL_MAX_CHUNKS chunks
+# at plan time, and that bound is 0 (never) until notebook 02's tables are re-measured with it (the run that
+# measured it lacked the FlashInfer peer). Set AUTO_FUSE_ALL_MAX_CHUNKS = 9 (64x4K: 8 + 1) or pass fuse_max=FUSE_ALL.
+# Later updates stay correct whatever their lengths (a long pair is still merged, just slowly).
+FUSE_ALL = 1 << 20
+AUTO_FUSE_ALL_MAX_CHUNKS = 0
 MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_heads / H * q_len <= 64
 # "auto" is the default since the third H200 session (2026-11-29): v3s2c4's finer grid balances better (64x4K 1.0 us,
 # 32x0.125K+32x4K 3.3 us, 2x32K+30x4K 1.2 us faster than v2: data/profiles/h200/decode_variants_ab4.txt), but it
@@ -138,25 +150,34 @@ def _kv_is_fp8(kv_dtype) -> bool | None:
 
 def choose_variant(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dynamic", num_ctas: int | None = None,
                    min_tiles: int = DEFAULT_MIN_TILES, num_sms: int | None = None) -> str:
+    """The variant plan(variant="auto") runs (see _auto_choice)."""
+    return _auto_choice(kv_lens, num_kv_heads=num_kv_heads, kv_dtype=kv_dtype, mode=mode, num_ctas=num_ctas,
+                        min_tiles=min_tiles, num_sms=num_sms)[0]
+
+
+def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dynamic", num_ctas: int | None = None,
+                 min_tiles: int = DEFAULT_MIN_TILES, num_sms: int | None = None) -> tuple[str, int | None]:
     """The variant plan(variant="auto") runs: AUTO_FINE (v3s2c4) for FP8 KV in dynamic mode with the default grid
     when the longest (head, request) is cut into at most AUTO_MAX_CHUNKS chunks at that grid's per-CTA budget
     (max(ceil(tiles / CTAs), min_tiles), plus one for a bin boundary), else AUTO_FALLBACK (v2).
 
     Shape/Dtype: kv_lens [batch] int32 (any device: read on the host, one sync, only when FP8 / dynamic / default
     grid; kv_dtype None = unknown, which also gives the fallback without reading anything). num_sms defaults to
-    the device's SM count (132 without a GPU)."""
+    the device's SM count (132 without a GPU). Returns (variant, the estimated chunk count of the longest pair at
+    AUTO_FINE's budget, or None when nothing was read)."""
     if _kv_is_fp8(kv_dtype) is not True or mode != "dynamic" or num_ctas is not None:
-        return AUTO_FALLBACK
+        return AUTO_FALLBACK, None
     tiles = [_cdiv(max(int(x), 0), TILE) for x in kv_lens.tolist()]
     total = sum(tiles) * int(num_kv_heads)
     if total == 0:
-        return AUTO_FALLBACK
+        return AUTO_FALLBACK, None
     if num_sms is None:
         torch = _torch()
         num_sms = (torch.cuda.get_device_properties(kv_lens.device).multi_processor_count
                    if kv_lens.device.type == "cuda" else 132)
     budget = max(_cdiv(total, 4 * int(num_sms)), int(min_tiles))  # v3s2c4: 4 CTAs per SM
-    return AUTO_FINE if _cdiv(max(tiles), budget) + 1 <= AUTO_MAX_CHUNKS else AUTO_FALLBACK
+    longest = _cdiv(max(tiles), budget) + 1
+    return (AUTO_FINE if longest <= AUTO_MAX_CHUNKS else AUTO_FALLBACK), longest
 
 
 def ctas_per_sm(variant: str) -> int:
@@ -267,7 +288,9 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
     reads kv_lens on the host once); every mode runs on every variant. num_ctas defaults to ctas_per_sm(variant)
     x the SM count.
     fuse_max (v3 variants, FP8 KV): pairs cut into 2..fuse_max chunks are merged inside the attention kernel by the
-    CTA that finishes last (default DEFAULT_FUSE_MAX = 0: every merge in the combine kernel); ignored by v1/v2.
+    CTA that finishes last (default DEFAULT_FUSE_MAX = 0: every merge in the combine kernel, except that "auto"
+    may pick FUSE_ALL); FUSE_ALL (dynamic mode only) merges every pair there and launches no combine; ignored by
+    v1/v2.
     Raises ValueError/TypeError for an unknown mode or variant, unsupported head_dim / GQA ratio / q_len,
     batch > max_batch, or non-positive sizes.
     """
@@ -277,8 +300,10 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
     variant = resolve_variant(variant)
     _check_lens(kv_lens)
     if variant == AUTO:
-        variant = choose_variant(kv_lens, num_kv_heads=num_kv_heads, kv_dtype=kv_dtype, mode=mode,
-                                 num_ctas=num_ctas, min_tiles=min_tiles)
+        variant, longest = _auto_choice(kv_lens, num_kv_heads=num_kv_heads, kv_dtype=kv_dtype, mode=mode,
+                                        num_ctas=num_ctas, min_tiles=min_tiles)
+        if fuse_max is None and variant == AUTO_FINE and longest <= AUTO_FUSE_ALL_MAX_CHUNKS:
+            fuse_max = FUSE_ALL
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} unsupported by the SM90 kernel (supported: {HEAD_DIMS}; 64/256 are "
                          "reference-only)")
@@ -319,6 +344,9 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
         fuse_max = DEFAULT_FUSE_MAX
     if fuse_max < 0:
         raise ValueError(f"fuse_max must be >= 0, got {fuse_max}")
+    fuse_max = min(int(fuse_max), FUSE_ALL)
+    if fuse_max >= FUSE_ALL and mode != "dynamic":
+        raise ValueError(f"fuse_max=FUSE_ALL (no combine kernel) needs mode 'dynamic', got {mode!r}")
     if variant not in V3_CONFIGS:
         fuse_max = 0
     slots = (max_pairs + num_ctas) if mode == "dynamic" else max_pairs * splits
@@ -481,7 +509,7 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
                 attention = lib.hp_decode_attention_v2 if p.variant == "v2" else lib.hp_decode_attention
                 code = attention(*args)
             check_status(code, f"split_kv_decode attention ({p.variant})")
-        if stages == "attention":
+        if stages == "attention" or fuse >= FUSE_ALL:  # fuse-all: the attention kernel wrote every row
             return out
         combine = lib.hp_decode_combine1 if p.variant in V3_CONFIGS else lib.hp_decode_combine
         code = combine(kv_lens.data_ptr(), out.data_ptr(), p.partial_o.data_ptr(), p.partial_lse.data_ptr(),

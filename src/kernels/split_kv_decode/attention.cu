@@ -671,6 +671,9 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 __device__ __forceinline__ int merge3_swz(int r, int u) { return u ^ ((r >> 1) & 3); }
 constexpr int kLenCache = 256;  // v3: kv_lens of batches up to this size are staged in smem at start-up
 constexpr int kMaxRowGroups = 8;  // v3 fused merge: counters per pair (R <= 64 rows = 8 groups of 8)
+// fuse_max >= kFuseAll (dynamic mode): every split pair is merged by the attention kernel and no combine runs, so
+// the attention kernel also writes the zero rows of empty pairs (kv_len 0), which the combine writes otherwise.
+constexpr int kFuseAll = 1 << 20;
 
 template <int NT, int STAGES, int CPS>
 __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Params P) {
@@ -729,6 +732,19 @@ __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Param
     }
   }
   __syncthreads();
+  if (P.mode == kDynamic && P.fuse_max >= kFuseAll) {  // fuse-all: zero rows of empty pairs (see kFuseAll)
+    const int* nchunks = P.ws + 8 + (P.C + 1) + 4 * (P.max_pairs + P.C) + P.max_pairs;  // [h * batch + r]
+    const int r0 = rg * MROWS, r1 = min(r0 + MROWS, P.R);
+    for (int p = blockIdx.x; p < P.batch * P.H; p += gridDim.x) {
+      if (nchunks[p] != 0) continue;  // the same for every thread of the CTA
+      const int r = p % P.batch, h = p / P.batch;
+      for (int i = tid; i < (r1 - r0) * (kD / 8); i += kThreads) {
+        const int rr = r0 + i / (kD / 8), qi = rr / P.ratio, hl = rr % P.ratio;
+        const size_t orow = ((size_t)r * P.q_len + qi) * P.q_heads + h * P.ratio + hl;
+        reinterpret_cast<uint4*>(P.out + orow * kD)[i % (kD / 8)] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  }
   if (d_begin >= d_end) return;
 
   auto fetch = [&](int d) -> Desc {
@@ -1385,7 +1401,8 @@ extern "C" int hp_decode_attention_v2(const void* q, const float* q_scale, const
                                mode, splits, chunk_tiles, kv_fp8, pdl, stream);
 }
 
-// spills-ok: v3 config 3 (2 stages, 4 CTAs per SM: a 128-register cap) spills 4 bytes; an experiment config.
+// spills-ok: v3 config 3 (2 stages, 4 CTAs per SM: a 128-register cap) spills 4 bytes; it is the config "auto"
+// picks for batches without a dominant request, and the fastest there as measured, spill included.
 // v3 configurations (FP8): {STAGES, CTAs per SM}. 0: 4 / 2 (default), 1: 3 / 3, 2: 5 / 2, 3: 2 / 4. Row groups of
 // 9-16 rows (NT = 2) always run 4 stages / 2 CTAs per SM (their merge buffer is twice as large); a config whose
 // CTAs-per-SM is higher then simply runs its persistent grid in more than one wave (correct, slower).
@@ -1413,7 +1430,8 @@ extern "C" int hp_decode_v3_ctas_per_sm(int config) {
 
 // Same arguments and outputs as hp_decode_attention, plus config (above), and the fused merge: counters
 // [max_pairs * 8] int32, zero before the first launch (each launch leaves them zero), and fuse_max (pairs with
-// 2..fuse_max chunks are merged by their last-arriving CTA; 0 disables). FP8 KV runs the v3 kernel; BF16 KV runs the
+// 2..fuse_max chunks are merged by their last-arriving CTA; 0 disables; >= kFuseAll, dynamic mode only: all of
+// them, and the empty pairs' zero rows too, so the caller runs no combine). FP8 KV runs the v3 kernel; BF16 KV runs the
 // v2 kernel (v3's transposed products are written for FP8 only) and must be called with fuse_max = 0.
 extern "C" int hp_decode_attention_v3(const void* q, const float* q_scale, const void* k, const void* v,
                                       const int* block_table, const int* kv_lens, const float* k_scale,
@@ -1433,6 +1451,7 @@ extern "C" int hp_decode_attention_v3(const void* q, const float* q_scale, const
                          sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode,
                          splits, chunk_tiles);
   if (fuse_max > 0 && (counters == nullptr || P.R > 8 * kMaxRowGroups)) return (int)cudaErrorInvalidValue;
+  if (fuse_max >= kFuseAll && mode != kDynamic) return (int)cudaErrorInvalidValue;  // zero rows: dynamic map only
   P.counters = counters;
   P.fuse_max = fuse_max;
   const int NT = P.R <= 8 ? 1 : 2;
