@@ -286,7 +286,8 @@ __global__ void __launch_bounds__(WGS * 128, 1)
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// TMA + mbarrier variant (ws128n192, ws128n192m2): router_wgmma_ws_kernel<CM, STAGES>.
+// TMA + mbarrier variants (ws128n192, ws128n192m2, and with the global split-K ws128n192g, ws128n192m2g):
+// router_wgmma_ws_kernel<CM, STAGES, GRED>.
 //
 // Same math and the same 128-byte-swizzled stage layout as router_wgmma_kernel (TMA's SWIZZLE_128B writes
 // 16-byte chunk c of row r at chunk c ^ (r % 8) inside 1024-byte-aligned tiles: exactly what the cp.async loader
