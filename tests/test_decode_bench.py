@@ -200,7 +200,7 @@ def test_auto_variant_choice_on_the_published_cases():
     for case, longest in (("64x4K", 9), ("64x0.5K", 5), ("32x0.125K+32x4K", 17)):
         lens = torch.tensor(expand_lengths(parse_cases(case)), dtype=torch.int32)
         assert K._auto_choice(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132) == ("v3s2c4", longest), case
-    assert K.FUSE_ALL == 1 << 20 and K.AUTO_FUSE_ALL_MAX_CHUNKS == 0  # opt-in until notebook 02 is re-measured
+    assert K.FUSE_ALL == 1 << 20 and K.AUTO_FUSE_ALL_MAX_CHUNKS == 9  # fuses 64x4K (9) and 64x0.5K (5), not 17
     # the boundary: chunks of the longest pair = ceil(tiles / budget) + 1 against AUTO_MAX_CHUNKS
     lens = torch.tensor([127 * 64 * 2], dtype=torch.int32)  # 254 tiles alone: budget 2 -> 128 chunks
     assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132) == "v3s2c4"

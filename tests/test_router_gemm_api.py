@@ -241,7 +241,8 @@ def test_cli_rejects_bad_shape(capsys):
                                  (320, 4096), (576, 1024)])
 def test_wgmma_candidates_only_for_valid_shapes(n, k):
     """A wgmma variant is offered exactly when M >= WGMMA_MIN_M, its BN divides N and its BK divides K; its splits
-    keep the grid within ~2 CTAs per SM (split 1 always) and >= 4 k-tiles per split."""
+    keep the grid within ~2 CTAs per SM (the smallest split always: 1, or 2 for the K-pair variants) and >= 4
+    k-tiles per split."""
     for m in (1, 64, 65, 255, 256, 257, 1000, 2048, 4096):
         got = [(v, s) for v, s in rg.kernel_candidates(m, n, k) if v in rg.WGMMA_TILES]
         want_variants = {v for v, (_, bn, bk) in rg.WGMMA_TILES.items()
@@ -250,8 +251,9 @@ def test_wgmma_candidates_only_for_valid_shapes(n, k):
         for v, s in got:
             bm, bn, bk = rg.WGMMA_TILES[v]
             assert s in (1, 2, 4, 8) and (k // bk) // s >= 4, (v, s)
-            assert s == 1 or -(-m // bm) * (n // bn) * s <= 2 * 132, (m, v, s)
-            assert (v, 1) in got
+            s_min = 2 if v in rg.WGMMA_PAIR_SPLITK else 1
+            assert s >= s_min and (s == s_min or -(-m // bm) * (n // bn) * s <= 2 * 132), (m, v, s)
+            assert (v, s_min) in got
 
 
 def test_wgmma_candidates_at_the_hy3_targets():
@@ -260,7 +262,8 @@ def test_wgmma_candidates_at_the_hy3_targets():
     assert {("wg128n96", 2), ("wg128n192", 4), ("wg64n192", 2)} <= set(c)
     assert not [v for v, _ in c if v == "wg128n128"]  # 192 % 128
     assert {v for v, _ in rg.kernel_candidates(4096, 256, 7168) if v in rg.WGMMA_TILES} == {"wg128n128"}
-    assert not [v for v, _ in rg.kernel_candidates(255, 192, 4096) if v in rg.WGMMA_TILES]
+    assert not [v for v, _ in rg.kernel_candidates(64, 192, 4096) if v in rg.WGMMA_TILES]  # decode sizes
+    assert ("ws128n192p", 8) in rg.kernel_candidates(208, 768, 6144)  # the LongCat Chat prefill of 208 rows
     # the variant ids are the C enum's, contiguous after the mma.sync variants
     assert sorted(rg.VARIANTS[v] for v in rg.WGMMA_TILES) == list(range(27, 27 + len(rg.WGMMA_TILES)))
 
@@ -286,7 +289,8 @@ def test_wgmma_configs_host_side():
             cfg = rg.kernel_config(m, 768, 4096, variant=v)
             assert cfg["variant"] == v and cfg["splits"] in (1, 2, 4, 8), (v, m, cfg)
             tiles = -(-m // bm) * (768 // bn)
-            assert cfg["splits"] == 1 or tiles * cfg["splits"] <= 132, (v, m, cfg)  # one wave
+            s_min = 2 if v in rg.WGMMA_PAIR_SPLITK else 1  # a K pair needs two ranks
+            assert cfg["splits"] == s_min or tiles * cfg["splits"] <= 132, (v, m, cfg)  # one wave
         assert rg.kernel_config(4096, 768, 4096, variant=v, splits=2)["splits"] == 2
         with pytest.raises(ValueError, match="multiple of their BN"):
             rg.kernel_config(2048, 64, 4096, variant=v)
@@ -311,13 +315,13 @@ def test_ws_candidates_at_the_hy3_targets():
     c4096, c2048 = rg.kernel_candidates(4096, 192, 4096), rg.kernel_candidates(2048, 192, 4096)
     assert {("ws128n192", 4), ("ws128n192m2", 4)} <= set(c4096)  # 32 tiles x 4 splits = 128 CTAs
     assert {("ws128n192", 8), ("ws128n192m2", 4)} <= set(c2048)  # 16 tiles x 8 / x 4
-    for m in (256, 257, 1000, 2048, 4096):
+    for m in (65, 208, 256, 257, 1000, 2048, 4096):
         for n, k in ((192, 4096), (384, 3072), (768, 6144)):
             splits = {s for v, s in rg.kernel_candidates(m, n, k) if v == "ws128n192m2"}
             assert splits and splits <= {1, 2, 4}, (m, n, k, splits)
             pairs = -(-m // 256) * 2 * (n // 192)  # padded M tiles x N tiles
             assert all(s == 1 or pairs * s <= 2 * 132 for s in splits), (m, n, splits)
-    for m, n, k in ((255, 192, 4096), (4096, 256, 7168), (4096, 128, 4096), (4096, 320, 4096)):
+    for m, n, k in ((64, 192, 4096), (4096, 256, 7168), (4096, 128, 4096), (4096, 320, 4096)):
         assert not {v for v, _ in rg.kernel_candidates(m, n, k)} & {"ws128n192", "ws128n192m2"}, (m, n, k)
 
 
@@ -364,6 +368,20 @@ def test_ws_configs_host_side():
     # 300 rows: 3 M tiles padded to 4 (the pair), x 2 N tiles, x 8 splits
     assert lib.hp_router_gemm_workspace_bytes(300, 384, 4096, m2g, 8) == 256 + 4 * 2 * 8 * 128 * 192 * 4
     assert set(s for v, s in rg.kernel_candidates(2048, 192, 4096) if v == "ws128n192m2g") == {1, 2, 4, 8}
+    # K pairs (ws128n192p, ws128n192m2p): cluster (CM, 1, 2); four counters per tile (ticket and stored count per
+    # 64-row half) and S / 2 pair sums per tile in the workspace; 2 splits need none (the pair's DSMEM sum is the
+    # result); 1 split refused.
+    p, m2p = rg.VARIANTS["ws128n192p"], rg.VARIANTS["ws128n192m2p"]
+    assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, p, 2) == 0
+    assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, p, 4) == 512 + 32 * 2 * 128 * 192 * 4
+    assert lib.hp_router_gemm_workspace_bytes(300, 384, 4096, m2p, 8) == 256 + 4 * 2 * 4 * 128 * 192 * 4
+    assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, p, 1) == -1
+    assert rg.kernel_config(4096, 192, 4096, variant="ws128n192p")["splits"] == 4
+    assert rg.kernel_config(4096, 768, 6144, variant="ws128n192p")["splits"] == 2  # 4 x 32 tiles: 2 at least
+    assert rg.kernel_config(2048, 192, 4096, variant="ws128n192m2p", splits=8)["splits"] == 8  # cluster (2, 1, 2)
+    with pytest.raises(ValueError, match="splits 0, 2, 4, 8"):
+        rg.kernel_config(2048, 192, 4096, variant="ws128n192p", splits=1)
+    assert set(s for v, s in rg.kernel_candidates(2048, 192, 4096) if v == "ws128n192p") == {2, 4, 8}
     for ws, nbytes in ((None, 0), (fake, 1024)):
         code = lib.hp_router_gemm_ex(fake, fake, fake, fake, fake, 4096, 192, 4096, 2, 1 / 256, 1 / 256, g, 4, ws,
                                      nbytes, None)
@@ -380,3 +398,17 @@ def test_tuned_config_bf16x3_skips_two_part_only_variants():
     assert rg.tuned_config(4096, 192, 4096, table) == ("wg128n96", 2)
     assert rg.tuned_config(4096, 192, 4096, table, parts=3) == ("t128n96d", 2)
     assert rg.tuned_config(8, 192, 4096, table, parts=3) is None  # no non-wgmma candidate measured
+
+
+def test_accuracy_gate_of_the_tuner():
+    """measure_crossover drops a configuration whose max abs error vs FP64 exceeds ERR_BOUND (1.5) x the
+    emulation's: at the bound it passes, just above it fails with the ratio in the reason."""
+    ref64 = torch.zeros(3, 4, dtype=torch.float64)
+    got = torch.zeros(3, 4)
+    assert rg.ERR_BOUND == 1.5
+    got[1, 2] = 1.5e-5
+    assert rg.accuracy_failure(got, ref64, 1e-5) is None
+    got[1, 2] = 1.6e-5
+    why = rg.accuracy_failure(got, ref64, 1e-5)
+    assert why and "1.60x" in why and "bound 1.5x" in why
+    assert rg.accuracy_failure(got, ref64, 1e-5, bound=2.0) is None

@@ -173,12 +173,15 @@ def test_generalised_decode_other_shapes(rg, variant):
                                               ("ws128n192", 1, 4096), ("ws128n192", 4, 4096),
                                               ("ws128n192m2", 1, 4096), ("ws128n192m2", 4, 4096),
                                               ("ws128n192g", 4, 4096), ("ws128n192g", 8, 2048),
-                                              ("ws128n192m2g", 4, 4096), ("ws128n192m2g", 8, 1100)])
+                                              ("ws128n192m2g", 4, 4096), ("ws128n192m2g", 8, 1100),
+                                              ("ws128n192p", 4, 4096), ("ws128n192p", 2, 1100),
+                                              ("ws128n192p", 8, 2048), ("ws128n192m2p", 8, 1100),
+                                              ("ws128n192m2p", 4, 2048)])
 def test_new_variants_deterministic_and_graph_safe(rg, hy3, variant, splits, m):
     """Same bits on every call (fixed-order reductions: cluster ranks, or ws128n192g's last-arriving CTA summing the
     partials in rank order), and the same bits from every replay of a captured graph (replayed twice into a
     re-poisoned output; the ws variants' tensor maps are kernel parameters, captured with the graph; ws128n192g's
-    workspace comes from the graph's pool and its counters are cleared by a memset node)."""
+    workspace comes from the graph's pool and its counters are zeroed by a memset node)."""
     _, weights, _ = hy3
     x = _x(m, seed=41)
     a = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
@@ -342,9 +345,10 @@ def wg_weights(rg):
 
 
 @pytest.mark.parametrize("variant", ["wg128n96", "wg128n192", "wg64n192", "wg128n128"])
-@pytest.mark.parametrize("m,splits", [(257, 1), (257, 4), (1000, 2), (4096, 0), (4096, 1)])
+@pytest.mark.parametrize("m,splits", [(100, 8), (257, 1), (257, 4), (1000, 2), (4096, 0), (4096, 1)])
 def test_wgmma_variants_match_emulation(rg, wg_weights, variant, m, splits):
-    """Each wgmma variant vs the BF16x2 emulation on a NaN-poisoned output: odd M (a partial last row tile: the
+    """Each wgmma variant vs the BF16x2 emulation on a NaN-poisoned output: M = 100 (a single partial tile), odd M
+    (a partial last row tile: the
     zero-filled rows must not leak), M = 4096, one CTA per tile (splits 1) and the cluster split-K reduction."""
     n, k = _wgmma_shape(variant)
     weights = wg_weights(n, k)
@@ -356,7 +360,7 @@ def test_wgmma_variants_match_emulation(rg, wg_weights, variant, m, splits):
 
 
 @pytest.mark.parametrize("variant", ["wg128n96", "wg128n192", "wg64n192", "wg128n128", "ws128n192", "ws128n192m2",
-                                     "ws128n192g", "ws128n192m2g"])
+                                     "ws128n192g", "ws128n192m2g", "ws128n192p", "ws128n192m2p"])
 def test_wgmma_variants_other_shapes(rg, wg_weights, variant):
     """Every router shape the variant's BN divides (several column tiles at N = 384 / 768; K = 3072 / 6144 / 7168;
     for the ws multicast pairs the W halves sit at n_block + 96)."""
@@ -366,7 +370,7 @@ def test_wgmma_variants_other_shapes(rg, wg_weights, variant):
         if n % bn:
             continue
         weights = wg_weights(n, k)
-        for m, splits in ((257, 1), (1000, 2), (2048, 0)):
+        for m, splits in ((257, 2 if variant in rg.WGMMA_PAIR_SPLITK else 1), (1000, 2), (2048, 0)):
             x = _x(m, k=k, seed=47)
             out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant,
                                  splits=splits)
@@ -402,20 +406,23 @@ def test_wgmma_rejects_bf16x3_and_indivisible_n(rg, hy3):
 
 # ---- TMA + mbarrier variants (router_wgmma_ws_kernel: ws128n192, ws128n192m2) ----------------------------------
 
-WS_VARIANTS = ["ws128n192", "ws128n192m2", "ws128n192g", "ws128n192m2g"]
+WS_VARIANTS = ["ws128n192", "ws128n192m2", "ws128n192g", "ws128n192m2g", "ws128n192p", "ws128n192m2p"]
 
 
 @pytest.mark.parametrize("variant", WS_VARIANTS)
-@pytest.mark.parametrize("m,splits", [(257, 1), (257, 4), (1000, 2), (1100, 1), (2048, 4), (4096, 0), (4096, 1),
-                                      (4096, 4), (1000, 8), (1100, 8)])
+@pytest.mark.parametrize("m,splits", [(100, 8), (257, 1), (257, 4), (1000, 2), (1100, 1), (2048, 4), (4096, 0),
+                                      (4096, 1), (4096, 4), (1000, 8), (1100, 8)])
 def test_ws_variants_match_emulation(rg, hy3, variant, m, splits):
-    """vs the BF16x2 emulation on a NaN-poisoned output: M = 257 (a 1-row last tile: TMA's zero-filled rows must not
+    """vs the BF16x2 emulation on a NaN-poisoned output: M = 100 (one partial tile, offered to the tuner since
+    WGMMA_MIN_M = 65), M = 257 (a 1-row last tile: TMA's zero-filled rows must not
     leak; for the pair an odd tile count, so a padding CTA), M = 1100 (9 tiles: padding CTA at splits 1), the
     cluster split-K reduction (2, 4 splits), M = 4096 (the target shape); 8 splits for all but ws128n192m2 (its
     cluster would exceed 8 CTAs: refused, tested below; M = 1000 is 8 tiles, 1100 is 9: a padding CTA for the
     pairs)."""
     if splits == 8 and variant == "ws128n192m2":
         pytest.skip("ws128n192m2 refuses 8 splits (cluster (2, 1, 8) > 8 CTAs): see the refusal test")
+    if splits == 1 and variant in rg.WGMMA_PAIR_SPLITK:
+        pytest.skip(f"{variant} pairs K ranks: it refuses 1 split (see the refusal test)")
     _, weights, _ = hy3
     x = _x(m, seed=71)
     out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
@@ -431,31 +438,83 @@ def test_ws_refuses_bf16x3_and_eight_pair_splits(rg, hy3):
             rg.router_gemm(_x(300), w3, impl="bf16x3_kernel", variant=v)
     with pytest.raises(ValueError, match="splits <= 4"):
         rg.router_gemm(_x(300), hy3[1], impl="bf16x2_kernel", variant="ws128n192m2", splits=8)
+    for v in rg.WGMMA_PAIR_SPLITK:
+        with pytest.raises(ValueError, match="splits 0, 2, 4, 8"):
+            rg.router_gemm(_x(300), hy3[1], impl="bf16x2_kernel", variant=v, splits=1)
 
 
-def test_ws_global_reduction_counters_reset_and_back_to_back(rg, hy3):
-    """ws128n192g: many back-to-back launches on one stream (each with its own workspace from the caching
-    allocator, the counters cleared by the launcher) give the same bits; a launch with a workspace that is too
-    short is refused by the C side before it touches memory (cudaErrorInvalidValue)."""
+@pytest.mark.parametrize("variant,splits,parts", [("ws128n192g", 4, 4), ("ws128n192p", 4, 2),
+                                                  ("ws128n192m2p", 8, 4)])
+def test_ws_global_reduction_counters_reset_and_back_to_back(rg, hy3, variant, splits, parts):
+    """Global split-K: many back-to-back launches on one stream (each with its own workspace from the caching
+    allocator, the counters zeroed by the launcher's memset) give the same bits; a workspace full of
+    garbage (every counter -1) gives them too; a launch with a workspace that is too short is refused by the C side
+    before it touches memory (cudaErrorInvalidValue)."""
+    from hotpaths.kernels._build import ptr, stream_ptr
+
     _, weights, _ = hy3
     x = _x(4096, seed=79)
-    first = rg.router_gemm(x, weights, impl="bf16x2_kernel", variant="ws128n192g", splits=4)
-    outs = [rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(4096, N), variant="ws128n192g",
-                           splits=4) for _ in range(8)]
+    first = rg.router_gemm(x, weights, impl="bf16x2_kernel", variant=variant, splits=splits)
+    outs = [rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(4096, N), variant=variant,
+                           splits=splits) for _ in range(8)]
     torch.cuda.synchronize()
     assert all(torch.equal(o, first) for o in outs)
     lib = rg._lib()
-    need = lib.hp_router_gemm_workspace_bytes(4096, N, K, rg.VARIANTS["ws128n192g"], 4)
-    assert need > 4096 * N * 4 * 4  # 4 partial tiles per output element
-    short = torch.empty(need - 256, dtype=torch.uint8, device="cuda")
-    from hotpaths.kernels._build import ptr, stream_ptr
+    vid = rg.VARIANTS[variant]
+    need = lib.hp_router_gemm_workspace_bytes(4096, N, K, vid, splits)
+    assert need > 4096 * N * 4 * parts  # the partial tiles (K pairs: pair sums) per output element
+    garbage = torch.full((need,), 255, dtype=torch.uint8, device="cuda")
     out = _poisoned(4096, N)
     code = lib.hp_router_gemm_ex(ptr(x), ptr(weights.w_high), ptr(weights.w_low), None, ptr(out), 4096, N, K, 2,
-                                 1 / 256, 1 / 256, rg.VARIANTS["ws128n192g"], 4, ptr(short), need - 256,
-                                 stream_ptr(x.device))
+                                 1 / 256, 1 / 256, vid, splits, ptr(garbage), need, stream_ptr(x.device))
+    assert code == 0
+    torch.cuda.synchronize()
+    assert torch.equal(out, first)
+    short = torch.empty(need - 256, dtype=torch.uint8, device="cuda")
+    out = _poisoned(4096, N)
+    code = lib.hp_router_gemm_ex(ptr(x), ptr(weights.w_high), ptr(weights.w_low), None, ptr(out), 4096, N, K, 2,
+                                 1 / 256, 1 / 256, vid, splits, ptr(short), need - 256, stream_ptr(x.device))
     assert code == 1
     code = lib.hp_router_gemm(ptr(x), ptr(weights.w_high), ptr(weights.w_low), None, ptr(out), 4096, N, K, 2,
-                              1 / 256, 1 / 256, rg.VARIANTS["ws128n192g"], 4, stream_ptr(x.device))
+                              1 / 256, 1 / 256, vid, splits, stream_ptr(x.device))
     assert code == 1  # the entry point without a workspace refuses the split global reduction
     torch.cuda.synchronize()
     assert torch.isnan(out).all()  # nothing was launched
+
+
+@pytest.mark.parametrize("variant,splits", [("ws128n192g", 4), ("ws128n192p", 4), ("ws128n192", 1)])
+def test_ws_timeline_trace(rg, hy3, variant, splits):
+    """hp_router_set_trace: every CTA of a ws launch records entry <= first k-tile landed <= last wgmma <= published
+    <= exit (%globaltimer), its SM id and its k-tile count (the K range split evenly); exactly one CTA per output
+    tile (GRED) or per half (K pairs) reduces; with the trace cleared nothing more is written, and the output is
+    the same bits as without it."""
+    import ctypes
+
+    _, weights, _ = hy3
+    lib = rg._lib()
+    lib.hp_router_set_trace.argtypes = [ctypes.c_void_p]
+    m = 4096
+    x = _x(m, seed=83)
+    plain = rg.router_gemm(x, weights, impl="bf16x2_kernel", variant=variant, splits=splits)
+    ctas = (m // 128) * splits
+    buf = torch.zeros(ctas * 8, dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    assert lib.hp_router_set_trace(ctypes.c_void_p(buf.data_ptr())) == 0
+    try:
+        traced = rg.router_gemm(x, weights, impl="bf16x2_kernel", variant=variant, splits=splits)
+        torch.cuda.synchronize()
+    finally:
+        assert lib.hp_router_set_trace(None) == 0
+    assert torch.equal(traced, plain)
+    t = buf.view(ctas, 8).cpu()
+    assert (t[:, 0] > 0).all()
+    for a, b in ((0, 1), (1, 2), (2, 3), (3, 4)):
+        assert (t[:, a] <= t[:, b]).all(), (a, b)
+    assert (t[:, 5] < torch.cuda.get_device_properties(0).multi_processor_count).all()
+    assert (t[:, 7] == (K // 64) // splits).all()
+    reducers = int(t[:, 6].sum())
+    assert reducers == {"ws128n192g": m // 128, "ws128n192p": 2 * (m // 128), "ws128n192": 0}[variant]
+    buf.zero_()
+    rg.router_gemm(x, weights, impl="bf16x2_kernel", variant=variant, splits=splits)
+    torch.cuda.synchronize()
+    assert not buf.any()

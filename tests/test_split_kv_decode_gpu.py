@@ -423,12 +423,13 @@ def test_v3_fuse_all_no_combine(variant, kw):
 
 
 def test_auto_picks_fuse_all_for_few_chunks(monkeypatch):
-    """plan(variant="auto", kv_dtype=fp8) with AUTO_FUSE_ALL_MAX_CHUNKS = 9: v3s2c4 + FUSE_ALL when the longest pair
-    has at most 9 chunks (64x4K: 8 + 1), v3s2c4 without fusing at 17 (32x0.125K+32x4K), v2 for a long request; an
-    explicit fuse_max wins; with the shipped bound (0) auto never fuses."""
+    """plan(variant="auto", kv_dtype=fp8) with the shipped AUTO_FUSE_ALL_MAX_CHUNKS = 9: v3s2c4 + FUSE_ALL when the
+    longest pair has at most 9 chunks (64x4K: 8 + 1), v3s2c4 without fusing at 17 (32x0.125K+32x4K), v2 for a long
+    request; an explicit fuse_max wins; with the bound at 0 auto never fuses."""
     K, _ = _mods()
     mk = lambda lens: torch.tensor(lens, dtype=torch.int32, device="cuda")  # noqa: E731
-    assert K.AUTO_FUSE_ALL_MAX_CHUNKS == 0
+    assert K.AUTO_FUSE_ALL_MAX_CHUNKS == 9
+    monkeypatch.setattr(K, "AUTO_FUSE_ALL_MAX_CHUNKS", 0)
     assert K.plan(mk([4096] * 64), num_kv_heads=1, q_heads=8, kv_dtype="fp8").fuse_max == 0
     monkeypatch.setattr(K, "AUTO_FUSE_ALL_MAX_CHUNKS", 9)
     p = K.plan(mk([4096] * 64), num_kv_heads=1, q_heads=8, kv_dtype="fp8")

@@ -33,8 +33,9 @@
 // 3. router_wgmma_kernel (router_wgmma.cu; variants wg128n96, wg128n192, wg64n192, wg128n128, two parts only):
 //    the same two-accumulator prefill tile on wgmma (m64nBNk16, shared-memory descriptors over 128-byte-swizzled
 //    cp.async tiles), for the compute-bound M in the thousands where mma.sync tops out; see that file's header.
-//    router_wgmma_ws_kernel (same file; ws128n192, ws128n192m2): TMA + mbarrier producer / consumer warpgroups,
-//    optional W multicast over an M pair of CTAs.
+//    router_wgmma_ws_kernel (same file; ws128n192, ws128n192m2, ws128n192g, ws128n192m2g, ws128n192p,
+//    ws128n192m2p): TMA + mbarrier pipeline, optional W multicast over an M pair of CTAs, split-K through the
+//    cluster, a global workspace, or K pairs in the cluster and then the workspace.
 //
 // Numerics measured on H200 (run 2): against the cuBLAS-SGEMM emulation of the same two products, the kernel
 // differs by rel L2 ~4.4e-6 (max abs 2.5e-5, logits of std ~1) when one CTA accumulates all of K = 4096 in the
@@ -56,6 +57,7 @@ namespace cg = cooperative_groups;
 using hp_router::cp_async_16;
 using hp_router::cp_async_commit;
 using hp_router::cp_async_wait;
+using hp_router::grid_dependency_wait;
 using hp_router::ldg_stream;
 using hp_router::ldmatrix_x4;
 using hp_router::mma_bf16_16816;
@@ -85,9 +87,6 @@ __device__ __forceinline__ float combine(const float (&acc)[PARTS][4], int i, fl
 // Reduction: warps of a CTA in fixed k-phase order through smem, then the CS ranks in rank order through DSMEM:
 // deterministic, no atomics, no workspace. The built-in "decode" configuration (variants decode / decode_n1 /
 // decode_n2) is the instantiation CS = 8, WARPS = 4, WN = 1 (each warp its own k-phase), U = 4 (2 at MT = 3, 4).
-__device__ __forceinline__ void grid_dependency_wait() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
 
 template <int MT, int NT, int PARTS, int WARPS, int WN, int U>
 __global__ void __launch_bounds__(WARPS * 32)
@@ -404,7 +403,7 @@ enum Variant {
   kTiled128X = 7, kDecodeN1 = 8, kDecodeN2 = 9, kT128n96 = 10, kT128n96d = 11, kT64n96d = 12, kT64n192 = 13,
   kT64n192d = 14, kDecC16 = 15, kDecC16N2 = 16, kDecW8 = 17, kDecC16W8 = 18, kDecN32 = 19, kDecN64 = 20,
   kT64n96 = 21, kT64n96d3 = 22, kT128n96d3 = 23, kTiled128s3 = 24, kTiled128s6 = 25, kTiled64s6 = 26,
-  // 27 .. 34: the wgmma variants of router_wgmma.cu (hp_router::kWg128n96 ... kWs128n192m2g)
+  // 27 .. 36: the wgmma variants of router_wgmma.cu (hp_router::kWg128n96 ... kWs128n192m2p)
   kNumVariants = hp_router::kWgEnd
 };
 static_assert(kTiled64s6 + 1 == hp_router::kWg128n96, "wgmma variant ids continue enum Variant");
@@ -483,6 +482,7 @@ Config choose(int M, int N, int K, int variant, int splits) {
     while (hp_router::wgmma_cluster_size(cfg.variant, 2 * s) <= 8 && 2 * s <= 8 && base * 2 * s <= kTargetCtas &&
            (K / 64) / (2 * s) >= 4)
       s *= 2;
+    if (hp_router::wgmma_pair_splitk(cfg.variant) && s < 2) s = 2;  // a K pair needs two ranks
     cfg.splits = s;
   } else if (cfg.splits <= 0) {
     const Tile t = tile_of(cfg.variant);
@@ -648,6 +648,7 @@ int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg
   if (splits > 0 && (splits & (splits - 1))) return cudaErrorInvalidValue;  // 1, 2, 4, 8: divides BM
   if (variant != kAuto && tile_of(variant).bn && N % tile_of(variant).bn) return cudaErrorInvalidValue;
   if (hp_router::wgmma_cluster_size(variant, splits) > 8) return cudaErrorInvalidValue;  // portable cluster size
+  if (hp_router::wgmma_pair_splitk(variant) && splits == 1) return cudaErrorInvalidValue;  // K pairs: >= 2 splits
   const Config cfg = choose(M, N, K, variant, splits);
   cfg_out[0] = cfg.variant;
   cfg_out[1] = cfg.splits;
@@ -657,7 +658,8 @@ int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg
 }
 
 // Bytes of device workspace hp_router_gemm_ex needs for this request (0 for every variant but the global
-// split-K ones, ws128n192g / ws128n192m2g, with K split), or -1 for a request hp_router_gemm_config refuses.
+// split-K ones, ws128n192g / ws128n192m2g with K split, ws128n192p / ws128n192m2p with 4 or 8 splits), or -1 for a
+// request hp_router_gemm_config refuses.
 long long hp_router_gemm_workspace_bytes(int M, int N, int K, int variant, int splits) {
   int cfg[4];
   if (hp_router_gemm_config(M, N, K, variant, splits, cfg)) return -1;

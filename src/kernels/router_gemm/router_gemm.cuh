@@ -47,4 +47,8 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   return v;
 }
 
+// PDL: wait until the kernel launched before this one (with the programmatic-serialization attribute on this
+// launch) has completed and its writes are visible; a no-op when launched without that attribute.
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 }  // namespace hp_router

@@ -76,6 +76,24 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The split-K epilogue's first step: this thread's part of the combined partial tile, acc0 + s1 * acc1 in the wgmma
+// m64nBN accumulator layout (register j of thread (warp w, lane l) holds row 16 w + l / 4 + 8 ((j >> 1) & 1),
+// column 8 (j >> 2) + 2 (l % 4) + (j & 1); row0 / col0 give this thread's first), into red[rows][BN + 4] (padded
+// rows: the cross-rank reads that follow are float4 over a row).
+template <int BN>
+__device__ __forceinline__ void partial_to_smem(float* red, const float (&acc0)[BN / 2], const float (&acc1)[BN / 2],
+                                                float s1, int row0, int col0) {
+  constexpr int LDR = BN + 4;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int e = 4 * j + 2 * h;
+      *reinterpret_cast<float2*>(red + (row0 + 8 * h) * LDR + 8 * j + col0) =
+          make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]);
+    }
+}
+
 // D[64 x 96] (fp32, 48 regs per thread) += A[64 x 16] * B[96 x 16]^T, both K-major in shared memory.
 __device__ __forceinline__ void wgmma_m64n96k16(float (&d)[48], uint64_t desc_a, uint64_t desc_b) {
   asm volatile(
@@ -260,14 +278,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   __syncthreads();
   constexpr int LDR = BN + 4;
   float* red = reinterpret_cast<float*>(smem);
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int e = 4 * j + 2 * h;
-      *reinterpret_cast<float2*>(red + (row0 + 8 * h) * LDR + 8 * j + col0) =
-          make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]);
-    }
+  partial_to_smem<BN>(red, acc0, acc1, s1, row0, col0);
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   const int rows_per = BM / splits;
@@ -286,8 +297,8 @@ __global__ void __launch_bounds__(WGS * 128, 1)
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// TMA + mbarrier variants (ws128n192, ws128n192m2, and with the global split-K ws128n192g, ws128n192m2g):
-// router_wgmma_ws_kernel<CM, STAGES, GRED>.
+// TMA + mbarrier variants (ws128n192, ws128n192m2, with the global split-K ws128n192g, ws128n192m2g, and with K
+// pairs before it ws128n192p, ws128n192m2p): router_wgmma_ws_kernel<CM, STAGES, GRED, KP>.
 //
 // Same math and the same 128-byte-swizzled stage layout as router_wgmma_kernel (TMA's SWIZZLE_128B writes
 // 16-byte chunk c of row r at chunk c ^ (r % 8) inside 1024-byte-aligned tiles: exactly what the cp.async loader
@@ -410,16 +421,33 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const TmaMap* map, 
       : "memory");
 }
 
+// Diagnostic timeline (scripts/gpu_router_trace.py): once hp_router_set_trace() has set a buffer, thread 0 of every
+// CTA of router_wgmma_ws_kernel writes kTraceWords words at [CTA linear id * kTraceWords]: %globaltimer at entry,
+// when its first k-tile has landed, after its last wgmma, after its partial is published (GRED) and at exit, then
+// its SM id, whether it reduced the tile (GRED) and its k-tile count. Null (off) by default: one global load per CTA.
+constexpr int kTraceWords = 8;
+__device__ unsigned long long* g_ws_trace = nullptr;
+__device__ __forceinline__ uint32_t sm_id() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+  return r;
+}
+
 constexpr int kWsBM = 128, kWsBN = 192, kWsThreads = 256;
 constexpr int kWsABytes = kWsBM * kRowBytes, kWsBBytes = kWsBN * kRowBytes;  // 16 KB, 24 KB
 // Global split-K workspace: tile counters (padded to 256 B), then S fp32 partial tiles of 128 x 192 per output tile
 // of the grid (M tiles padded to the cluster's CM, as the grid is).
-constexpr size_t ws_gred_counter_bytes(int tiles) { return (static_cast<size_t>(tiles) * 4 + 255) / 256 * 256; }
+// With K pairs (KP = 2): four counters per tile (ticket and stored count per 64-row half) and S / 2 pair sums per
+// tile; nothing at S = 2.
+constexpr int ws_gred_counters_per_tile(int kp) { return kp == 2 ? 4 : 1; }
+constexpr size_t ws_gred_counter_bytes(int counters) { return (static_cast<size_t>(counters) * 4 + 255) / 256 * 256; }
 constexpr int ws_grid_tiles(int M, int N, int cm) { return ((M + kWsBM * cm - 1) / (kWsBM * cm)) * cm * (N / kWsBN); }
-constexpr size_t ws_gred_workspace_bytes(int M, int N, int splits, int cm) {
-  return ws_gred_counter_bytes(ws_grid_tiles(M, N, cm)) +
-         static_cast<size_t>(ws_grid_tiles(M, N, cm)) * splits * kWsBM * kWsBN * 4;
+constexpr size_t ws_gred_workspace_bytes(int M, int N, int splits, int cm, int kp) {
+  return splits / kp <= 1 ? 0
+                          : ws_gred_counter_bytes(ws_grid_tiles(M, N, cm) * ws_gred_counters_per_tile(kp)) +
+                                static_cast<size_t>(ws_grid_tiles(M, N, cm)) * (splits / kp) * kWsBM * kWsBN * 4;
 }
+
 
 constexpr int kWsStageBytes = kWsABytes + 2 * kWsBBytes;                      // 64 KB, the "full" tx count
 
@@ -433,14 +461,22 @@ constexpr int ws_smem_bytes() {
 // Clusters", so 32 M tiles x 4 splits ran in two waves). Each rank stores its combined partial tile to a global
 // workspace in the fragment layout (coalesced), counts itself in on the tile's counter, and the last rank to
 // arrive sums the S partials in rank order (deterministic whatever the arrival order) and writes the tile.
-template <int CM, int STAGES, bool GRED>
+// KP = 2 (ws128n192p, ws128n192m2p; GRED only): the cluster is (CM, 1, 2), pairing K ranks 2g and 2g + 1 of one
+// tile. After the main loop both write their combined partial into their own shared memory, and rank k of the pair
+// sums rows [64 k, 64 k + 64) of the two (rank 0's first) through DSMEM. Each half then goes through the global
+// workspace as above, but with S / 2 pair sums per half and both CTAs of the pair publishing and reducing at once:
+// a quarter of the bytes per CTA that one last arrival of KP = 1 reads, and half the partial stores (measured at
+// M = 4096, S = 4 with KP = 1: 3.3 us to publish, 5.4 us for the last arrival's sum; scripts/gpu_router_trace.py).
+// The sum is ((p0 + p1) + (p2 + p3)) + ... in fixed order: deterministic, though not bit-equal to KP = 1's.
+template <int CM, int STAGES, bool GRED, int KP = 1>
 __global__ void __launch_bounds__(kWsThreads, 1)
     router_wgmma_ws_kernel(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w0,
                            const __grid_constant__ TmaMap map_w1, float* __restrict__ out, int M, int N, int K,
-                           float s1, float* __restrict__ partials, int* __restrict__ counters) {
+                           float s1, float* __restrict__ partials, int* __restrict__ counters, int rot) {
   constexpr int R = kWsBN / 2;       // 96 fp32 per accumulator per thread
   constexpr int WROWS = kWsBN / CM;  // W rows this CTA loads (and multicasts to its CM - 1 partners)
   static_assert(CM == 1 || CM == 2, "cluster pairs along M");
+  static_assert(KP == 1 || (KP == 2 && GRED), "K pairs only with the global split-K");
   static_assert((WROWS * kRowBytes) % 1024 == 0, "a multicast half must start on a swizzle atom");
   static_assert(ws_smem_bytes<STAGES>() <= 227 * 1024, "shared memory per block (sm_90)");
   static_assert(kWsBM * (kWsBN + 4) * 4 <= STAGES * kWsStageBytes, "split-K buffer reuses the stages");
@@ -452,10 +488,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto empty_bar = [&](int s) { return bar_base + 8u * (STAGES + s); };
 
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
+  unsigned long long* trace = g_ws_trace;
+  if (trace) {
+    trace += (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * kTraceWords;
+    if (tid == 0) trace[0] = global_ns();
+  }
   const int mi = blockIdx.x % CM;                     // position in the M pair
   const int splits = gridDim.z, rank_k = blockIdx.z;  // cluster (CM, 1, splits): one cluster spans all splits
-  // cluster rank of (mi = 0, this split); GRED: every CTA is its own cluster of one
-  const uint32_t group0 = GRED ? 0u : static_cast<uint32_t>(rank_k * CM);
+  // cluster rank of (mi = 0, this split); GRED: the cluster is the M pair (and the K pair when KP = 2)
+  const uint32_t group0 = GRED ? static_cast<uint32_t>((rank_k % KP) * CM) : static_cast<uint32_t>(rank_k * CM);
   const int n_block = blockIdx.y * kWsBN, m_block = blockIdx.x * kWsBM;
   const int kt_total = K / kWgBK;
   const int kt_begin = static_cast<int>((static_cast<long long>(kt_total) * rank_k) / splits);
@@ -470,7 +511,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const int s = t % STAGES;
     const uint32_t st = smem_u32(stages + s * kWsStageBytes), fb = full_bar(s);
     mbar_arrive_expect_tx(fb, kWsStageBytes);
-    const int k0 = (kt_begin + t) * kWgBK;
+    // rot > 0: M tile (pair) i walks its K range starting at k-tile (i * rot) % nk, so the CTAs that share the W
+    // tiles do not all ask the same L2 lines for the same k-tile at once (a fixed order per tile: deterministic).
+    const int k0 = (kt_begin + (rot > 0 ? (t + (blockIdx.x / CM) * rot) % nk : t)) * kWgBK;
     tma_load_2d(st, &map_x, k0, x_row, fb);
     if constexpr (CM == 1) {
       tma_load_2d(st + kWsABytes, &map_w0, k0, w_row, fb);
@@ -528,6 +571,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (!hang) hang = t + 1;
       break;  // every thread of the CTA times out on the same barrier: no wgmma is issued by part of a warpgroup
     }
+    if (trace && t == 0 && tid == 0) trace[1] = global_ns();
     __syncwarp();  // the wgmma instructions below are .sync.aligned: the warp must be converged
     const unsigned char* st = stages + s * kWsStageBytes;
     const uint64_t da = smem_desc_sw128(st + wg * 64 * kRowBytes);
@@ -563,6 +607,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   fence_regs(acc0);
   fence_regs(acc1);
   if (nk > 0 && !hang) release((nk - 1) % STAGES);  // keeps every empty barrier's phase count uniform
+  if (trace && tid == 0) {
+    trace[2] = global_ns();
+    trace[5] = sm_id();
+    trace[7] = static_cast<unsigned long long>(nk);
+  }
 
   const int row0 = wg * 64 + warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
   if (splits == 1) {
@@ -578,10 +627,94 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if (hang) mbar_hang_report(hang);  // here the accumulators are dead: no call inside the wgmma pipeline
     // Keep this CTA's barriers alive until the partner's last arrivals on them have landed.
     if (CM > 1) cluster_sync_all();
+    if (trace && tid == 0) trace[3] = trace[4] = global_ns();
     return;
   }
 
-  if constexpr (GRED) {
+  if constexpr (GRED && KP == 2) {
+    __syncthreads();  // both warpgroups are past their last wgmma: the stage buffers can take the partial tile
+    constexpr int LDR = kWsBN + 4, C4 = kWsBN / 4, H4 = 64 * C4 / kWsThreads;  // H4 = 12 float4 per thread
+    static_assert(64 * C4 % kWsThreads == 0, "a 64-row half splits evenly over the threads");
+    float* red = reinterpret_cast<float*>(stages);
+    partial_to_smem<kWsBN>(red, acc0, acc1, s1, row0, col0);
+    if (hang) mbar_hang_report(hang);
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster_sync_all();  // both partials of the K pair are complete (and the M partner's arrivals have landed)
+    const int kp = rank_k & 1, grp = rank_k >> 1, groups = splits >> 1;
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+    // Ticket first (groups > 1): the pair sum that arrives last (ticket groups - 1) is never stored; the others
+    // store theirs, then count themselves in on the half's second counter, and the last one waits for that count.
+    // It waits only on CTAs that already hold a ticket, i.e. are running and need nothing else to finish their
+    // store: no co-residency assumption. Counters: [tile][half][ticket, stored], zeroed by the launcher.
+    int* ctr = counters + (tile * 2 + kp) * 2;
+    __shared__ int last_half;
+    if (tid == 0) {
+      int last = 1;
+      if (groups > 1) {
+        last = atomicAdd(ctr, 1) == groups - 1;
+        if (last) {
+          const unsigned long long t0 = global_ns();
+          while (atomicAdd(ctr + 1, 0) < groups - 1)
+            if (global_ns() - t0 > kHangNs) mbar_hang_report(1 << 30);  // a lost store count: fail, do not hang
+        }
+      }
+      last_half = last;
+    }
+    __syncthreads();
+    const bool store = last_half;
+    // This CTA's half of the pair sum, rank 0's partial first, through distributed shared memory.
+    const float* p0 = cluster.map_shared_rank(red, static_cast<unsigned>(mi));       // pair rank 0
+    const float* p1 = cluster.map_shared_rank(red, static_cast<unsigned>(CM + mi));  // pair rank 1
+    float4 v[H4];
+#pragma unroll
+    for (int i = 0; i < H4; ++i) {
+      const int idx = i * kWsThreads + tid, r = 64 * kp + idx / C4, c4 = (idx % C4) * 4;
+      const float4 a = *reinterpret_cast<const float4*>(p0 + r * LDR + c4);
+      const float4 b = *reinterpret_cast<const float4*>(p1 + r * LDR + c4);
+      v[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    }
+    if (trace && tid == 0) {
+      trace[3] = global_ns();
+      trace[6] = store;
+    }
+    if (groups > 1) {
+      // Workspace: [tile][half][group] slots of 64 x 192 fp32, float4 i of thread tid at [i * kWsThreads + tid].
+      float4* slot0 =
+          reinterpret_cast<float4*>(partials) + (static_cast<size_t>(tile) * 2 + kp) * groups * H4 * kWsThreads;
+      if (!store) {
+#pragma unroll
+        for (int i = 0; i < H4; ++i) __stcg(slot0 + (static_cast<size_t>(grp) * H4 + i) * kWsThreads + tid, v[i]);
+        __threadfence();  // this thread's pair sum is visible GPU-wide before the CTA counts it as stored
+        __syncthreads();
+        if (tid == 0) atomicAdd(ctr + 1, 1);
+      } else {
+        __threadfence();  // acquire side (thread 0 saw every store count): the sums are read through L2 (ld.cg)
+        // Sum the groups in order; this group's own sum comes from registers.
+        float4 acc[H4];
+        for (int q = 0; q < groups; ++q) {
+#pragma unroll
+          for (int i = 0; i < H4; ++i) {
+            const float4 t =
+                q == grp ? v[i] : __ldcg(slot0 + (static_cast<size_t>(q) * H4 + i) * kWsThreads + tid);
+            acc[i] = q ? make_float4(acc[i].x + t.x, acc[i].y + t.y, acc[i].z + t.z, acc[i].w + t.w) : t;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < H4; ++i) v[i] = acc[i];
+        if (tid == 0) ctr[0] = ctr[1] = 0;  // every ticket taken, every store counted: back to zero
+      }
+    }
+    if (store) {
+#pragma unroll
+      for (int i = 0; i < H4; ++i) {
+        const int idx = i * kWsThreads + tid, row = m_block + 64 * kp + idx / C4, c4 = (idx % C4) * 4;
+        if (row < M) *reinterpret_cast<float4*>(out + static_cast<size_t>(row) * N + n_block + c4) = v[i];
+      }
+    }
+    cluster_sync_all();  // the partner has read this CTA's partial: its shared memory may go
+    if (trace && tid == 0) trace[4] = global_ns();
+    return;
+  } else if constexpr (GRED) {
     // Fragment layout: float2 number p = 2 j + h of thread tid sits at [p * kWsThreads + tid] of the rank's slot.
     constexpr int P = kWsBN / 4;  // float2 per thread
     const int tile = blockIdx.y * gridDim.x + blockIdx.x;
@@ -603,6 +736,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     __syncthreads();
     if (tid == 0) last = atomicAdd(counters + tile, 1) == splits - 1;
     __syncthreads();
+    if (trace && tid == 0) {
+      trace[3] = global_ns();
+      trace[6] = last;
+      if (!last) trace[4] = trace[3];
+    }
     if (!last) return;
     __threadfence();  // acquire side: the other ranks' partials (read through L2 with ld.cg below)
     // Sum the S slots in rank order (this rank's own slot re-read from L2 too, so the order and the bits do not
@@ -630,6 +768,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
               make_float2(acc0[e], acc0[e + 1]);
       }
     if (tid == 0) counters[tile] = 0;  // back to zero for the next launch (the launcher also clears them)
+    if (trace && tid == 0) trace[4] = global_ns();
     return;
   }
 
@@ -639,17 +778,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   __syncthreads();
   constexpr int LDR = kWsBN + 4;
   float* red = reinterpret_cast<float*>(stages);
-#pragma unroll
-  for (int j = 0; j < kWsBN / 8; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int e = 4 * j + 2 * h;
-      *reinterpret_cast<float2*>(red + (row0 + 8 * h) * LDR + 8 * j + col0) =
-          make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]);
-    }
+  partial_to_smem<kWsBN>(red, acc0, acc1, s1, row0, col0);
   if (hang) mbar_hang_report(hang);
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
+  if (trace && tid == 0) {
+    trace[3] = global_ns();
+    trace[6] = 1;
+  }
   const int rows_per = kWsBM / splits;
   for (int idx = tid; idx < rows_per * (kWsBN / 4); idx += kWsThreads) {
     const int r = rank_k * rows_per + idx / (kWsBN / 4), c4 = (idx % (kWsBN / 4)) * 4;
@@ -663,6 +799,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     *reinterpret_cast<float4*>(out + static_cast<size_t>(row) * N + n_block + c4) = v;
   }
   cluster.sync();  // keep this CTA's shared memory and barriers alive until every partner is done with them
+  if (trace && tid == 0) trace[4] = global_ns();
 }
 
 #if !defined(__CUDACC_RTC__)
@@ -721,22 +858,26 @@ cudaError_t encode_bf16_map(TmaMap* map, const void* ptr, int rows, int K, int b
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int CM, int STAGES, bool GRED>
+template <int CM, int STAGES, bool GRED, int KP = 1>
 cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1, float* out, int M,
                       int N, int K, float s1, int splits, void* workspace, size_t workspace_bytes,
                       cudaStream_t stream) {
-  if ((GRED ? splits : CM * splits) > 8) return cudaErrorInvalidValue;  // portable cluster size / split limit
+  if ((GRED ? splits : CM * splits) > 8 || CM * KP > 8) return cudaErrorInvalidValue;  // portable cluster / splits
+  if (splits % KP) return cudaErrorInvalidValue;                                       // K pairs
   const int m_tiles = (M + kWsBM - 1) / kWsBM;
   float* partials = nullptr;
   int* counters = nullptr;
-  if (GRED && splits > 1) {
-    if (!workspace || workspace_bytes < ws_gred_workspace_bytes(M, N, splits, CM) ||
+  if (GRED && splits / KP > 1) {
+    if (!workspace || workspace_bytes < ws_gred_workspace_bytes(M, N, splits, CM, KP) ||
         reinterpret_cast<uintptr_t>(workspace) % 256)
       return cudaErrorInvalidValue;
-    const int tiles = ws_grid_tiles(M, N, CM);
+    const int ncounters = ws_grid_tiles(M, N, CM) * ws_gred_counters_per_tile(KP);
     counters = static_cast<int*>(workspace);
-    partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + ws_gred_counter_bytes(tiles));
-    cudaError_t e = cudaMemsetAsync(counters, 0, sizeof(int) * tiles, stream);
+    partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + ws_gred_counter_bytes(ncounters));
+    // Zeroed before every launch (a memset node in a graph). Measured on the H200 at M = 2048 / 4096: a one-CTA
+    // zeroing kernel overlapped with the GEMM through PDL was no faster (37.4 vs 37.0 us, ws128n192p/4); only no
+    // zeroing at all, on a persistent workspace, gained (~1 us): router_trace_session4c.txt.
+    cudaError_t e = cudaMemsetAsync(counters, 0, sizeof(int) * ncounters, stream);
     if (e != cudaSuccess) return e;
   }
   // Tensor maps are encoded per call on the host (a few us of CPU, no stream work): the kernel parameters carry
@@ -747,7 +888,7 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
   if (e == cudaSuccess) e = encode_bf16_map(&mw1, w1, N, K, kWsBN / CM);
   if (e != cudaSuccess) return e;
   constexpr int smem = ws_smem_bytes<STAGES>();
-  auto kernel = router_wgmma_ws_kernel<CM, STAGES, GRED>;
+  auto kernel = router_wgmma_ws_kernel<CM, STAGES, GRED, KP>;
   static bool configured = false;  // attribute set once per instantiation (host-side, not a stream op)
   if (!configured) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -763,10 +904,13 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = CM;
   attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = GRED ? 1 : splits;
+  attr[0].val.clusterDim.z = GRED ? KP : splits;
   lc.attrs = attr;
   lc.numAttrs = 1;
-  e = cudaLaunchKernelEx(&lc, kernel, mx, mw0, mw1, out, M, N, K, s1, partials, counters);
+  // k-tile rotation once 16 or more M tiles (pairs) share the W tiles: -3 us at M = 4096 (ws128n192p/4 39.1 ->
+  // 36.1, ws128n192g/4 40.4 -> 37.2), within +-0.5 us at M = 1024 (router_trace_session4b.txt).
+  const int rot = (m_tiles + CM - 1) / CM >= 16 ? 1 : 0;
+  e = cudaLaunchKernelEx(&lc, kernel, mx, mw0, mw1, out, M, N, K, s1, partials, counters, rot);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -775,11 +919,17 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
 }  // namespace
 
 #if !defined(__CUDACC_RTC__)
+// Sets (or with null clears) the diagnostic timeline buffer of router_wgmma_ws_kernel: kTraceWords (8) uint64 per
+// CTA of the next launches (grid x * y * z). Not stream-ordered: call it with the device idle.
+extern "C" int hp_router_set_trace(void* buffer) {
+  return static_cast<int>(cudaMemcpyToSymbol(g_ws_trace, &buffer, sizeof(buffer)));
+}
+
 namespace hp_router {
 
 size_t router_wgmma_workspace_bytes(int variant, int M, int N, int splits) {
   return wgmma_global_splitk(variant) && splits > 1 && M > 0 && N > 0
-             ? ws_gred_workspace_bytes(M, N, splits, wgmma_cluster_m(variant))
+             ? ws_gred_workspace_bytes(M, N, splits, wgmma_cluster_m(variant), wgmma_pair_splitk(variant) ? 2 : 1)
              : 0;
 }
 
@@ -801,6 +951,10 @@ cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_
       return launch_ws<1, 3, true>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
     case kWs128n192m2g:
       return launch_ws<2, 3, true>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
+    case kWs128n192p:
+      return launch_ws<1, 3, true, 2>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
+    case kWs128n192m2p:
+      return launch_ws<2, 3, true, 2>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
     default: return cudaErrorInvalidValue;
   }
 }

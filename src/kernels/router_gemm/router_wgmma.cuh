@@ -11,7 +11,11 @@ constexpr int kWg128n96 = 27, kWg128n192 = 28, kWg64n192 = 29, kWg128n128 = 30;
 // Warp-specialised TMA variants (router_wgmma_ws_kernel): 128 x 192, CM = 1 or 2 CTAs per cluster along M.
 // ws128n192g / ws128n192m2g: ws128n192 / ws128n192m2 with split-K through a global workspace instead of the cluster
 // (the cluster is then 1 or the M pair only).
-constexpr int kWs128n192 = 31, kWs128n192m2 = 32, kWs128n192g = 33, kWs128n192m2g = 34, kWgEnd = 35;
+// ws128n192p / ws128n192m2p: the global split-K with the K ranks paired in the cluster (CM, 1, 2): each pair sums
+// its two partial tiles through distributed shared memory first, so the workspace carries half the partials and
+// the last arrival of each 64-row half sums S / 2 of them (splits 2, 4, 8; with 2 no workspace at all).
+constexpr int kWs128n192 = 31, kWs128n192m2 = 32, kWs128n192g = 33, kWs128n192m2g = 34, kWs128n192p = 35,
+              kWs128n192m2p = 36, kWgEnd = 37;
 
 constexpr bool is_wgmma_variant(int v) { return v >= kWg128n96 && v < kWgEnd; }
 
@@ -24,18 +28,25 @@ constexpr WgTile wgmma_tile(int v) {
          : v == kWg128n192 ? WgTile{128, 192}
          : v == kWg64n192 ? WgTile{64, 192}
          : v == kWg128n128 ? WgTile{128, 128}
-         : v >= kWs128n192 && v <= kWs128n192m2g ? WgTile{128, 192}
+         : v >= kWs128n192 && v <= kWs128n192m2p ? WgTile{128, 192}
                            : WgTile{0, 0};
 }
 
 // CTAs per cluster along M that share (multicast) the W tiles: 2 for ws128n192m2, else 1. The cluster is
 // (CM, 1, splits), so CM * splits <= 8 (portable cluster size).
-constexpr int wgmma_cluster_m(int v) { return v == kWs128n192m2 || v == kWs128n192m2g ? 2 : 1; }
-// Split-K through a global workspace (no cluster along K).
-constexpr bool wgmma_global_splitk(int v) { return v == kWs128n192g || v == kWs128n192m2g; }
-// CTAs per cluster: (CM, 1, splits), or (CM, 1, 1) with the global split-K. At most 8 (portable).
+constexpr int wgmma_cluster_m(int v) {
+  return v == kWs128n192m2 || v == kWs128n192m2g || v == kWs128n192m2p ? 2 : 1;
+}
+// Split-K through a global workspace (the cluster spans the M pair and, for the pair variants, a K pair only).
+constexpr bool wgmma_global_splitk(int v) {
+  return v == kWs128n192g || v == kWs128n192m2g || v == kWs128n192p || v == kWs128n192m2p;
+}
+// K ranks paired in the cluster (ws128n192p, ws128n192m2p): splits must be even (2, 4, 8).
+constexpr bool wgmma_pair_splitk(int v) { return v == kWs128n192p || v == kWs128n192m2p; }
+// CTAs per cluster: (CM, 1, splits), (CM, 1, 2) for the pair variants, (CM, 1, 1) for the other global split-K
+// ones. At most 8 (portable).
 constexpr int wgmma_cluster_size(int v, int splits) {
-  return wgmma_cluster_m(v) * (wgmma_global_splitk(v) ? 1 : splits);
+  return wgmma_cluster_m(v) * (wgmma_pair_splitk(v) ? 2 : wgmma_global_splitk(v) ? 1 : splits);
 }
 
 #if !defined(__CUDACC_RTC__)

@@ -56,13 +56,12 @@ DEFAULT_FUSE_MAX = 0
 # That takes the combine's kernel boundary off a step, but the last CTA of a pair merges its chunks 4 per L2 round
 # trip, so it only pays on batches whose pairs have few chunks. Measured on the H200 in one process
 # (data/profiles/h200/decode_variants_ab5.txt, v3s2c4 + FUSE_ALL vs v3s2c4): 64x0.5K 12.6 vs 13.7 us, 64x4K 31.4 vs
-# 33.5; every decode GPU test passes with it (data/results/h200/pytest_decode_gpu_fuse_all.log). It is opt-in for
-# now: plan(variant="auto") picks it (with v3s2c4) when the longest pair has at most AUTO_FUSE_ALL_MAX_CHUNKS chunks
-# at plan time, and that bound is 0 (never) until notebook 02's tables are re-measured with it (the run that
-# measured it lacked the FlashInfer peer). Set AUTO_FUSE_ALL_MAX_CHUNKS = 9 (64x4K: 8 + 1) or pass fuse_max=FUSE_ALL.
-# Later updates stay correct whatever their lengths (a long pair is still merged, just slowly).
+# 33.5; every decode GPU test passes with it (data/results/h200/pytest_decode_gpu_fuse_all.log). plan(variant="auto")
+# picks it (with v3s2c4) when the longest pair has at most AUTO_FUSE_ALL_MAX_CHUNKS = 9 chunks at plan time (64x4K:
+# 8 + 1; 64x0.5K: 4 + 1); 32x0.125K+32x4K (17) and longer keep the combine kernel. Notebook 02 measures auto with it
+# (fourth H200 session). Later updates stay correct whatever their lengths (a long pair is still merged, just slowly).
 FUSE_ALL = 1 << 20
-AUTO_FUSE_ALL_MAX_CHUNKS = 0
+AUTO_FUSE_ALL_MAX_CHUNKS = 9
 MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_heads / H * q_len <= 64
 # "auto" is the default since the third H200 session (2026-11-29): v3s2c4's finer grid balances better (64x4K 1.0 us,
 # 32x0.125K+32x4K 3.3 us, 2x32K+30x4K 1.2 us faster than v2: data/profiles/h200/decode_variants_ab4.txt), but it

@@ -1,0 +1,137 @@
+"""Where the time of the router GEMM prefill kernels goes: a per-CTA timeline, and the split-K memset's cost.
+
+Usage (GPU machine, hotpaths importable): python scripts/gpu_router_trace.py [--out DIR]
+1. Timeline: router_wgmma_ws_kernel records %globaltimer per CTA (entry, first k-tile landed, last wgmma done,
+   partial published, exit; see hp_router_set_trace in router_wgmma.cu). Each configuration runs 7 times after an
+   L2 flush (eager launch); the run with the median span is summarised: entry spread, first-tile latency, time per
+   k-tile in the main loop, publish, reduction tail of the last arriver, span.
+2. A/B of configurations (and of experiment switches read by the launcher, when there are any) in one process (see
+   AB), each checked against the emulation first.
+Writes router_trace.txt / .json to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+from pathlib import Path
+
+TRACE_CFGS = ("ws128n192g/4", "ws128n192m2g/4", "ws128n192p/4", "ws128n192p/8")
+WORDS = 8  # trace words per CTA (kTraceWords in router_wgmma.cu)
+# A/B list: (configuration, environment switches read by the launcher, if an experiment adds any). The session-4
+# experiments (no counter memset on a persistent workspace; a PDL-overlapped zeroing kernel; the k-tile rotation)
+# are in data/profiles/h200/router_trace_session4*.txt; the rotation became the default from 16 M tiles (pairs) up.
+AB = [(c, {}) for c in ("ws128n192p/4", "ws128n192g/4", "ws128n192m2g/4", "ws128n192p/8", "ws128n192/4",
+                        "ws128n192m2p/4")]
+
+
+def main() -> None:
+    import numpy as np
+    import torch
+
+    from hotpaths.harness.bench import bench, flush_l2
+    from hotpaths.harness.check import check
+    from hotpaths.kernels import router_gemm as rg
+    from hotpaths.kernels._build import ptr, stream_ptr
+    from hotpaths.reference import router_gemm as ref
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "scratch/router_trace"))
+    a = ap.parse_args()
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lib = rg._lib()
+    lib.hp_router_set_trace.argtypes = [ctypes.c_void_p]
+    lib.hp_router_set_trace.restype = ctypes.c_int
+    g = torch.Generator().manual_seed(0)
+    w = rg.plan((torch.randn(192, 4096, generator=g) * 0.02).cuda())
+    lines, rows = [], []
+
+    def say(s: str) -> None:
+        lines.append(s)
+        print(s, flush=True)
+
+    buf = torch.zeros(2048 * WORDS, dtype=torch.int64, device="cuda")
+    for m in (2048, 4096):
+        x = torch.randn(m, 4096, generator=g).to(torch.bfloat16).cuda()
+        out = torch.empty(m, 192, device="cuda")
+        for c in TRACE_CFGS:
+            v, s = c.split("/")[0], int(c.split("/")[1])
+            cm = 2 if "m2" in v else 1
+            m_tiles = -(-m // 128)
+            ctas = -(-m_tiles // cm) * cm * s
+            runs = []
+            for _ in range(7):
+                buf.zero_()
+                torch.cuda.synchronize()
+                assert lib.hp_router_set_trace(ctypes.c_void_p(buf.data_ptr())) == 0
+                flush_l2()
+                rg.router_gemm(x, w, impl="bf16x2_kernel", out=out, variant=v, splits=s)
+                torch.cuda.synchronize()
+                assert lib.hp_router_set_trace(ctypes.c_void_p(0)) == 0
+                t = buf[: ctas * WORDS].view(ctas, WORDS).cpu().numpy().astype(np.float64)
+                runs.append(t)
+            spans = [r[:, 4].max() - r[:, 0].min() for r in runs]
+            t = runs[int(np.argsort(spans)[len(spans) // 2])]
+            t0 = t[:, 0].min()
+            start, first, loop, pub, end = (t[:, i] - t0 for i in range(5))
+            nk = t[:, 7]
+            per_tile = (loop - first) / np.maximum(nk - 1, 1)
+            last = t[:, 6] > 0
+            tail = (end - pub)[last] if last.any() else np.zeros(1)
+            d = dict(m=m, cfg=c, ctas=ctas, span_us=float(spans[int(np.argsort(spans)[len(spans) // 2])]) / 1e3,
+                     start_max_us=float(start.max()) / 1e3, first_tile_med_us=float(np.median(first - start)) / 1e3,
+                     first_tile_max_us=float((first - start).max()) / 1e3,
+                     per_tile_med_us=float(np.median(per_tile)) / 1e3, per_tile_max_us=float(per_tile.max()) / 1e3,
+                     loop_end_min_us=float(loop.min()) / 1e3, loop_end_med_us=float(np.median(loop)) / 1e3,
+                     loop_end_max_us=float(loop.max()) / 1e3, publish_med_us=float(np.median(pub - loop)) / 1e3,
+                     tail_med_us=float(np.median(tail)) / 1e3, tail_max_us=float(tail.max()) / 1e3,
+                     sms=int(len(set(t[:, 5].astype(int).tolist()))))
+            rows.append(d)
+            say(f"{m:5d} {c:16s} ctas {ctas:3d} on {d['sms']:3d} SMs  span {d['span_us']:6.1f}  entry<= "
+                f"{d['start_max_us']:4.1f}  first tile {d['first_tile_med_us']:4.1f} (max {d['first_tile_max_us']:4.1f})"
+                f"  per k-tile {d['per_tile_med_us']:5.2f} (max {d['per_tile_max_us']:5.2f})  loop end "
+                f"{d['loop_end_min_us']:5.1f}/{d['loop_end_med_us']:5.1f}/{d['loop_end_max_us']:5.1f}  publish "
+                f"{d['publish_med_us']:4.1f}  tail {d['tail_med_us']:4.1f} (max {d['tail_max_us']:4.1f})")
+
+    # A/B in one process: each (configuration, experiment switches) checked against the emulation on a NaN-poisoned
+    # output, then timed (graph replay, events inside, L2 flushed, median of 60).
+    say("A/B (bench: graph replay, events inside, L2 flushed, median of 60)")
+    for m in (2048, 4096):
+        x = torch.randn(m, 4096, generator=g).to(torch.bfloat16).cuda()
+        emu = ref.bf16x2_from_parts(x, w.w_high, w.w_low)
+        for c, env in AB:
+            v, s = c.split("/")[0], int(c.split("/")[1])
+            vid = rg.VARIANTS[v]
+            nws = lib.hp_router_gemm_workspace_bytes(m, 192, 4096, vid, s)
+            ws = torch.zeros(max(nws, 256), dtype=torch.uint8, device="cuda")
+            out = torch.full((m, 192), float("nan"), device="cuda")
+
+            def direct():
+                code = lib.hp_router_gemm_ex(ptr(x), ptr(w.w_high), ptr(w.w_low), ptr(None), ptr(out), m, 192, 4096,
+                                             2, 1 / 256, 1 / 256, vid, s, ptr(ws), max(nws, 0), stream_ptr())
+                assert code == 0, code
+
+            for k_, v_ in env.items():
+                os.environ[k_] = v_
+            try:
+                direct()
+                torch.cuda.synchronize()
+                ok = check(out, emu, op="router_gemm", path="bf16x2_vs_emulation").passed
+                t = bench(direct, iters=60)
+                say(f"{m:5d} {c:16s} {' '.join(f'{k_[10:]}={v_}' for k_, v_ in env.items()):18s} "
+                    f"{t.median_us:7.2f} us (p10 {t.p10_us:.2f} p90 {t.p90_us:.2f}) pass={ok}")
+                rows.append(dict(m=m, cfg=c, env=env, us=t.median_us, passed=ok))
+            except Exception as e:  # noqa: BLE001 - report and go on
+                say(f"{m:5d} {c:16s} {env}: ERROR {type(e).__name__}: {e}")
+            finally:
+                for k_ in env:
+                    os.environ.pop(k_, None)
+    (out_dir / "router_trace.txt").write_text("\n".join(lines) + "\n")
+    (out_dir / "router_trace.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
