@@ -1,12 +1,14 @@
-"""Where the time of the router GEMM prefill kernels goes: a per-CTA timeline, and the split-K memset's cost.
+"""Where the time of the router GEMM prefill kernels goes (a per-CTA timeline), and a same-process A/B of
+configurations (this replaced scripts/gpu_router_prefill_ab.py, which wrote data/profiles/h200/router_prefill_ab.txt).
 
-Usage (GPU machine, hotpaths importable): python scripts/gpu_router_trace.py [--out DIR]
+Usage (GPU machine, hotpaths importable): python scripts/gpu_router_trace.py [--out DIR] [--configs v/s,...]
+    [--ms 2048,4096] [--no-trace]
 1. Timeline: router_wgmma_ws_kernel records %globaltimer per CTA (entry, first k-tile landed, last wgmma done,
    partial published, exit; see hp_router_set_trace in router_wgmma.cu). Each configuration runs 7 times after an
    L2 flush (eager launch); the run with the median span is summarised: entry spread, first-tile latency, time per
    k-tile in the main loop, publish, reduction tail of the last arriver, span.
-2. A/B of configurations (and of experiment switches read by the launcher, when there are any) in one process (see
-   AB), each checked against the emulation first.
+2. A/B of configurations (--configs, --ms; and of experiment switches read by the launcher, when there are any) in
+   one process, each checked against the emulation on a NaN-poisoned output first.
 Writes router_trace.txt / .json to --out.
 """
 
@@ -39,7 +41,13 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "scratch/router_trace"))
+    ap.add_argument("--configs", default=",".join(c for c, _ in AB),
+                    help="A/B configurations variant/splits, comma-separated (default: the AB list)")
+    ap.add_argument("--ms", default="2048,4096", help="A/B row counts, comma-separated")
+    ap.add_argument("--no-trace", action="store_true", help="only the A/B")
     a = ap.parse_args()
+    ab = [(c, dict(AB).get(c, {})) for c in a.configs.split(",") if c]
+    ab_ms = [int(m) for m in a.ms.split(",") if m]
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     lib = rg._lib()
@@ -54,7 +62,7 @@ def main() -> None:
         print(s, flush=True)
 
     buf = torch.zeros(2048 * WORDS, dtype=torch.int64, device="cuda")
-    for m in (2048, 4096):
+    for m in () if a.no_trace else (2048, 4096):
         x = torch.randn(m, 4096, generator=g).to(torch.bfloat16).cuda()
         out = torch.empty(m, 192, device="cuda")
         for c in TRACE_CFGS:
@@ -99,10 +107,10 @@ def main() -> None:
     # A/B in one process: each (configuration, experiment switches) checked against the emulation on a NaN-poisoned
     # output, then timed (graph replay, events inside, L2 flushed, median of 60).
     say("A/B (bench: graph replay, events inside, L2 flushed, median of 60)")
-    for m in (2048, 4096):
+    for m in ab_ms:
         x = torch.randn(m, 4096, generator=g).to(torch.bfloat16).cuda()
         emu = ref.bf16x2_from_parts(x, w.w_high, w.w_low)
-        for c, env in AB:
+        for c, env in ab:
             v, s = c.split("/")[0], int(c.split("/")[1])
             vid = rg.VARIANTS[v]
             nws = lib.hp_router_gemm_workspace_bytes(m, 192, 4096, vid, s)

@@ -123,17 +123,27 @@ def bench(fn, *, cold_l2: bool = True, graph: bool = True, warmup: int = 10, ite
             samples.append((time.perf_counter() - t0) * 1e6)
         return _summary(samples, "cpu_wall", False)
 
+    # events == "graph": the start/stop events are the first and last nodes of the one graph that is captured (and
+    # also replayed for the warm-up): the span leaves the graph launch out.
+    inner = graph and events == "graph" and _external_events_ok()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(3):  # warm up outside capture: module loads, allocator, lazy init
             fn()
         torch.cuda.synchronize()
-        g = None
+        g = start = end = None
         if graph:
+            if inner:
+                start = torch.cuda.Event(enable_timing=True, external=True)
+                end = torch.cuda.Event(enable_timing=True, external=True)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, stream=stream):
+                if inner:
+                    start.record(stream)
                 fn()
+                if inner:
+                    end.record(stream)
         run = g.replay if g is not None else fn
         if cold_l2:
             l2_flush_buffer()
@@ -142,8 +152,8 @@ def bench(fn, *, cold_l2: bool = True, graph: bool = True, warmup: int = 10, ite
                 flush_l2()
             run()
         torch.cuda.synchronize()
-        if graph and events == "graph" and _external_events_ok():
-            samples = _time_events_in_graph(fn, stream, cold_l2, iters)
+        if inner:
+            samples = _time_events_in_graph(g, start, end, cold_l2, iters)
             torch.cuda.current_stream().wait_stream(stream)
             return _summary(samples, "graph(events in graph)+" + (f"cold_l2({flush_mode()})" if cold_l2
                                                                        else "warm_l2"), cold_l2)
@@ -172,20 +182,11 @@ def _external_events_ok() -> bool:
     return True
 
 
-def _time_events_in_graph(fn, stream, cold_l2: bool, iters: int) -> list[float]:
-    """Replays of a graph whose first and last nodes are event records around fn: the time from the start of fn's
-    first kernel to the end of its last, without the graph launch itself (~1 us of front-end work per replay on
-    the H200, paid once per graph in a serving step, not per layer). The events are re-recorded by every replay,
-    so each is read before the next (the flush queued ahead keeps the GPU busy past the CPU launch)."""
-    import torch
-
-    start = torch.cuda.Event(enable_timing=True, external=True)
-    end = torch.cuda.Event(enable_timing=True, external=True)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        start.record(stream)
-        fn()
-        end.record(stream)
+def _time_events_in_graph(g, start, end, cold_l2: bool, iters: int) -> list[float]:
+    """Replays of graph ``g`` whose first and last nodes record ``start`` and ``end`` around fn: the time from the
+    start of fn's first kernel to the end of its last, without the graph launch itself (~1 us of front-end work per
+    replay on the H200, paid once per graph in a serving step, not per layer). The events are re-recorded by every
+    replay, so each is read before the next (the flush queued ahead keeps the GPU busy past the CPU launch)."""
     samples = []
     for _ in range(iters):
         if cold_l2:
