@@ -23,8 +23,9 @@ from pathlib import Path
 TRACE_CFGS = ("ws128n192g/4", "ws128n192m2g/4", "ws128n192p/4", "ws128n192p/8")
 WORDS = 8  # trace words per CTA (kTraceWords in router_wgmma.cu)
 # A/B list: (configuration, environment switches read by the launcher, if an experiment adds any). The session-4
-# experiments (no counter memset on a persistent workspace; a PDL-overlapped zeroing kernel; the k-tile rotation)
-# are in data/profiles/h200/router_trace_session4*.txt; the rotation became the default from 16 M tiles (pairs) up.
+# experiments (no counter memset on a persistent workspace; a PDL-overlapped zeroing kernel; the k-tile rotation,
+# every k-tile or from the second on) ran with such switches: data/profiles/h200/router_trace_session4*.txt. The
+# rotation from the second k-tile became the default from 16 M tiles (pairs) up.
 AB = [(c, {}) for c in ("ws128n192p/4", "ws128n192g/4", "ws128n192m2g/4", "ws128n192p/8", "ws128n192/4",
                         "ws128n192m2p/4")]
 

@@ -511,9 +511,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const int s = t % STAGES;
     const uint32_t st = smem_u32(stages + s * kWsStageBytes), fb = full_bar(s);
     mbar_arrive_expect_tx(fb, kWsStageBytes);
-    // rot > 0: M tile (pair) i walks its K range starting at k-tile (i * rot) % nk, so the CTAs that share the W
-    // tiles do not all ask the same L2 lines for the same k-tile at once (a fixed order per tile: deterministic).
-    const int k0 = (kt_begin + (rot > 0 ? (t + (blockIdx.x / CM) * rot) % nk : t)) * kWgBK;
+    // rot: every M tile (pair) starts with the first k-tile of its K range (one cold W tile shared by all at the
+    // start), then M tile i walks the others from k-tile 1 + i % (nk - 1) on, so the CTAs that share the W tiles do
+    // not all ask the same L2 lines for the same k-tile at once. The order is fixed per tile (deterministic).
+    const int i = static_cast<int>(blockIdx.x / CM);
+    const int kt = rot && t > 0 && nk > 1 ? 1 + (t - 1 + i) % (nk - 1) : t;
+    const int k0 = (kt_begin + kt) * kWgBK;
     tma_load_2d(st, &map_x, k0, x_row, fb);
     if constexpr (CM == 1) {
       tma_load_2d(st + kWsABytes, &map_w0, k0, w_row, fb);
@@ -907,8 +910,9 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
   attr[0].val.clusterDim.z = GRED ? KP : splits;
   lc.attrs = attr;
   lc.numAttrs = 1;
-  // k-tile rotation once 16 or more M tiles (pairs) share the W tiles: -3 us at M = 4096 (ws128n192p/4 39.1 ->
-  // 36.1, ws128n192g/4 40.4 -> 37.2), within +-0.5 us at M = 1024 (router_trace_session4b.txt).
+  // k-tile rotation once 16 or more M tiles (pairs) share the W tiles: -3 us at M = 4096 (ws128n192p/4 40.4 ->
+  // 37.1, ws128n192g/4 40.1 -> 36.9), -2 at M = 2048, within +-0.5 us at M = 1024; keeping the first k-tile
+  // common gained 0.1-0.9 us over rotating it too (router_trace_session4b.txt, router_trace_session4e_rotation.txt).
   const int rot = (m_tiles + CM - 1) / CM >= 16 ? 1 : 0;
   e = cudaLaunchKernelEx(&lc, kernel, mx, mw0, mw1, out, M, N, K, s1, partials, counters, rot);
   if (e != cudaSuccess) return e;
