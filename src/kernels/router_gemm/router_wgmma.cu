@@ -472,7 +472,7 @@ template <int CM, int STAGES, bool GRED, int KP = 1>
 __global__ void __launch_bounds__(kWsThreads, 1)
     router_wgmma_ws_kernel(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w0,
                            const __grid_constant__ TmaMap map_w1, float* __restrict__ out, int M, int N, int K,
-                           float s1, float* __restrict__ partials, int* __restrict__ counters, int rot) {
+                           float s1, float* __restrict__ partials, int* __restrict__ counters) {
   constexpr int R = kWsBN / 2;       // 96 fp32 per accumulator per thread
   constexpr int WROWS = kWsBN / CM;  // W rows this CTA loads (and multicasts to its CM - 1 partners)
   static_assert(CM == 1 || CM == 2, "cluster pairs along M");
@@ -511,10 +511,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const int s = t % STAGES;
     const uint32_t st = smem_u32(stages + s * kWsStageBytes), fb = full_bar(s);
     mbar_arrive_expect_tx(fb, kWsStageBytes);
-    // rot: every M tile (pair) starts with the first k-tile of its K range (one cold W tile shared by all at the
-    // start), then M tile i walks the others from k-tile 1 + i % (nk - 1) on, so the CTAs that share the W tiles do
-    // not all ask the same L2 lines for the same k-tile at once. The order is fixed per tile (deterministic).
+    // k-tile rotation, once 16 or more M tiles (pairs) share the W tiles: every tile starts with the first k-tile
+    // of its K range (one cold W tile shared by all at the start), then M tile i walks the others from k-tile
+    // 1 + i % (nk - 1) on, so the CTAs that share the W tiles do not all ask the same L2 lines for the same k-tile
+    // at once; the order is fixed per tile (deterministic). Measured: -3 us at M = 4096 (ws128n192p/4 40.4 -> 37.1,
+    // ws128n192g/4 40.1 -> 36.9), -2 at M = 2048, within +-0.5 us at M = 1024; keeping the first k-tile common
+    // gained 0.1-0.9 us over rotating it too (router_trace_session4b.txt, router_trace_session4e_rotation.txt).
     const int i = static_cast<int>(blockIdx.x / CM);
+    const bool rot = gridDim.x / CM >= 16;
     const int kt = rot && t > 0 && nk > 1 ? 1 + (t - 1 + i) % (nk - 1) : t;
     const int k0 = (kt_begin + kt) * kWgBK;
     tma_load_2d(st, &map_x, k0, x_row, fb);
@@ -704,7 +708,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         }
 #pragma unroll
         for (int i = 0; i < H4; ++i) v[i] = acc[i];
-        if (tid == 0) ctr[0] = ctr[1] = 0;  // every ticket taken, every store counted: back to zero
       }
     }
     if (store) {
@@ -770,7 +773,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           *reinterpret_cast<float2*>(out + static_cast<size_t>(row) * N + n_block + 8 * j + col0) =
               make_float2(acc0[e], acc0[e + 1]);
       }
-    if (tid == 0) counters[tile] = 0;  // back to zero for the next launch (the launcher also clears them)
     if (trace && tid == 0) trace[4] = global_ns();
     return;
   }
@@ -910,11 +912,7 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
   attr[0].val.clusterDim.z = GRED ? KP : splits;
   lc.attrs = attr;
   lc.numAttrs = 1;
-  // k-tile rotation once 16 or more M tiles (pairs) share the W tiles: -3 us at M = 4096 (ws128n192p/4 40.4 ->
-  // 37.1, ws128n192g/4 40.1 -> 36.9), -2 at M = 2048, within +-0.5 us at M = 1024; keeping the first k-tile
-  // common gained 0.1-0.9 us over rotating it too (router_trace_session4b.txt, router_trace_session4e_rotation.txt).
-  const int rot = (m_tiles + CM - 1) / CM >= 16 ? 1 : 0;
-  e = cudaLaunchKernelEx(&lc, kernel, mx, mw0, mw1, out, M, N, K, s1, partials, counters, rot);
+  e = cudaLaunchKernelEx(&lc, kernel, mx, mw0, mw1, out, M, N, K, s1, partials, counters);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
