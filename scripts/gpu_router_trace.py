@@ -2,13 +2,15 @@
 configurations (this replaced scripts/gpu_router_prefill_ab.py, which wrote data/profiles/h200/router_prefill_ab.txt).
 
 Usage (GPU machine, hotpaths importable): python scripts/gpu_router_trace.py [--out DIR] [--configs v/s,...]
-    [--ms 2048,4096] [--no-trace]
+    [--ms 2048,4096] [--trace-configs v/s,...] [--no-trace]
 1. Timeline: router_wgmma_ws_kernel records %globaltimer per CTA (entry, first k-tile landed, last wgmma done,
    partial published, exit; see hp_router_set_trace in router_wgmma.cu). Each configuration runs 7 times after an
    L2 flush (eager launch); the run with the median span is summarised: entry spread, first-tile latency, time per
-   k-tile in the main loop, publish, reduction tail of the last arriver, span.
-2. A/B of configurations (--configs, --ms; and of experiment switches read by the launcher, when there are any) in
-   one process, each checked against the emulation on a NaN-poisoned output first.
+   k-tile in the main loop, publish, reduction tail of the last arriver (reduce-scatter: of every rank, split into
+   the wait for the other ranks and the exchange's reads, sum and stores), span.
+2. A/B of configurations (--configs, --ms; and of experiment switches, when an experiment adds any) in one process,
+   each checked against the emulation on a NaN-poisoned output first. The fifth session's switches (kernel argument
+   and host setter, since removed) are recorded in data/profiles/h200/router_trace_session5*.txt.
 Writes router_trace.txt / .json to --out.
 """
 
@@ -20,14 +22,16 @@ import json
 import os
 from pathlib import Path
 
-TRACE_CFGS = ("ws128n192g/4", "ws128n192m2g/4", "ws128n192p/4", "ws128n192p/8")
-WORDS = 8  # trace words per CTA (kTraceWords in router_wgmma.cu)
+TRACE_CFGS = ("ws128n192g/4", "ws128n192p/4", "ws128n192r/4", "ws128n192t/4")
+WORDS = 9  # trace words per CTA (kTraceWords in router_wgmma.cu)
 # A/B list: (configuration, environment switches read by the launcher, if an experiment adds any). The session-4
 # experiments (no counter memset on a persistent workspace; a PDL-overlapped zeroing kernel; the k-tile rotation,
 # every k-tile or from the second on) ran with such switches: data/profiles/h200/router_trace_session4*.txt. The
-# rotation from the second k-tile became the default from 16 M tiles (pairs) up.
-AB = [(c, {}) for c in ("ws128n192p/4", "ws128n192g/4", "ws128n192m2g/4", "ws128n192p/8", "ws128n192/4",
-                        "ws128n192m2p/4")]
+# rotation from the second k-tile became the default from 16 M tiles (pairs) up. The session-5 experiments (the
+# reduce-scatter variants, cache policies, the exchange through TMA bulk copies, an entry grid barrier, where the
+# trace pointer is loaded) ran with a kernel-argument switch: router_trace_session5*.txt.
+AB = [(c, {}) for c in ("ws128n192r/4", "ws128n192g/4", "ws128n192t/4", "ws128n192p/4", "ws128n192/4",
+                        "ws128n192r/8")]
 
 
 def main() -> None:
@@ -45,6 +49,7 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(c for c, _ in AB),
                     help="A/B configurations variant/splits, comma-separated (default: the AB list)")
     ap.add_argument("--ms", default="2048,4096", help="A/B row counts, comma-separated")
+    ap.add_argument("--trace-configs", default=",".join(TRACE_CFGS), help="timeline configurations")
     ap.add_argument("--no-trace", action="store_true", help="only the A/B")
     a = ap.parse_args()
     ab = [(c, dict(AB).get(c, {})) for c in a.configs.split(",") if c]
@@ -54,6 +59,9 @@ def main() -> None:
     lib = rg._lib()
     lib.hp_router_set_trace.argtypes = [ctypes.c_void_p]
     lib.hp_router_set_trace.restype = ctypes.c_int
+
+    def parse(c: str) -> tuple[str, int]:  # "variant/splits"
+        return c.split("/")[0], int(c.split("/")[1])
     g = torch.Generator().manual_seed(0)
     w = rg.plan((torch.randn(192, 4096, generator=g) * 0.02).cuda())
     lines, rows = [], []
@@ -66,22 +74,27 @@ def main() -> None:
     for m in () if a.no_trace else (2048, 4096):
         x = torch.randn(m, 4096, generator=g).to(torch.bfloat16).cuda()
         out = torch.empty(m, 192, device="cuda")
-        for c in TRACE_CFGS:
-            v, s = c.split("/")[0], int(c.split("/")[1])
+        for c in a.trace_configs.split(","):
+            v, s = parse(c)
             cm = 2 if "m2" in v else 1
             m_tiles = -(-m // 128)
             ctas = -(-m_tiles // cm) * cm * s
             runs = []
-            for _ in range(7):
-                buf.zero_()
-                torch.cuda.synchronize()
-                assert lib.hp_router_set_trace(ctypes.c_void_p(buf.data_ptr())) == 0
-                flush_l2()
-                rg.router_gemm(x, w, impl="bf16x2_kernel", out=out, variant=v, splits=s)
-                torch.cuda.synchronize()
+            try:
+                for _ in range(7):
+                    buf.zero_()
+                    torch.cuda.synchronize()
+                    assert lib.hp_router_set_trace(ctypes.c_void_p(buf.data_ptr())) == 0
+                    flush_l2()
+                    rg.router_gemm(x, w, impl="bf16x2_kernel", out=out, variant=v, splits=s)
+                    torch.cuda.synchronize()
+                    t = buf[: ctas * WORDS].view(ctas, WORDS).cpu().numpy().astype(np.float64)
+                    runs.append(t)
+            except Exception as e:  # noqa: BLE001 - e.g. a cooperative grid beyond one wave: report and go on
+                say(f"{m:5d} {c:16s} ERROR {type(e).__name__}: {e}")
+                continue
+            finally:
                 assert lib.hp_router_set_trace(ctypes.c_void_p(0)) == 0
-                t = buf[: ctas * WORDS].view(ctas, WORDS).cpu().numpy().astype(np.float64)
-                runs.append(t)
             spans = [r[:, 4].max() - r[:, 0].min() for r in runs]
             t = runs[int(np.argsort(spans)[len(spans) // 2])]
             t0 = t[:, 0].min()
@@ -90,6 +103,9 @@ def main() -> None:
             per_tile = (loop - first) / np.maximum(nk - 1, 1)
             last = t[:, 6] > 0
             tail = (end - pub)[last] if last.any() else np.zeros(1)
+            waited = t[:, 8] > 0  # reduce-scatter: the wait for the other ranks ended (then the exchange reads)
+            wait = (t[:, 8] - t0 - pub)[waited] if waited.any() else np.zeros(1)
+            read = (end - (t[:, 8] - t0))[waited] if waited.any() else np.zeros(1)
             d = dict(m=m, cfg=c, ctas=ctas, span_us=float(spans[int(np.argsort(spans)[len(spans) // 2])]) / 1e3,
                      start_max_us=float(start.max()) / 1e3, first_tile_med_us=float(np.median(first - start)) / 1e3,
                      first_tile_max_us=float((first - start).max()) / 1e3,
@@ -97,13 +113,15 @@ def main() -> None:
                      loop_end_min_us=float(loop.min()) / 1e3, loop_end_med_us=float(np.median(loop)) / 1e3,
                      loop_end_max_us=float(loop.max()) / 1e3, publish_med_us=float(np.median(pub - loop)) / 1e3,
                      tail_med_us=float(np.median(tail)) / 1e3, tail_max_us=float(tail.max()) / 1e3,
+                     wait_med_us=float(np.median(wait)) / 1e3, read_med_us=float(np.median(read)) / 1e3,
                      sms=int(len(set(t[:, 5].astype(int).tolist()))))
             rows.append(d)
             say(f"{m:5d} {c:16s} ctas {ctas:3d} on {d['sms']:3d} SMs  span {d['span_us']:6.1f}  entry<= "
                 f"{d['start_max_us']:4.1f}  first tile {d['first_tile_med_us']:4.1f} (max {d['first_tile_max_us']:4.1f})"
                 f"  per k-tile {d['per_tile_med_us']:5.2f} (max {d['per_tile_max_us']:5.2f})  loop end "
                 f"{d['loop_end_min_us']:5.1f}/{d['loop_end_med_us']:5.1f}/{d['loop_end_max_us']:5.1f}  publish "
-                f"{d['publish_med_us']:4.1f}  tail {d['tail_med_us']:4.1f} (max {d['tail_max_us']:4.1f})")
+                f"{d['publish_med_us']:4.1f}  tail {d['tail_med_us']:4.1f} (max {d['tail_max_us']:4.1f}; wait "
+                f"{d['wait_med_us']:3.1f}, read+sum {d['read_med_us']:3.1f})")
 
     # A/B in one process: each (configuration, experiment switches) checked against the emulation on a NaN-poisoned
     # output, then timed (graph replay, events inside, L2 flushed, median of 60).
@@ -112,7 +130,7 @@ def main() -> None:
         x = torch.randn(m, 4096, generator=g).to(torch.bfloat16).cuda()
         emu = ref.bf16x2_from_parts(x, w.w_high, w.w_low)
         for c, env in ab:
-            v, s = c.split("/")[0], int(c.split("/")[1])
+            v, s = parse(c)
             vid = rg.VARIANTS[v]
             nws = lib.hp_router_gemm_workspace_bytes(m, 192, 4096, vid, s)
             ws = torch.zeros(max(nws, 256), dtype=torch.uint8, device="cuda")

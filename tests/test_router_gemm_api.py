@@ -242,18 +242,29 @@ def test_cli_rejects_bad_shape(capsys):
 def test_wgmma_candidates_only_for_valid_shapes(n, k):
     """A wgmma variant is offered exactly when M >= WGMMA_MIN_M, its BN divides N and its BK divides K; its splits
     keep the grid within ~2 CTAs per SM (the smallest split always: 1, or 2 for the K-pair variants) and >= 4
-    k-tiles per split."""
-    for m in (1, 64, 65, 255, 256, 257, 1000, 2048, 4096):
-        got = [(v, s) for v, s in rg.kernel_candidates(m, n, k) if v in rg.WGMMA_TILES]
-        want_variants = {v for v, (_, bn, bk) in rg.WGMMA_TILES.items()
-                         if m >= rg.WGMMA_MIN_M and n % bn == 0 and k % bk == 0}
-        assert {v for v, _ in got} == want_variants, (m, n, k, got)
-        for v, s in got:
-            bm, bn, bk = rg.WGMMA_TILES[v]
-            assert s in (1, 2, 4, 8) and (k // bk) // s >= 4, (v, s)
-            s_min = 2 if v in rg.WGMMA_PAIR_SPLITK else 1
-            assert s >= s_min and (s == s_min or -(-m // bm) * (n // bn) * s <= 2 * 132), (m, v, s)
-            assert (v, s_min) in got
+    k-tiles per split; the cooperative ws128n192r only with a grid within one wave of the SM count."""
+    def s_min(v):
+        return 2 if v in rg.WGMMA_PAIR_SPLITK + rg.WGMMA_REDUCE_SCATTER else 1
+
+    def tiles(v, m, n):  # output tiles of the grid, M tiles padded to the cluster's pairs
+        bm, bn, _ = rg.WGMMA_TILES[v]
+        cm = rg.WGMMA_CLUSTER_M.get(v, 1)
+        return -(-m // (bm * cm)) * cm * (n // bn)
+
+    for sms in (132, 78):
+        for m in (1, 64, 65, 255, 256, 257, 1000, 2048, 4096):
+            got = [(v, s) for v, s in rg.kernel_candidates(m, n, k, sm_count=sms) if v in rg.WGMMA_TILES]
+            want_variants = {v for v, (bm, bn, bk) in rg.WGMMA_TILES.items()
+                             if m >= rg.WGMMA_MIN_M and n % bn == 0 and k % bk == 0
+                             and (v not in rg.WGMMA_COOPERATIVE or tiles(v, m, n) * s_min(v) <= sms)}
+            assert {v for v, _ in got} == want_variants, (m, n, k, got)
+            for v, s in got:
+                bm, bn, bk = rg.WGMMA_TILES[v]
+                grid = tiles(v, m, n) * s
+                assert s in (1, 2, 4, 8) and (k // bk) // s >= 4, (v, s)
+                assert s >= s_min(v) and (s == s_min(v) or grid <= 2 * 132), (m, v, s)
+                assert v not in rg.WGMMA_COOPERATIVE or grid <= sms, (m, v, s, sms)
+                assert (v, s_min(v)) in got
 
 
 def test_wgmma_candidates_at_the_hy3_targets():
@@ -289,7 +300,7 @@ def test_wgmma_configs_host_side():
             cfg = rg.kernel_config(m, 768, 4096, variant=v)
             assert cfg["variant"] == v and cfg["splits"] in (1, 2, 4, 8), (v, m, cfg)
             tiles = -(-m // bm) * (768 // bn)
-            s_min = 2 if v in rg.WGMMA_PAIR_SPLITK else 1  # a K pair needs two ranks
+            s_min = 2 if v in rg.WGMMA_PAIR_SPLITK + rg.WGMMA_REDUCE_SCATTER else 1  # two ranks at least
             assert cfg["splits"] == s_min or tiles * cfg["splits"] <= 132, (v, m, cfg)  # one wave
         assert rg.kernel_config(4096, 768, 4096, variant=v, splits=2)["splits"] == 2
         with pytest.raises(ValueError, match="multiple of their BN"):
@@ -402,7 +413,8 @@ def test_tuned_config_bf16x3_skips_two_part_only_variants():
 
 def test_accuracy_gate_of_the_tuner():
     """measure_crossover drops a configuration whose max abs error vs FP64 exceeds ERR_BOUND (1.5) x the
-    emulation's: at the bound it passes, just above it fails with the ratio in the reason."""
+    emulation's (at the bound it passes, just above it fails with the ratio in the reason), or whose top-k sets
+    differ from FP64's on more tokens than the emulation's."""
     ref64 = torch.zeros(3, 4, dtype=torch.float64)
     got = torch.zeros(3, 4)
     assert rg.ERR_BOUND == 1.5
@@ -412,3 +424,11 @@ def test_accuracy_gate_of_the_tuner():
     why = rg.accuracy_failure(got, ref64, 1e-5)
     assert why and "1.60x" in why and "bound 1.5x" in why
     assert rg.accuracy_failure(got, ref64, 1e-5, bound=2.0) is None
+    # top-k flips: one token whose top-2 set changes (columns 0, 1 -> 0, 3) against an emulation with none
+    ref64 = torch.tensor([[4.0, 3.0, 1.0, 2.0], [4.0, 3.0, 2.0, 1.0]], dtype=torch.float64)
+    got = ref64.float().clone()
+    got[0, 3] = 3.5
+    assert rg.accuracy_failure(got, ref64, 1.0, topk=2) is None  # flips not checked without emu_flips
+    why = rg.accuracy_failure(got, ref64, 1.0, emu_flips=0, topk=2)
+    assert why and "flips vs FP64 1 > the emulation's 0" in why
+    assert rg.accuracy_failure(got, ref64, 1.0, emu_flips=1, topk=2) is None

@@ -176,7 +176,9 @@ def test_generalised_decode_other_shapes(rg, variant):
                                               ("ws128n192m2g", 4, 4096), ("ws128n192m2g", 8, 1100),
                                               ("ws128n192p", 4, 4096), ("ws128n192p", 2, 1100),
                                               ("ws128n192p", 8, 2048), ("ws128n192m2p", 8, 1100),
-                                              ("ws128n192m2p", 4, 2048)])
+                                              ("ws128n192m2p", 4, 2048), ("ws128n192r", 4, 4096),
+                                              ("ws128n192r", 2, 2048), ("ws128n192t", 4, 4096),
+                                              ("ws128n192t", 8, 1100)])
 def test_new_variants_deterministic_and_graph_safe(rg, hy3, variant, splits, m):
     """Same bits on every call (fixed-order reductions: cluster ranks, or ws128n192g's last-arriving CTA summing the
     partials in rank order), and the same bits from every replay of a captured graph (replayed twice into a
@@ -360,7 +362,8 @@ def test_wgmma_variants_match_emulation(rg, wg_weights, variant, m, splits):
 
 
 @pytest.mark.parametrize("variant", ["wg128n96", "wg128n192", "wg64n192", "wg128n128", "ws128n192", "ws128n192m2",
-                                     "ws128n192g", "ws128n192m2g", "ws128n192p", "ws128n192m2p"])
+                                     "ws128n192g", "ws128n192m2g", "ws128n192p", "ws128n192m2p", "ws128n192r",
+                                     "ws128n192t"])
 def test_wgmma_variants_other_shapes(rg, wg_weights, variant):
     """Every router shape the variant's BN divides (several column tiles at N = 384 / 768; K = 3072 / 6144 / 7168;
     for the ws multicast pairs the W halves sit at n_block + 96)."""
@@ -370,7 +373,8 @@ def test_wgmma_variants_other_shapes(rg, wg_weights, variant):
         if n % bn:
             continue
         weights = wg_weights(n, k)
-        for m, splits in ((257, 2 if variant in rg.WGMMA_PAIR_SPLITK else 1), (1000, 2), (2048, 0)):
+        for m, splits in ((257, 2 if variant in rg.WGMMA_PAIR_SPLITK + rg.WGMMA_REDUCE_SCATTER else 1), (1000, 2),
+                          (2048, 0)):
             x = _x(m, k=k, seed=47)
             out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant,
                                  splits=splits)
@@ -406,7 +410,8 @@ def test_wgmma_rejects_bf16x3_and_indivisible_n(rg, hy3):
 
 # ---- TMA + mbarrier variants (router_wgmma_ws_kernel: ws128n192, ws128n192m2) ----------------------------------
 
-WS_VARIANTS = ["ws128n192", "ws128n192m2", "ws128n192g", "ws128n192m2g", "ws128n192p", "ws128n192m2p"]
+WS_VARIANTS = ["ws128n192", "ws128n192m2", "ws128n192g", "ws128n192m2g", "ws128n192p", "ws128n192m2p",
+               "ws128n192r", "ws128n192t"]
 
 
 @pytest.mark.parametrize("variant", WS_VARIANTS)
@@ -421,8 +426,8 @@ def test_ws_variants_match_emulation(rg, hy3, variant, m, splits):
     pairs)."""
     if splits == 8 and variant == "ws128n192m2":
         pytest.skip("ws128n192m2 refuses 8 splits (cluster (2, 1, 8) > 8 CTAs): see the refusal test")
-    if splits == 1 and variant in rg.WGMMA_PAIR_SPLITK:
-        pytest.skip(f"{variant} pairs K ranks: it refuses 1 split (see the refusal test)")
+    if splits == 1 and variant in rg.WGMMA_PAIR_SPLITK + rg.WGMMA_REDUCE_SCATTER:
+        pytest.skip(f"{variant} needs >= 2 K ranks: it refuses 1 split (see the refusal test)")
     _, weights, _ = hy3
     x = _x(m, seed=71)
     out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
@@ -438,13 +443,14 @@ def test_ws_refuses_bf16x3_and_eight_pair_splits(rg, hy3):
             rg.router_gemm(_x(300), w3, impl="bf16x3_kernel", variant=v)
     with pytest.raises(ValueError, match="splits <= 4"):
         rg.router_gemm(_x(300), hy3[1], impl="bf16x2_kernel", variant="ws128n192m2", splits=8)
-    for v in rg.WGMMA_PAIR_SPLITK:
+    for v in rg.WGMMA_PAIR_SPLITK + rg.WGMMA_REDUCE_SCATTER:
         with pytest.raises(ValueError, match="splits 0, 2, 4, 8"):
             rg.router_gemm(_x(300), hy3[1], impl="bf16x2_kernel", variant=v, splits=1)
 
 
 @pytest.mark.parametrize("variant,splits,parts", [("ws128n192g", 4, 4), ("ws128n192p", 4, 2),
-                                                  ("ws128n192m2p", 8, 4)])
+                                                  ("ws128n192m2p", 8, 4), ("ws128n192r", 4, 4),
+                                                  ("ws128n192t", 8, 8)])
 def test_ws_global_reduction_counters_reset_and_back_to_back(rg, hy3, variant, splits, parts):
     """Global split-K: many back-to-back launches on one stream (each with its own workspace from the caching
     allocator, the counters zeroed by the launcher's memset) give the same bits; a workspace full of
@@ -462,7 +468,7 @@ def test_ws_global_reduction_counters_reset_and_back_to_back(rg, hy3, variant, s
     lib = rg._lib()
     vid = rg.VARIANTS[variant]
     need = lib.hp_router_gemm_workspace_bytes(4096, N, K, vid, splits)
-    assert need > 4096 * N * 4 * parts  # the partial tiles (K pairs: pair sums) per output element
+    assert need >= 4096 * N * 4 * parts  # the partial tiles (K pairs: pair sums) per output element
     garbage = torch.full((need,), 255, dtype=torch.uint8, device="cuda")
     out = _poisoned(4096, N)
     code = lib.hp_router_gemm_ex(ptr(x), ptr(weights.w_high), ptr(weights.w_low), None, ptr(out), 4096, N, K, 2,
@@ -482,10 +488,11 @@ def test_ws_global_reduction_counters_reset_and_back_to_back(rg, hy3, variant, s
     assert torch.isnan(out).all()  # nothing was launched
 
 
-@pytest.mark.parametrize("variant,splits", [("ws128n192g", 4), ("ws128n192p", 4), ("ws128n192", 1)])
+@pytest.mark.parametrize("variant,splits", [("ws128n192g", 4), ("ws128n192p", 4), ("ws128n192", 1),
+                                            ("ws128n192r", 4), ("ws128n192t", 2)])
 def test_ws_timeline_trace(rg, hy3, variant, splits):
     """hp_router_set_trace: every CTA of a ws launch records entry <= first k-tile landed <= last wgmma <= published
-    <= exit (%globaltimer), its SM id and its k-tile count (the K range split evenly); exactly one CTA per output
+    (<= end of the wait for the other ranks, reduce-scatter) <= exit (%globaltimer), its SM id and its k-tile count (the K range split evenly); exactly one CTA per output
     tile (GRED) or per half (K pairs) reduces; with the trace cleared nothing more is written, and the output is
     the same bits as without it."""
     import ctypes
@@ -497,7 +504,7 @@ def test_ws_timeline_trace(rg, hy3, variant, splits):
     x = _x(m, seed=83)
     plain = rg.router_gemm(x, weights, impl="bf16x2_kernel", variant=variant, splits=splits)
     ctas = (m // 128) * splits
-    buf = torch.zeros(ctas * 8, dtype=torch.int64, device="cuda")
+    buf = torch.zeros(ctas * 9, dtype=torch.int64, device="cuda")
     torch.cuda.synchronize()
     assert lib.hp_router_set_trace(ctypes.c_void_p(buf.data_ptr())) == 0
     try:
@@ -506,15 +513,52 @@ def test_ws_timeline_trace(rg, hy3, variant, splits):
     finally:
         assert lib.hp_router_set_trace(None) == 0
     assert torch.equal(traced, plain)
-    t = buf.view(ctas, 8).cpu()
+    t = buf.view(ctas, 9).cpu()
     assert (t[:, 0] > 0).all()
     for a, b in ((0, 1), (1, 2), (2, 3), (3, 4)):
         assert (t[:, a] <= t[:, b]).all(), (a, b)
     assert (t[:, 5] < torch.cuda.get_device_properties(0).multi_processor_count).all()
     assert (t[:, 7] == (K // 64) // splits).all()
     reducers = int(t[:, 6].sum())
-    assert reducers == {"ws128n192g": m // 128, "ws128n192p": 2 * (m // 128), "ws128n192": 0}[variant]
+    assert reducers == {"ws128n192g": m // 128, "ws128n192p": 2 * (m // 128), "ws128n192": 0,
+                        "ws128n192r": ctas, "ws128n192t": ctas}[variant]  # reduce-scatter: every rank sums
+    if variant in rg.WGMMA_REDUCE_SCATTER:  # published <= wait over <= exit
+        assert ((t[:, 3] <= t[:, 8]) & (t[:, 8] <= t[:, 4])).all()
+    else:
+        assert not t[:, 8].any()
     buf.zero_()
     rg.router_gemm(x, weights, impl="bf16x2_kernel", variant=variant, splits=splits)
     torch.cuda.synchronize()
     assert not buf.any()
+
+
+@pytest.mark.parametrize("m,splits", [(4096, 4), (1100, 8), (2048, 2), (257, 4)])
+def test_reduce_scatter_bit_equal_to_last_arrival(rg, hy3, m, splits):
+    """ws128n192r / ws128n192t run ws128n192g's main loop and sum the S partials in the same rank order, only spread
+    over the S ranks: the same bits as ws128n192g at the same split (M = 257: a 1-row last tile, rows past M
+    masked in the scattered stores)."""
+    _, weights, _ = hy3
+    x = _x(m, seed=89)
+    g = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant="ws128n192g", splits=splits)
+    for v in rg.WGMMA_REDUCE_SCATTER:
+        got = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=v, splits=splits)
+        torch.cuda.synchronize()
+        assert torch.equal(got, g), v
+
+
+def test_reduce_scatter_grid_beyond_one_wave(rg, hy3):
+    """M = 8192 with 4 splits is 256 CTAs, two waves: the cooperative ws128n192r refuses it with a clear error
+    (nothing launched), the ticketed ws128n192t runs it (a CTA waits only for CTAs of its own ticket group, which
+    hold tickets or get them as the first wave drains) and matches the emulation."""
+    _, weights, _ = hy3
+    m = 8192
+    x = _x(m, seed=97)
+    out = _poisoned(m, N)
+    with pytest.raises(ValueError, match="one wave"):
+        rg.router_gemm(x, weights, impl="bf16x2_kernel", out=out, variant="ws128n192r", splits=4)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all()
+    got = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=out, variant="ws128n192t", splits=4)
+    torch.cuda.synchronize()
+    assert_close(got, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
+                 path="bf16x2_vs_emulation", what="ws128n192t s=4 m=8192")

@@ -63,14 +63,17 @@ DTYPE_OF = {"bf16x2_kernel": "x bf16, w fp32 as 2x bf16 (hi + lo/256), out fp32"
 # "ws128n192m2g" (the W multicast pair with that global split-K: K splits up to 8); "ws128n192p" / "ws128n192m2p"
 # (that global split-K with the K ranks paired in the cluster: each pair sums its partial tiles through distributed
 # shared memory, each CTA one 64-row half, so half the partials go through the workspace and the final sums are
-# spread over every pair; K splits 2, 4, 8).
+# spread over every pair; K splits 2, 4, 8); "ws128n192r" / "ws128n192t" (that global split-K as a reduce-scatter:
+# every rank of a tile publishes the rows it does not own, waits for the others, and sums its 128 / S rows over all
+# ranks; "r" is a cooperative launch, so its grid must fit in one wave; "t" takes its tile from a ticket; splits 2,
+# 4, 8).
 VARIANTS = {"auto": 0, "decode": 1, "tiled64": 2, "tiled128": 3, "tiled64d": 4, "tiled128d": 5, "tiled64x": 6,
             "tiled128x": 7, "decode_n1": 8, "decode_n2": 9, "t128n96": 10, "t128n96d": 11, "t64n96d": 12,
             "t64n192": 13, "t64n192d": 14, "decode_c16": 15, "decode_c16n2": 16, "decode_w8": 17,
             "decode_c16w8": 18, "decode_n32": 19, "decode_n64": 20, "t64n96": 21, "t64n96d3": 22, "t128n96d3": 23,
             "tiled128s3": 24, "tiled128s6": 25, "tiled64s6": 26, "wg128n96": 27, "wg128n192": 28, "wg64n192": 29,
             "wg128n128": 30, "ws128n192": 31, "ws128n192m2": 32, "ws128n192g": 33, "ws128n192m2g": 34,
-            "ws128n192p": 35, "ws128n192m2p": 36}
+            "ws128n192p": 35, "ws128n192m2p": 36, "ws128n192r": 37, "ws128n192t": 38}
 # Decode variants the tuner times at M <= 64 (every one needs M <= 64; the C side rejects larger M).
 DECODE_VARIANTS = ("decode_n1", "decode_n2", "decode_c16", "decode_c16n2", "decode_w8", "decode_c16w8",
                    "decode_n32", "decode_n64")
@@ -86,14 +89,18 @@ TILED_TILES = {"tiled64": (64, 64, 32), "tiled64d": (64, 64, 64), "tiled64x": (6
 WGMMA_TILES = {"wg128n96": (128, 96, 64), "wg128n192": (128, 192, 64), "wg64n192": (64, 192, 64),
                "wg128n128": (128, 128, 64), "ws128n192": (128, 192, 64), "ws128n192m2": (128, 192, 64),
                "ws128n192g": (128, 192, 64), "ws128n192m2g": (128, 192, 64), "ws128n192p": (128, 192, 64),
-               "ws128n192m2p": (128, 192, 64)}
+               "ws128n192m2p": (128, 192, 64), "ws128n192r": (128, 192, 64), "ws128n192t": (128, 192, 64)}
 # CTAs per cluster along M sharing (multicasting) the W tiles (mirrors wgmma_cluster_m() in router_wgmma.cuh): the
 # cluster is (CM, 1, splits) of at most 8 CTAs, and the M tiles are padded to a multiple of CM.
 WGMMA_CLUSTER_M = {"ws128n192m2": 2, "ws128n192m2g": 2, "ws128n192m2p": 2}
 # Split-K through a global workspace (mirrors wgmma_global_splitk()): the cluster is (CM, 1, 1), any split <= 8,
 # or (CM, 1, 2) for the K-pair variants (WGMMA_PAIR_SPLITK, mirrors wgmma_pair_splitk()), splits 2, 4, 8.
-WGMMA_GLOBAL_SPLITK = ("ws128n192g", "ws128n192m2g", "ws128n192p", "ws128n192m2p")
+WGMMA_GLOBAL_SPLITK = ("ws128n192g", "ws128n192m2g", "ws128n192p", "ws128n192m2p", "ws128n192r", "ws128n192t")
 WGMMA_PAIR_SPLITK = ("ws128n192p", "ws128n192m2p")
+# Reduce-scatter split-K (mirrors wgmma_reduce_scatter()): splits 2, 4, 8. WGMMA_COOPERATIVE: launched
+# cooperatively, so the grid (one CTA per SM) must not exceed the device's SM count.
+WGMMA_REDUCE_SCATTER = ("ws128n192r", "ws128n192t")
+WGMMA_COOPERATIVE = ("ws128n192r",)
 # From 65 rows up (every prefill size): with K split 8 ways even 1-2 row tiles of 128 fill 64-128 SMs, and the
 # session-3 table left LongCat Chat at M = 208 on an mma.sync tile level with TF32 cuBLAS (32.6 vs 32.1 us).
 WGMMA_MIN_M = 65
@@ -141,7 +148,7 @@ def kernel_config(m: int, n: int, k: int, *, variant: str = "auto", splits: int 
         raise ValueError(f"router GEMM kernel: no configuration for M={m}, N={n}, K={k}, variant={variant!r}, "
                          f"splits={splits} (N, K multiples of 64; decode needs M <= 64; the tiled variants need N "
                          f"a multiple of their BN, {_tile(variant)[1]}; splits in 0, 1, 2, 4, 8; ws128n192m2: splits <= 4; "
-                         f"ws128n192p / ws128n192m2p: splits 0, 2, 4, 8)")
+                         f"ws128n192p / ws128n192m2p / ws128n192r / ws128n192t: splits 0, 2, 4, 8)")
     return {"variant": _VARIANT_NAMES[buf[0]], "splits": buf[1], "mt": buf[2], "nt": buf[3]}
 
 
@@ -339,6 +346,15 @@ def _run_kernel(x, weights, out, *, parts, variant="auto", splits=0):
         variant, splits = tuned_config(m, n, k, parts=parts) or ("auto", 0)
     # BF16x3: (high, mid, low) with the kernel's epilogue acc0 + (acc1 + acc2 / 256) / 256
     p1, p2 = (weights.w_mid, weights.w_low2) if parts == 3 else (weights.w_low, None)
+    if variant in WGMMA_COOPERATIVE:  # the whole grid must be resident at once (one CTA per SM)
+        cfg = kernel_config(m, n, k, variant=variant, splits=splits)
+        cm = WGMMA_CLUSTER_M.get(variant, 1)
+        grid = -(-m // (WGMMA_TILES[variant][0] * cm)) * cm * (n // WGMMA_TILES[variant][1]) * cfg["splits"]
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        if grid > sms:
+            raise ValueError(f"variant={variant!r}: its cooperative grid of {grid} CTAs (M={m}, N={n}, splits="
+                             f"{cfg['splits']}) exceeds one wave of {sms} SMs on {x.device}; use fewer splits or "
+                             f"'ws128n192t' (ticketed, any grid)")
     # Global split-K variants (ws128n192g/m2g, ws128n192p/m2p) with K split: a per-call workspace from the caching
     # allocator (a graph's private pool under capture), its counters zeroed by the launcher (a memset node).
     nws = _lib().hp_router_gemm_workspace_bytes(m, n, k, VARIANTS[variant], splits)
@@ -492,13 +508,14 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
     return rows
 
 
-def kernel_candidates(m: int, n: int, k: int) -> list[tuple[str, int]]:
+def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tuple[str, int]]:
     """Kernel configurations worth timing at M x (N, K) with the two-part weight (BF16x2): every decode variant
     (DECODE_VARIANTS, M <= 64) and each tiled variant whose BN divides N, with K splits 1, 2, 4, 8 while the grid
     stays under ~4 CTAs per SM and each split keeps >= 4 k-steps; at M >= WGMMA_MIN_M also each wgmma variant whose
     BN divides N and BK divides K, with splits 1, 2, 4, 8 while the grid stays under ~2 CTAs per SM (they run one
     CTA per SM) and each split keeps >= 4 k-tiles (ws128n192m2: its M tiles padded to pairs, splits * 2 <= 8, the
-    portable cluster size; the K-pair variants ws128n192p / ws128n192m2p: splits 2, 4, 8, the smallest always).
+    portable cluster size; the K-pair and reduce-scatter variants: splits 2, 4, 8, the smallest always; the
+    cooperative ws128n192r only while its grid fits in one wave of ``sm_count`` SMs).
     Raises ValueError for an unsupported shape (N, K not multiples of 64, M < 1)."""
     if n % 64 or k % 64 or m < 1:
         raise ValueError(f"kernel_candidates: unsupported M={m}, N={n}, K={k} (N, K multiples of 64, M >= 1)")
@@ -516,9 +533,9 @@ def kernel_candidates(m: int, n: int, k: int) -> list[tuple[str, int]]:
                 continue
             cm = WGMMA_CLUSTER_M.get(v, 1)
             base = -(-m // (bm * cm)) * cm * (n // bn)
-            s_min = 2 if v in WGMMA_PAIR_SPLITK else 1  # the smallest split is always offered
+            s_min = 2 if v in WGMMA_PAIR_SPLITK + WGMMA_REDUCE_SCATTER else 1  # the smallest split is always offered
             for s in (1, 2, 4, 8):
-                if s < s_min:
+                if s < s_min or (v in WGMMA_COOPERATIVE and base * s > sm_count):
                     continue
                 csize = 2 * cm if v in WGMMA_PAIR_SPLITK else cm if v in WGMMA_GLOBAL_SPLITK else s * cm
                 if (s == s_min or base * s <= 2 * 132) and (k // bk) // s >= 4 and csize <= 8:
@@ -526,14 +543,21 @@ def kernel_candidates(m: int, n: int, k: int) -> list[tuple[str, int]]:
     return out
 
 
-def accuracy_failure(got: torch.Tensor, ref64: torch.Tensor, emu_err: float, bound: float = ERR_BOUND) -> str | None:
+def accuracy_failure(got: torch.Tensor, ref64: torch.Tensor, emu_err: float, bound: float = ERR_BOUND, *,
+                     emu_flips: int | None = None, topk: int = 8) -> str | None:
     """The tuner's accuracy gate: None when max|got - ref64| <= bound * emu_err (the BF16x2 emulation's max abs
-    error vs the same FP64 reference), else the reason. got: fp32 [M, N]; ref64: fp64 [M, N] on the same device."""
+    error vs the same FP64 reference) and, when ``emu_flips`` is given, got's top-``topk`` expert sets differ from
+    FP64's on at most as many tokens as the emulation's do (emu_flips); else the reason. got: fp32 [M, N]; ref64:
+    fp64 [M, N] on the same device."""
     err = float((got.double() - ref64).abs().max())
-    if err <= bound * emu_err:
-        return None
-    return (f"max abs error vs FP64 {err:.3g} is {err / max(emu_err, 1e-30):.2f}x the emulation's ({emu_err:.3g}); "
-            f"bound {bound}x")
+    if err > bound * emu_err:
+        return (f"max abs error vs FP64 {err:.3g} is {err / max(emu_err, 1e-30):.2f}x the emulation's "
+                f"({emu_err:.3g}); bound {bound}x")
+    if emu_flips is not None:
+        flips = int(ref.topk_sets_differ(got, ref64, topk).sum())
+        if flips > emu_flips:
+            return f"top-{topk} flips vs FP64 {flips} > the emulation's {emu_flips}"
+    return None
 
 
 def measure_crossover(shapes, ms=DEFAULT_MS, *, path: str | Path | None = None, iters: int = 30,
@@ -544,8 +568,8 @@ def measure_crossover(shapes, ms=DEFAULT_MS, *, path: str | Path | None = None, 
 
     Every candidate is first run once on fresh random data into a NaN-poisoned output and checked against the
     BF16x2 emulation (tolerance row ("router_gemm", "bf16x2_vs_emulation")) and against FP64 (max abs error at
-    most ERR_BOUND x the emulation's); a candidate that fails (or raises) is not timed and cannot be selected: it
-    is listed with the reason under the row's "failed".
+    most ERR_BOUND x the emulation's, and no more top-8 flips vs FP64 than the emulation's); a candidate that fails
+    (or raises) is not timed and cannot be selected: it is listed with the reason under the row's "failed".
 
     Table: {"op", "device", "run_id", "method", "shapes": [{"n", "k", "rows": [{"m", "kernel": {"variant",
     "splits"}, "bf16x2_kernel_us", "fp32_cublas_us", "choice", "candidates_us", "failed" (when any)}]}]}.
@@ -581,8 +605,10 @@ def measure_crossover(shapes, ms=DEFAULT_MS, *, path: str | Path | None = None, 
             # accumulation chain in the tensor cores' FP32 accumulators, e.g. one split over K = 6144, exceeds it)
             ref64 = xc.double() @ weights.w.double().T
             emu_err = float((emu.double() - ref64).abs().max())
+            emu_flips = int(ref.topk_sets_differ(emu, ref64, 8).sum())  # the issue's target: flips equal to these
             out = torch.empty(m, n, device="cuda")
-            cands = kernel_candidates(m, n, k) if tune else [("auto", 0)]
+            sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+            cands = kernel_candidates(m, n, k, sm_count=sms) if tune else [("auto", 0)]
             cand_us = {}
             failed = {}
             for v, sp in cands:
@@ -595,7 +621,7 @@ def measure_crossover(shapes, ms=DEFAULT_MS, *, path: str | Path | None = None, 
                         failed[f"{v}/{sp}"] = (f"wrong result vs bf16x2 emulation: rel_l2={c.rel_l2_err:.3g} "
                                                f"max_abs={c.max_abs_err:.3g} nan={c.nan_count} inf={c.inf_count}")
                         continue
-                    why = accuracy_failure(got, ref64, emu_err)
+                    why = accuracy_failure(got, ref64, emu_err, emu_flips=emu_flips)
                     if why:
                         failed[f"{v}/{sp}"] = why
                         continue

@@ -34,8 +34,9 @@
 //    the same two-accumulator prefill tile on wgmma (m64nBNk16, shared-memory descriptors over 128-byte-swizzled
 //    cp.async tiles), for the compute-bound M in the thousands where mma.sync tops out; see that file's header.
 //    router_wgmma_ws_kernel (same file; ws128n192, ws128n192m2, ws128n192g, ws128n192m2g, ws128n192p,
-//    ws128n192m2p): TMA + mbarrier pipeline, optional W multicast over an M pair of CTAs, split-K through the
-//    cluster, a global workspace, or K pairs in the cluster and then the workspace.
+//    ws128n192m2p, ws128n192r, ws128n192t): TMA + mbarrier pipeline, optional W multicast over an M pair of CTAs,
+//    split-K through the cluster, a global workspace (one last arrival sums, or a reduce-scatter over the ranks),
+//    or K pairs in the cluster and then the workspace.
 //
 // Numerics measured on H200 (run 2): against the cuBLAS-SGEMM emulation of the same two products, the kernel
 // differs by rel L2 ~4.4e-6 (max abs 2.5e-5, logits of std ~1) when one CTA accumulates all of K = 4096 in the
@@ -84,7 +85,8 @@ __device__ __forceinline__ float combine(const float (&acc)[PARTS][4], int i, fl
 // K slice in one or two loop trips, so the weight stream is entirely in flight at once (3.1 MB over ~132 SMs is
 // ~24 KB per SM). PDL-ready: the weight loads (a constant, not produced by the previous kernel) are issued before
 // griddepcontrol.wait and x is read / out written after it (a no-op when not launched with the PDL attribute).
-// Reduction: warps of a CTA in fixed k-phase order through smem, then the CS ranks in rank order through DSMEM:
+// Reduction: warps of a CTA in fixed k-phase order through smem, then the CS ranks in rank order through DSMEM
+// (pushed into each element's owner, one cluster barrier; see the epilogue):
 // deterministic, no atomics, no workspace. The built-in "decode" configuration (variants decode / decode_n1 /
 // decode_n2) is the instantiation CS = 8, WARPS = 4, WN = 1 (each warp its own k-phase), U = 4 (2 at MT = 3, 4).
 
@@ -96,8 +98,12 @@ __global__ void __launch_bounds__(WARPS * 32)
   constexpr int KW = WARPS / WN;
   static_assert(KW * WN == WARPS && KW >= 1, "WN divides WARPS");
   constexpr int WTN = 8 * NT, TILE_M = 16 * MT, TILE_N = WTN * WN, TILE = TILE_M * TILE_N;
-  static_assert(KW * TILE * 4 <= 48 * 1024, "static shared memory");
+  static_assert((KW + 1) * TILE * 4 + 64 <= 48 * 1024, "static shared memory");
   __shared__ float part[KW][TILE];
+  __shared__ float recv[TILE + 16];  // the slices the other ranks send this one, [rank][slot]
+  // Arrive now on the cluster barrier that guarantees every CTA of the cluster is running before the first remote
+  // store into its shared memory; its wait, in the epilogue, then costs nothing.
+  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
 
   cg::cluster_group cluster = cg::this_cluster();
   const int cs = static_cast<int>(cluster.num_blocks());
@@ -198,14 +204,23 @@ __global__ void __launch_bounds__(WARPS * 32)
       part[0][e] = v;
     }
   }
-  // Epilogue 2: cluster-wide reduction over DSMEM; rank r owns elements r, r + cs, ... (fixed rank order).
-  cluster.sync();
-  for (int e = rank + cs * static_cast<int>(threadIdx.x); e < rows * TILE_N; e += cs * static_cast<int>(blockDim.x)) {
+  // Epilogue 2: cluster-wide reduction over DSMEM; rank r owns elements r, r + cs, ... and sums them in fixed rank
+  // order. Pushed: every rank stores each element into its owner's recv (remote stores, fire-and-forget), one
+  // cluster barrier (release / acquire), then each owner sums its slots from its own shared memory; nobody touches
+  // another CTA's shared memory after that barrier, so no second one is needed. Pulling instead (one cluster sync,
+  // every owner loading its elements from the S ranks' shared memory, a second sync before exit) was 0.15-0.9 us
+  // slower at M = 1-16 and 1.0-1.5 us at M = 48 (data/profiles/h200/router_small_m_session5.txt).
+  asm volatile("barrier.cluster.wait;\n" ::: "memory");  // every CTA of the cluster is running
+  const int sl = (rows * TILE_N + cs - 1) / cs;           // slots per rank
+  for (int e = threadIdx.x; e < rows * TILE_N; e += blockDim.x)
+    cluster.map_shared_rank(recv, static_cast<unsigned>(e % cs))[rank * sl + e / cs] = part[0][e];
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+  for (int i = threadIdx.x; rank + cs * i < rows * TILE_N; i += blockDim.x) {
+    const int e = rank + cs * i;
     float v = 0.f;
-    for (int q = 0; q < cs; ++q) v += cluster.map_shared_rank(&part[0][0], q)[e];
+    for (int q = 0; q < cs; ++q) v += recv[q * sl + i];
     out[static_cast<size_t>(e / TILE_N) * N + n_cta + (e % TILE_N)] = v;
   }
-  cluster.sync();  // keep this CTA's shared memory alive until every rank has read it
 }
 
 // ------------------------------------------------------------------------------------------------------------
@@ -403,7 +418,7 @@ enum Variant {
   kTiled128X = 7, kDecodeN1 = 8, kDecodeN2 = 9, kT128n96 = 10, kT128n96d = 11, kT64n96d = 12, kT64n192 = 13,
   kT64n192d = 14, kDecC16 = 15, kDecC16N2 = 16, kDecW8 = 17, kDecC16W8 = 18, kDecN32 = 19, kDecN64 = 20,
   kT64n96 = 21, kT64n96d3 = 22, kT128n96d3 = 23, kTiled128s3 = 24, kTiled128s6 = 25, kTiled64s6 = 26,
-  // 27 .. 36: the wgmma variants of router_wgmma.cu (hp_router::kWg128n96 ... kWs128n192m2p)
+  // 27 .. 38: the wgmma variants of router_wgmma.cu (hp_router::kWg128n96 ... kWs128n192t)
   kNumVariants = hp_router::kWgEnd
 };
 static_assert(kTiled64s6 + 1 == hp_router::kWg128n96, "wgmma variant ids continue enum Variant");
@@ -482,7 +497,8 @@ Config choose(int M, int N, int K, int variant, int splits) {
     while (hp_router::wgmma_cluster_size(cfg.variant, 2 * s) <= 8 && 2 * s <= 8 && base * 2 * s <= kTargetCtas &&
            (K / 64) / (2 * s) >= 4)
       s *= 2;
-    if (hp_router::wgmma_pair_splitk(cfg.variant) && s < 2) s = 2;  // a K pair needs two ranks
+    if ((hp_router::wgmma_pair_splitk(cfg.variant) || hp_router::wgmma_reduce_scatter(cfg.variant)) && s < 2)
+      s = 2;  // a K pair, a reduce-scatter need two ranks
     cfg.splits = s;
   } else if (cfg.splits <= 0) {
     const Tile t = tile_of(cfg.variant);
@@ -648,7 +664,8 @@ int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg
   if (splits > 0 && (splits & (splits - 1))) return cudaErrorInvalidValue;  // 1, 2, 4, 8: divides BM
   if (variant != kAuto && tile_of(variant).bn && N % tile_of(variant).bn) return cudaErrorInvalidValue;
   if (hp_router::wgmma_cluster_size(variant, splits) > 8) return cudaErrorInvalidValue;  // portable cluster size
-  if (hp_router::wgmma_pair_splitk(variant) && splits == 1) return cudaErrorInvalidValue;  // K pairs: >= 2 splits
+  if ((hp_router::wgmma_pair_splitk(variant) || hp_router::wgmma_reduce_scatter(variant)) && splits == 1)
+    return cudaErrorInvalidValue;  // K pairs, reduce-scatter: >= 2 splits
   const Config cfg = choose(M, N, K, variant, splits);
   cfg_out[0] = cfg.variant;
   cfg_out[1] = cfg.splits;

@@ -297,8 +297,9 @@ __global__ void __launch_bounds__(WGS * 128, 1)
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// TMA + mbarrier variants (ws128n192, ws128n192m2, with the global split-K ws128n192g, ws128n192m2g, and with K
-// pairs before it ws128n192p, ws128n192m2p): router_wgmma_ws_kernel<CM, STAGES, GRED, KP>.
+// TMA + mbarrier variants (ws128n192, ws128n192m2, with the global split-K ws128n192g, ws128n192m2g, with K
+// pairs before it ws128n192p, ws128n192m2p, and as a reduce-scatter ws128n192r, ws128n192t):
+// router_wgmma_ws_kernel<CM, STAGES, GRED, KP, RS>.
 //
 // Same math and the same 128-byte-swizzled stage layout as router_wgmma_kernel (TMA's SWIZZLE_128B writes
 // 16-byte chunk c of row r at chunk c ^ (r % 8) inside 1024-byte-aligned tiles: exactly what the cp.async loader
@@ -411,6 +412,15 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const TmaMap* map, int
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
+// The same with an L2 cache policy (createpolicy) for the loaded lines.
+__device__ __forceinline__ void tma_load_2d_hint(uint32_t dst, const TmaMap* map, int c0, int c1, uint32_t bar,
+                                                 uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+      : "memory");
+}
 // The same box written at offset `dst` of every CTA in `mask`, each completing on its own `bar` (same offset).
 __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const TmaMap* map, int c0, int c1, uint32_t bar,
                                                uint16_t mask) {
@@ -424,8 +434,9 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const TmaMap* map, 
 // Diagnostic timeline (scripts/gpu_router_trace.py): once hp_router_set_trace() has set a buffer, thread 0 of every
 // CTA of router_wgmma_ws_kernel writes kTraceWords words at [CTA linear id * kTraceWords]: %globaltimer at entry,
 // when its first k-tile has landed, after its last wgmma, after its partial is published (GRED) and at exit, then
-// its SM id, whether it reduced the tile (GRED) and its k-tile count. Null (off) by default: one global load per CTA.
-constexpr int kTraceWords = 8;
+// its SM id, whether it reduced the tile (GRED), its k-tile count, and (reduce-scatter) when its wait for the
+// other ranks ended. Null (off) by default: one global load per CTA, after its first loads are issued.
+constexpr int kTraceWords = 9;
 __device__ unsigned long long* g_ws_trace = nullptr;
 __device__ __forceinline__ uint32_t sm_id() {
   uint32_t r;
@@ -442,9 +453,14 @@ constexpr int kWsABytes = kWsBM * kRowBytes, kWsBBytes = kWsBN * kRowBytes;  // 
 constexpr int ws_gred_counters_per_tile(int kp) { return kp == 2 ? 4 : 1; }
 constexpr size_t ws_gred_counter_bytes(int counters) { return (static_cast<size_t>(counters) * 4 + 255) / 256 * 256; }
 constexpr int ws_grid_tiles(int M, int N, int cm) { return ((M + kWsBM * cm - 1) / (kWsBM * cm)) * cm * (N / kWsBN); }
-constexpr size_t ws_gred_workspace_bytes(int M, int N, int splits, int cm, int kp) {
+// Counters of a launch: per tile (none for the reduce-scatter's cooperative grid barrier, RS = 1), plus the ticket
+// counter of RS = 2.
+constexpr int ws_gred_counters(int M, int N, int cm, int kp, int rs) {
+  return rs == 1 ? 0 : ws_grid_tiles(M, N, cm) * ws_gred_counters_per_tile(kp) + (rs == 2 ? 1 : 0);
+}
+constexpr size_t ws_gred_workspace_bytes(int M, int N, int splits, int cm, int kp, int rs = 0) {
   return splits / kp <= 1 ? 0
-                          : ws_gred_counter_bytes(ws_grid_tiles(M, N, cm) * ws_gred_counters_per_tile(kp)) +
+                          : ws_gred_counter_bytes(ws_gred_counters(M, N, cm, kp, rs)) +
                                 static_cast<size_t>(ws_grid_tiles(M, N, cm)) * (splits / kp) * kWsBM * kWsBN * 4;
 }
 
@@ -454,6 +470,90 @@ constexpr int kWsStageBytes = kWsABytes + 2 * kWsBBytes;                      //
 template <int STAGES>
 constexpr int ws_smem_bytes() {
   return 1024 /* alignment slack */ + 1024 /* barriers */ + STAGES * kWsStageBytes;
+}
+
+// The reduce-scatter split-K epilogue of router_wgmma_ws_kernel<..., RS> (S = splits; see there). Workspace slot of
+// rank q: float2 number p (= 2 j + h, 48 per thread) of lane l of warp w (rows 16 w .. 16 w + 15) at
+// [(w * 48 + p) * 32 + l], so the rows rank k owns, warps [k * 8 / S, (k + 1) * 8 / S), are one contiguous run
+// of 8 / S * 6 KB and every thread of the owner reads it as float4 at [i * 256 + tid] (coalesced). A float4 f of the
+// run is lanes 2 m, 2 m + 1 of one (w, p): one row, 4 consecutive columns, so the output store is a float4 too.
+template <int S, int RS>
+__device__ __forceinline__ void rs_reduce(const float (&acc0)[kWsBN / 2], const float (&acc1)[kWsBN / 2], float s1,
+                                          unsigned char* stages, float* __restrict__ partials,
+                                          int* __restrict__ counters, float* __restrict__ out, int M, int N, int tile,
+                                          int rank_k, int m_block, int n_block, unsigned long long* trace) {
+  constexpr int P = kWsBN / 4;                // float2 per thread
+  constexpr int WPC = 8 / S;                  // warps (16-row bands) per owned run
+  constexpr int RUN4 = WPC * P * 32 / 2;      // float4 per owned run
+  constexpr int F4 = RUN4 / kWsThreads;       // float4 per thread per rank (12, 6, 3)
+  static_assert(RUN4 % kWsThreads == 0, "the run splits evenly over the threads");
+  const int tid = threadIdx.x, lane = tid & 31, gw = tid >> 5;
+  float2* slots = reinterpret_cast<float2*>(partials) + static_cast<size_t>(tile) * S * P * kWsThreads;
+  float2* own = reinterpret_cast<float2*>(stages);  // this rank's run, same layout, in the idle stage buffers
+  __syncthreads();  // both warpgroups are past their last wgmma: the stage buffers may be overwritten
+  const int owner = gw / WPC;
+  float2* dst = owner == rank_k ? own + static_cast<size_t>(gw - owner * WPC) * P * 32
+                                : slots + static_cast<size_t>(rank_k) * P * kWsThreads + static_cast<size_t>(gw) * P * 32;
+#pragma unroll
+  for (int j = 0; j < kWsBN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int e = 4 * j + 2 * h;
+      const float2 v = make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]);
+      if (owner == rank_k)
+        dst[(2 * j + h) * 32 + lane] = v;
+      else
+        __stcg(dst + (2 * j + h) * 32 + lane, v);
+    }
+  // Publication: the CTA barrier, then one release by thread 0 (cumulative over the stores the barrier ordered
+  // before it) and its acquire, then the barrier again; no per-thread fences (0.4 us less than a __threadfence per
+  // thread on each side at M = 4096, router_trace_session5c.txt). Publishing through shared memory and TMA bulk
+  // copies instead (cp.async.bulk out, and in on an mbarrier) was 0.5-1.5 us slower (router_trace_session5g).
+  __syncthreads();  // (and the own run is in shared memory for every thread)
+  if constexpr (RS == 1) {
+    // Cooperative launch: one grid barrier instead of the per-tile counters. The whole grid ends with its slowest
+    // rank anyway, and the barrier needs no zeroed counters, so the launcher's memset node goes too (0.65 us less at
+    // M = 4096). cooperative_groups' barrier is the same release / acquire pattern on a word the driver provides.
+    // (Per-tile counters zeroed by the kernel itself would need a grid barrier at entry: that one cost 3 us,
+    // router_trace_session5h.)
+    if (tid == 0 && trace) trace[3] = global_ns();
+    cg::this_grid().sync();
+    if (tid == 0 && trace) trace[6] = 1;
+  } else if (tid == 0) {
+    int* ctr = counters + tile;
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(ctr) : "memory");
+    if (trace) trace[3] = global_ns();
+    const unsigned long long t0 = global_ns();
+    int seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(ctr) : "memory");
+      if (global_ns() - t0 > kHangNs) mbar_hang_report(1 << 29);  // a peer that never arrives: fail, do not hang
+    } while (seen < S);
+    if (trace) trace[6] = 1;
+  }
+  __syncthreads();  // thread 0's acquire (or the grid barrier's) orders every thread's reads below after the stores
+  if (tid == 0 && trace) trace[8] = global_ns();
+  // Sum the run over the S ranks in rank order (own from shared memory): the bits do not depend on arrival order.
+  const float4* own4 = reinterpret_cast<const float4*>(own);
+  float4 v[S][F4];
+#pragma unroll
+  for (int q = 0; q < S; ++q) {
+    const float4* src = reinterpret_cast<const float4*>(slots + static_cast<size_t>(q) * P * kWsThreads +
+                                                        static_cast<size_t>(rank_k) * WPC * P * 32);
+#pragma unroll
+    for (int i = 0; i < F4; ++i) v[q][i] = q == rank_k ? own4[i * kWsThreads + tid] : __ldcg(src + i * kWsThreads + tid);
+  }
+#pragma unroll
+  for (int i = 0; i < F4; ++i) {
+    float4 a = v[0][i];
+#pragma unroll
+    for (int q = 1; q < S; ++q) a = make_float4(a.x + v[q][i].x, a.y + v[q][i].y, a.z + v[q][i].z, a.w + v[q][i].w);
+    const int f = i * kWsThreads + tid, e2 = 2 * f;   // first float2 of this float4 in the run
+    const int w = e2 / (P * 32), p = (e2 / 32) % P, l = e2 % 32;
+    const int row = m_block + (rank_k * WPC + w) * 16 + (l >> 2) + 8 * (p & 1);
+    const int col = n_block + 8 * (p >> 1) + 2 * (l & 3);
+    if (row < M) *reinterpret_cast<float4*>(out + static_cast<size_t>(row) * N + col) = a;
+  }
 }
 
 // GRED (ws128n192g, ws128n192m2g): split-K without a cluster along K (the cluster is the M pair at most), so all
@@ -468,7 +568,15 @@ constexpr int ws_smem_bytes() {
 // a quarter of the bytes per CTA that one last arrival of KP = 1 reads, and half the partial stores (measured at
 // M = 4096, S = 4 with KP = 1: 3.3 us to publish, 5.4 us for the last arrival's sum; scripts/gpu_router_trace.py).
 // The sum is ((p0 + p1) + (p2 + p3)) + ... in fixed order: deterministic, though not bit-equal to KP = 1's.
-template <int CM, int STAGES, bool GRED, int KP = 1>
+// RS (ws128n192r, ws128n192t; GRED, KP = 1, CM = 1): reduce-scatter instead of one last arrival. Rank k of a tile
+// owns rows [k * 128 / S, (k + 1) * 128 / S) (the 8 / S warps whose accumulators hold them); every rank publishes
+// the rows it does not own, keeps its own in shared memory, counts itself in on the tile's counter, waits until all
+// S have, and sums its rows over the S ranks in rank order (bit-equal to ws128n192g at the same S). The last CTA of
+// a tile then reads 3 x 24 KB instead of 4 x 96 KB (S = 4), and all S read at once. Every rank waits for its
+// peers, so they must be resident together: RS = 1 (ws128n192r) is a cooperative launch (the grid must fit in one
+// wave, checked by the launcher); RS = 2 (ws128n192t) takes its (tile, rank) from a ticket counter at entry, so
+// a CTA only ever waits for CTAs of its own ticket group that hold tickets or can still be scheduled (any grid).
+template <int CM, int STAGES, bool GRED, int KP = 1, int RS = 0>
 __global__ void __launch_bounds__(kWsThreads, 1)
     router_wgmma_ws_kernel(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w0,
                            const __grid_constant__ TmaMap map_w1, float* __restrict__ out, int M, int N, int K,
@@ -477,6 +585,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   constexpr int WROWS = kWsBN / CM;  // W rows this CTA loads (and multicasts to its CM - 1 partners)
   static_assert(CM == 1 || CM == 2, "cluster pairs along M");
   static_assert(KP == 1 || (KP == 2 && GRED), "K pairs only with the global split-K");
+  static_assert(RS == 0 || (GRED && KP == 1 && CM == 1), "reduce-scatter: global split-K, no pairs");
   static_assert((WROWS * kRowBytes) % 1024 == 0, "a multicast half must start on a swizzle atom");
   static_assert(ws_smem_bytes<STAGES>() <= 227 * 1024, "shared memory per block (sm_90)");
   static_assert(kWsBM * (kWsBN + 4) * 4 <= STAGES * kWsStageBytes, "split-K buffer reuses the stages");
@@ -488,16 +597,28 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto empty_bar = [&](int s) { return bar_base + 8u * (STAGES + s); };
 
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
-  unsigned long long* trace = g_ws_trace;
-  if (trace) {
-    trace += (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * kTraceWords;
-    if (tid == 0) trace[0] = global_ns();
+  const unsigned long long t_entry = global_ns();
+  // The trace pointer is a global load, and right after the timing convention's L2 flush its line is cold: loaded
+  // before the first TMA loads, every thread waited a DRAM round trip for it. It is loaded once they are issued
+  // (0.2-1.1 us less per launch at M = 1024-4096, router_trace_session5i_trace_load.txt).
+  unsigned long long* trace = nullptr;
+  // (bx, by, bz): the tile and K rank this CTA computes; the block index, or for RS = 2 the entry ticket
+  // (tile-major: the S ranks of a tile hold consecutive tickets).
+  int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  if constexpr (RS == 2) {
+    __shared__ int ticket;
+    if (tid == 0) ticket = atomicAdd(counters + gridDim.x * gridDim.y, 1);
+    __syncthreads();
+    const int tile = ticket / static_cast<int>(gridDim.z);
+    bz = ticket % static_cast<int>(gridDim.z);
+    bx = tile % static_cast<int>(gridDim.x);
+    by = tile / static_cast<int>(gridDim.x);
   }
-  const int mi = blockIdx.x % CM;                     // position in the M pair
-  const int splits = gridDim.z, rank_k = blockIdx.z;  // cluster (CM, 1, splits): one cluster spans all splits
+  const int mi = bx % CM;                     // position in the M pair
+  const int splits = gridDim.z, rank_k = bz;  // cluster (CM, 1, splits): one cluster spans all splits
   // cluster rank of (mi = 0, this split); GRED: the cluster is the M pair (and the K pair when KP = 2)
   const uint32_t group0 = GRED ? static_cast<uint32_t>((rank_k % KP) * CM) : static_cast<uint32_t>(rank_k * CM);
-  const int n_block = blockIdx.y * kWsBN, m_block = blockIdx.x * kWsBM;
+  const int n_block = by * kWsBN, m_block = bx * kWsBM;
   const int kt_total = K / kWgBK;
   const int kt_begin = static_cast<int>((static_cast<long long>(kt_total) * rank_k) / splits);
   const int kt_end = static_cast<int>((static_cast<long long>(kt_total) * (rank_k + 1)) / splits);
@@ -505,6 +626,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int x_row = m_block < M ? m_block : 0;  // padding CTA (CM = 2): any valid tile, never stored
   const int w_row = n_block + mi * WROWS;
 
+  // x tiles are read once: loaded with an L2 evict_first policy, so the lines they allocate are the first victims
+  // when later loads need room, rather than lines that must be written back first (after the timing convention's
+  // flush, L2 is full of dirty lines) or the W tiles every M tile re-reads. Measured at M = 4096: 1.23 -> 1.12 us per
+  // k-tile, ws128n192r/4 32.6 -> 30.7 us, ws128n192g/4 35.8 -> 34.7 (router_trace_session5b.txt); an evict_last
+  // policy on the W tiles changed nothing (they stay in L2 either way).
+  uint64_t pol_x;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol_x));
   // Thread 0 is the TMA issuer: arm slot s's "full" barrier with the 64 KB it will receive (x from this CTA, the
   // W halves from each CTA of the pair), then load x and this CTA's W rows (multicast to the pair when CM = 2).
   auto issue = [&](int t) {
@@ -516,12 +644,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // 1 + i % (nk - 1) on, so the CTAs that share the W tiles do not all ask the same L2 lines for the same k-tile
     // at once; the order is fixed per tile (deterministic). Measured: -3 us at M = 4096 (ws128n192p/4 40.4 -> 37.1,
     // ws128n192g/4 40.1 -> 36.9), -2 at M = 2048, within +-0.5 us at M = 1024; keeping the first k-tile common
-    // gained 0.1-0.9 us over rotating it too (router_trace_session4b.txt, router_trace_session4e_rotation.txt).
-    const int i = static_cast<int>(blockIdx.x / CM);
+    // gained 0.1-0.9 us over rotating it too (router_trace_session4b.txt, router_trace_session4e_rotation.txt);
+    // keeping the first 2, 3 or 4 common changed nothing beyond the noise (router_trace_session5a.txt).
+    const int i = bx / CM;
     const bool rot = gridDim.x / CM >= 16;
     const int kt = rot && t > 0 && nk > 1 ? 1 + (t - 1 + i) % (nk - 1) : t;
     const int k0 = (kt_begin + kt) * kWgBK;
-    tma_load_2d(st, &map_x, k0, x_row, fb);
+    tma_load_2d_hint(st, &map_x, k0, x_row, fb, pol_x);
     if constexpr (CM == 1) {
       tma_load_2d(st + kWsABytes, &map_w0, k0, w_row, fb);
       tma_load_2d(st + kWsABytes + kWsBBytes, &map_w1, k0, w_row, fb);
@@ -545,11 +674,20 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   cluster_sync_all();  // barriers initialised before any partner multicasts into or arrives on them
+  // (Issuing the first loads before this barrier, which CM = 1 would allow, measured 0-0.2 us faster for
+  // ws128n192r and 1-2 us slower for ws128n192g / ws128n192t: router_trace_session5c.txt.)
+  // (Requesting only the first k-tile at the start, the others once it had landed, was 0.4-1.4 us slower at
+  // M = 2048-4096: router_trace_session5d.txt.)
   if (tid == 0) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_w0)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_w1)) : "memory");
     for (int t = 0; t < STAGES && t < nk; ++t) issue(t);  // the slots start empty
+  }
+  trace = g_ws_trace;
+  if (trace) {
+    trace += (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) * kTraceWords;
+    if (tid == 0) trace[0] = t_entry;
   }
 
   float acc0[R], acc1[R];
@@ -648,7 +786,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     cg::cluster_group cluster = cg::this_cluster();
     cluster_sync_all();  // both partials of the K pair are complete (and the M partner's arrivals have landed)
     const int kp = rank_k & 1, grp = rank_k >> 1, groups = splits >> 1;
-    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+    const int tile = by * gridDim.x + bx;
     // Ticket first (groups > 1): the pair sum that arrives last (ticket groups - 1) is never stored; the others
     // store theirs, then count themselves in on the half's second counter, and the last one waits for that count.
     // It waits only on CTAs that already hold a ticket, i.e. are running and need nothing else to finish their
@@ -720,10 +858,22 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     cluster_sync_all();  // the partner has read this CTA's partial: its shared memory may go
     if (trace && tid == 0) trace[4] = global_ns();
     return;
+  } else if constexpr (RS != 0) {
+    if (hang) mbar_hang_report(hang);
+    switch (splits) {  // the loop trip counts below are compile-time per split count: the sums stay in registers
+      case 2: rs_reduce<2, RS>(acc0, acc1, s1, stages, partials, counters, out, M, N, by * gridDim.x + bx, rank_k,
+                           m_block, n_block, trace); break;
+      case 4: rs_reduce<4, RS>(acc0, acc1, s1, stages, partials, counters, out, M, N, by * gridDim.x + bx, rank_k,
+                           m_block, n_block, trace); break;
+      default: rs_reduce<8, RS>(acc0, acc1, s1, stages, partials, counters, out, M, N, by * gridDim.x + bx, rank_k,
+                            m_block, n_block, trace); break;
+    }
+    if (trace && tid == 0) trace[4] = global_ns();
+    return;
   } else if constexpr (GRED) {
     // Fragment layout: float2 number p = 2 j + h of thread tid sits at [p * kWsThreads + tid] of the rank's slot.
     constexpr int P = kWsBN / 4;  // float2 per thread
-    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+    const int tile = by * gridDim.x + bx;
     float2* slot0 = reinterpret_cast<float2*>(partials) + static_cast<size_t>(tile) * splits * P * kWsThreads;
     float2* mine = slot0 + static_cast<size_t>(rank_k) * P * kWsThreads;
 #pragma unroll
@@ -863,27 +1013,30 @@ cudaError_t encode_bf16_map(TmaMap* map, const void* ptr, int rows, int K, int b
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int CM, int STAGES, bool GRED, int KP = 1>
+template <int CM, int STAGES, bool GRED, int KP = 1, int RS = 0>
 cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1, float* out, int M,
                       int N, int K, float s1, int splits, void* workspace, size_t workspace_bytes,
                       cudaStream_t stream) {
   if ((GRED ? splits : CM * splits) > 8 || CM * KP > 8) return cudaErrorInvalidValue;  // portable cluster / splits
   if (splits % KP) return cudaErrorInvalidValue;                                       // K pairs
+  if (RS && splits < 2) return cudaErrorInvalidValue;                                  // reduce-scatter: >= 2 ranks
   const int m_tiles = (M + kWsBM - 1) / kWsBM;
   float* partials = nullptr;
   int* counters = nullptr;
   if (GRED && splits / KP > 1) {
-    if (!workspace || workspace_bytes < ws_gred_workspace_bytes(M, N, splits, CM, KP) ||
+    if (!workspace || workspace_bytes < ws_gred_workspace_bytes(M, N, splits, CM, KP, RS) ||
         reinterpret_cast<uintptr_t>(workspace) % 256)
       return cudaErrorInvalidValue;
-    const int ncounters = ws_grid_tiles(M, N, CM) * ws_gred_counters_per_tile(KP);
+    const int ncounters = ws_gred_counters(M, N, CM, KP, RS);
     counters = static_cast<int*>(workspace);
     partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + ws_gred_counter_bytes(ncounters));
     // Zeroed before every launch (a memset node in a graph). Measured on the H200 at M = 2048 / 4096: a one-CTA
     // zeroing kernel overlapped with the GEMM through PDL was no faster (37.4 vs 37.0 us, ws128n192p/4); only no
     // zeroing at all, on a persistent workspace, gained (~1 us): router_trace_session4c.txt.
-    cudaError_t e = cudaMemsetAsync(counters, 0, sizeof(int) * ncounters, stream);
-    if (e != cudaSuccess) return e;
+    if (RS != 1) {  // (ws128n192r: a grid barrier, no counters to zero)
+      cudaError_t e = cudaMemsetAsync(counters, 0, sizeof(int) * ncounters, stream);
+      if (e != cudaSuccess) return e;
+    }
   }
   // Tensor maps are encoded per call on the host (a few us of CPU, no stream work): the kernel parameters carry
   // them, so a captured graph keeps the ones of its capture, like the raw pointers of the other variants.
@@ -893,7 +1046,7 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
   if (e == cudaSuccess) e = encode_bf16_map(&mw1, w1, N, K, kWsBN / CM);
   if (e != cudaSuccess) return e;
   constexpr int smem = ws_smem_bytes<STAGES>();
-  auto kernel = router_wgmma_ws_kernel<CM, STAGES, GRED, KP>;
+  auto kernel = router_wgmma_ws_kernel<CM, STAGES, GRED, KP, RS>;
   static bool configured = false;  // attribute set once per instantiation (host-side, not a stream op)
   if (!configured) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -906,10 +1059,24 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
   lc.dynamicSmemBytes = smem;
   lc.stream = stream;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = CM;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = GRED ? KP : splits;
+  if (RS == 1) {
+    // Every CTA waits for the other ranks of its tile: the whole grid must be resident at once. A cooperative
+    // launch guarantees it (or fails); refuse up front a grid larger than one wave on this device.
+    int dev = 0, sms = 0, per_sm = 0;
+    e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWsThreads, smem);
+    if (e != cudaSuccess) return e;
+    if (static_cast<long long>(lc.gridDim.x) * lc.gridDim.y * lc.gridDim.z > static_cast<long long>(sms) * per_sm)
+      return cudaErrorInvalidValue;
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+  } else {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CM;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = GRED ? KP : splits;
+  }
   lc.attrs = attr;
   lc.numAttrs = 1;
   e = cudaLaunchKernelEx(&lc, kernel, mx, mw0, mw1, out, M, N, K, s1, partials, counters);
@@ -921,7 +1088,7 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
 }  // namespace
 
 #if !defined(__CUDACC_RTC__)
-// Sets (or with null clears) the diagnostic timeline buffer of router_wgmma_ws_kernel: kTraceWords (8) uint64 per
+// Sets (or with null clears) the diagnostic timeline buffer of router_wgmma_ws_kernel: kTraceWords (9) uint64 per
 // CTA of the next launches (grid x * y * z). Not stream-ordered: call it with the device idle.
 extern "C" int hp_router_set_trace(void* buffer) {
   return static_cast<int>(cudaMemcpyToSymbol(g_ws_trace, &buffer, sizeof(buffer)));
@@ -931,7 +1098,8 @@ namespace hp_router {
 
 size_t router_wgmma_workspace_bytes(int variant, int M, int N, int splits) {
   return wgmma_global_splitk(variant) && splits > 1 && M > 0 && N > 0
-             ? ws_gred_workspace_bytes(M, N, splits, wgmma_cluster_m(variant), wgmma_pair_splitk(variant) ? 2 : 1)
+             ? ws_gred_workspace_bytes(M, N, splits, wgmma_cluster_m(variant), wgmma_pair_splitk(variant) ? 2 : 1,
+                                       wgmma_reduce_scatter(variant) ? (variant == kWs128n192t ? 2 : 1) : 0)
              : 0;
 }
 
@@ -957,6 +1125,10 @@ cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_
       return launch_ws<1, 3, true, 2>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
     case kWs128n192m2p:
       return launch_ws<2, 3, true, 2>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
+    case kWs128n192r:
+      return launch_ws<1, 3, true, 1, 1>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
+    case kWs128n192t:
+      return launch_ws<1, 3, true, 1, 2>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
     default: return cudaErrorInvalidValue;
   }
 }

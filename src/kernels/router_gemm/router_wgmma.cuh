@@ -14,8 +14,14 @@ constexpr int kWg128n96 = 27, kWg128n192 = 28, kWg64n192 = 29, kWg128n128 = 30;
 // ws128n192p / ws128n192m2p: the global split-K with the K ranks paired in the cluster (CM, 1, 2): each pair sums
 // its two partial tiles through distributed shared memory first, so the workspace carries half the partials and
 // the last arrival of each 64-row half sums S / 2 of them (splits 2, 4, 8; with 2 no workspace at all).
+// ws128n192r / ws128n192t: the global split-K as a reduce-scatter (each of the S ranks sums 128 / S rows of the
+// tile over all ranks, after all have published): r is a cooperative launch (grid within one wave; one grid
+// barrier, no counters), t takes its tile and rank from a ticket counter at entry (any grid). Splits 2, 4, 8.
+// (r with the W multicast pair was 1.1 us slower at M = 1024-4096: router_trace_session5e_m2r.txt; not kept.)
+// (K pairs summed through DSMEM before r's reduce-scatter, a third of its global traffic, were 1.3-2.1 us slower:
+// the pair stage took 3.1-3.6 us; router_trace_session5f_pr.txt; not kept.)
 constexpr int kWs128n192 = 31, kWs128n192m2 = 32, kWs128n192g = 33, kWs128n192m2g = 34, kWs128n192p = 35,
-              kWs128n192m2p = 36, kWgEnd = 37;
+              kWs128n192m2p = 36, kWs128n192r = 37, kWs128n192t = 38, kWgEnd = 39;
 
 constexpr bool is_wgmma_variant(int v) { return v >= kWg128n96 && v < kWgEnd; }
 
@@ -28,7 +34,7 @@ constexpr WgTile wgmma_tile(int v) {
          : v == kWg128n192 ? WgTile{128, 192}
          : v == kWg64n192 ? WgTile{64, 192}
          : v == kWg128n128 ? WgTile{128, 128}
-         : v >= kWs128n192 && v <= kWs128n192m2p ? WgTile{128, 192}
+         : v >= kWs128n192 && v <= kWs128n192t ? WgTile{128, 192}
                            : WgTile{0, 0};
 }
 
@@ -39,8 +45,11 @@ constexpr int wgmma_cluster_m(int v) {
 }
 // Split-K through a global workspace (the cluster spans the M pair and, for the pair variants, a K pair only).
 constexpr bool wgmma_global_splitk(int v) {
-  return v == kWs128n192g || v == kWs128n192m2g || v == kWs128n192p || v == kWs128n192m2p;
+  return v == kWs128n192g || v == kWs128n192m2g || v == kWs128n192p || v == kWs128n192m2p || v == kWs128n192r ||
+         v == kWs128n192t;
 }
+// Reduce-scatter split-K (ws128n192r, ws128n192t): splits 2, 4, 8.
+constexpr bool wgmma_reduce_scatter(int v) { return v == kWs128n192r || v == kWs128n192t; }
 // K ranks paired in the cluster (ws128n192p, ws128n192m2p): splits must be even (2, 4, 8).
 constexpr bool wgmma_pair_splitk(int v) { return v == kWs128n192p || v == kWs128n192m2p; }
 // CTAs per cluster: (CM, 1, splits), (CM, 1, 2) for the pair variants, (CM, 1, 1) for the other global split-K
