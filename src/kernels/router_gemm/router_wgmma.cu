@@ -570,8 +570,9 @@ __device__ __forceinline__ void rs_reduce(const float (&acc0)[kWsBN / 2], const 
 // The sum is ((p0 + p1) + (p2 + p3)) + ... in fixed order: deterministic, though not bit-equal to KP = 1's.
 // RS (ws128n192r, ws128n192t; GRED, KP = 1, CM = 1): reduce-scatter instead of one last arrival. Rank k of a tile
 // owns rows [k * 128 / S, (k + 1) * 128 / S) (the 8 / S warps whose accumulators hold them); every rank publishes
-// the rows it does not own, keeps its own in shared memory, counts itself in on the tile's counter, waits until all
-// S have, and sums its rows over the S ranks in rank order (bit-equal to ws128n192g at the same S). The last CTA of
+// the rows it does not own, keeps its own in shared memory, waits until all S have published (RS = 1: one grid
+// barrier; RS = 2: the tile's counter), and sums its rows over the S ranks in rank order (bit-equal to ws128n192g
+// at the same S). The last CTA of
 // a tile then reads 3 x 24 KB instead of 4 x 96 KB (S = 4), and all S read at once. Every rank waits for its
 // peers, so they must be resident together: RS = 1 (ws128n192r) is a cooperative launch (the grid must fit in one
 // wave, checked by the launcher); RS = 2 (ws128n192t) takes its (tile, rank) from a ticket counter at entry, so
@@ -1062,13 +1063,20 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
   if (RS == 1) {
     // Every CTA waits for the other ranks of its tile: the whole grid must be resident at once. A cooperative
     // launch guarantees it (or fails); refuse up front a grid larger than one wave on this device.
-    int dev = 0, sms = 0, per_sm = 0;
+    // CTAs that fit at once, per device (queried once per device and instantiation: host calls, not stream ops).
+    static int fit[64] = {};
+    int dev = 0;
     e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWsThreads, smem);
     if (e != cudaSuccess) return e;
-    if (static_cast<long long>(lc.gridDim.x) * lc.gridDim.y * lc.gridDim.z > static_cast<long long>(sms) * per_sm)
-      return cudaErrorInvalidValue;
+    if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+    if (!fit[dev]) {
+      int sms = 0, per_sm = 0;
+      e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWsThreads, smem);
+      if (e != cudaSuccess) return e;
+      fit[dev] = sms * per_sm;
+    }
+    if (static_cast<long long>(lc.gridDim.x) * lc.gridDim.y * lc.gridDim.z > fit[dev]) return cudaErrorInvalidValue;
     attr[0].id = cudaLaunchAttributeCooperative;
     attr[0].val.cooperative = 1;
   } else {
