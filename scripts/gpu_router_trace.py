@@ -8,9 +8,8 @@ Usage (GPU machine, hotpaths importable): python scripts/gpu_router_trace.py [--
    L2 flush (eager launch); the run with the median span is summarised: entry spread, first-tile latency, time per
    k-tile in the main loop, publish, reduction tail of the last arriver (reduce-scatter: of every rank, split into
    the wait for the other ranks and the exchange's reads, sum and stores), span.
-2. A/B of configurations (--configs, --ms; and of experiment switches, when an experiment adds any) in one process,
-   each checked against the emulation on a NaN-poisoned output first. The fifth session's switches (kernel argument
-   and host setter, since removed) are recorded in data/profiles/h200/router_trace_session5*.txt.
+2. A/B of configurations (--configs, --ms) in one process, each checked against the emulation on a NaN-poisoned
+   output first (experiments time their temporary switches here: see AB below).
 Writes router_trace.txt / .json to --out.
 """
 
@@ -24,14 +23,12 @@ from pathlib import Path
 
 TRACE_CFGS = ("ws128n192g/4", "ws128n192p/4", "ws128n192r/4", "ws128n192t/4")
 WORDS = 9  # trace words per CTA (kTraceWords in router_wgmma.cu)
-# A/B list: (configuration, environment switches read by the launcher, if an experiment adds any). The session-4
-# experiments (no counter memset on a persistent workspace; a PDL-overlapped zeroing kernel; the k-tile rotation,
-# every k-tile or from the second on) ran with such switches: data/profiles/h200/router_trace_session4*.txt. The
-# rotation from the second k-tile became the default from 16 M tiles (pairs) up. The session-5 experiments (the
-# reduce-scatter variants, cache policies, the exchange through TMA bulk copies, an entry grid barrier, where the
-# trace pointer is loaded) ran with a kernel-argument switch: router_trace_session5*.txt.
-AB = [(c, {}) for c in ("ws128n192r/4", "ws128n192g/4", "ws128n192t/4", "ws128n192p/4", "ws128n192/4",
-                        "ws128n192r/8")]
+# A/B list (variant/splits). Experiments add a temporary switch (an environment variable or a kernel argument set
+# from the host) and time it here beside these, then remove it: the session-4 ones (no counter memset on a persistent
+# workspace; a PDL-overlapped zeroing kernel; the k-tile rotation) are in data/profiles/h200/router_trace_session4*.txt,
+# the session-5 ones (reduce-scatter variants, cache policies, the exchange through TMA bulk copies, an entry grid
+# barrier, where the trace pointer is loaded) in router_trace_session5*.txt.
+AB = ("ws128n192r/4", "ws128n192g/4", "ws128n192t/4", "ws128n192p/4", "ws128n192/4", "ws128n192r/8")
 
 
 def main() -> None:
@@ -46,13 +43,13 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "scratch/router_trace"))
-    ap.add_argument("--configs", default=",".join(c for c, _ in AB),
+    ap.add_argument("--configs", default=",".join(AB),
                     help="A/B configurations variant/splits, comma-separated (default: the AB list)")
     ap.add_argument("--ms", default="2048,4096", help="A/B row counts, comma-separated")
     ap.add_argument("--trace-configs", default=",".join(TRACE_CFGS), help="timeline configurations")
     ap.add_argument("--no-trace", action="store_true", help="only the A/B")
     a = ap.parse_args()
-    ab = [(c, dict(AB).get(c, {})) for c in a.configs.split(",") if c]
+    ab = [c for c in a.configs.split(",") if c]
     ab_ms = [int(m) for m in a.ms.split(",") if m]
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -129,7 +126,7 @@ def main() -> None:
     for m in ab_ms:
         x = torch.randn(m, 4096, generator=g).to(torch.bfloat16).cuda()
         emu = ref.bf16x2_from_parts(x, w.w_high, w.w_low)
-        for c, env in ab:
+        for c in ab:
             v, s = parse(c)
             vid = rg.VARIANTS[v]
             nws = lib.hp_router_gemm_workspace_bytes(m, 192, 4096, vid, s)
@@ -141,21 +138,15 @@ def main() -> None:
                                              2, 1 / 256, 1 / 256, vid, s, ptr(ws), max(nws, 0), stream_ptr())
                 assert code == 0, code
 
-            for k_, v_ in env.items():
-                os.environ[k_] = v_
             try:
                 direct()
                 torch.cuda.synchronize()
                 ok = check(out, emu, op="router_gemm", path="bf16x2_vs_emulation").passed
                 t = bench(direct, iters=60)
-                say(f"{m:5d} {c:16s} {' '.join(f'{k_[10:]}={v_}' for k_, v_ in env.items()):18s} "
-                    f"{t.median_us:7.2f} us (p10 {t.p10_us:.2f} p90 {t.p90_us:.2f}) pass={ok}")
-                rows.append(dict(m=m, cfg=c, env=env, us=t.median_us, passed=ok))
+                say(f"{m:5d} {c:16s} {t.median_us:7.2f} us (p10 {t.p10_us:.2f} p90 {t.p90_us:.2f}) pass={ok}")
+                rows.append(dict(m=m, cfg=c, us=t.median_us, passed=ok))
             except Exception as e:  # noqa: BLE001 - report and go on
-                say(f"{m:5d} {c:16s} {env}: ERROR {type(e).__name__}: {e}")
-            finally:
-                for k_ in env:
-                    os.environ.pop(k_, None)
+                say(f"{m:5d} {c:16s} ERROR {type(e).__name__}: {e}")
     (out_dir / "router_trace.txt").write_text("\n".join(lines) + "\n")
     (out_dir / "router_trace.json").write_text(json.dumps(rows, indent=1))
 
