@@ -209,3 +209,36 @@ def timing_floor(n_kernels: int = 1, *, iters: int = 200) -> Timing | None:
         for _ in range(n_kernels):
             x.add_(1)
     return bench(fn, iters=iters)
+
+
+_read_bufs: dict = {}
+
+
+def read_probe(nbytes: int, *, iters: int = 50) -> Timing | None:
+    """The read probe: time to read ``nbytes`` once from HBM after the same L2 flush ``bench`` uses, measured the
+    same way (graph replay, events inside the graph, median). It answers "how fast can anything read these bytes
+    under this timing convention": a memory-bound kernel's time over this is its ``pct_of_read_probe``.
+
+    The read is ``torch.sum`` over an int64 view of a buffer of ``nbytes`` (rounded up to 8), cached per size for the
+    process. None without a CUDA device or for nbytes <= 0.
+    """
+    import torch
+
+    if not torch.cuda.is_available() or nbytes <= 0:
+        return None
+    n = -(-int(nbytes) // 8)
+    key = (torch.cuda.current_device(), n)
+    if key not in _read_bufs:
+        buf = torch.ones(n, dtype=torch.int64, device="cuda")
+        _read_bufs[key] = (buf, torch.empty((), dtype=torch.int64, device="cuda"))
+    buf, sink = _read_bufs[key]
+    return bench(lambda: torch.sum(buf, dim=0, out=sink), iters=iters)
+
+
+def read_probe_columns(median_us: float | None, nbytes: int, *, probe: Timing | None = None) -> dict:
+    """``{"read_probe_us", "pct_of_read_probe"}`` for a row whose kernel read ``nbytes`` in ``median_us``
+    (100 = as fast as the probe; None where either time is missing). Pass ``probe`` to reuse a measurement."""
+    probe = probe if probe is not None else (read_probe(nbytes) if median_us is not None else None)
+    if probe is None or median_us is None or median_us <= 0:
+        return {"read_probe_us": None if probe is None else probe.median_us, "pct_of_read_probe": None}
+    return {"read_probe_us": probe.median_us, "pct_of_read_probe": 100.0 * probe.median_us / median_us}

@@ -65,14 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-measure", action="store_true", help="skip the ceiling measurements")
     e.set_defaults(func=_cmd_env)
 
-    for name in OP_COMMANDS:
+    from hotpaths.bench import OPS
+
+    # Op subcommands: each op's benchmark module registers its own (hotpaths.bench.<op>.register); imported by
+    # name so the generic harness has no import edge to any op.
+    for modname in [f"hotpaths.harness.{n}" for n in OP_COMMANDS] + [f"hotpaths.bench.{op}" for op in OPS]:
         try:
-            mod = importlib.import_module(f"hotpaths.harness.{name}")
+            mod = importlib.import_module(modname)
         except ModuleNotFoundError as exc:  # an op not built yet in this checkout
-            if exc.name != f"hotpaths.harness.{name}":
+            if exc.name != modname:
                 raise
             continue
-        mod.register(sub)
+        if hasattr(mod, "register"):
+            mod.register(sub)
     return p
 
 

@@ -1,68 +1,44 @@
-"""The case grammar of the articles, parsed in one place.
+"""Case-string helpers for the command line, and the shape files ``data/shapes/<op>.yaml``.
 
-``AxB`` = A requests of KV length B, joined with ``+``; a ``K`` suffix multiplies by 1024 and may follow a
-decimal (``0.125K`` = 128). Examples: ``64x0.5K``, ``1x128K+31x4K``, ``32x0.125K+32x4K``, ``1x16K+15x64``.
+The grammar itself lives in the bottom layer (``hotpaths.reference.common``) so references and kernels can parse a
+case without importing the harness; it is re-exported here for the CLI and the notebooks.
 """
 
 from __future__ import annotations
 
-import re
+import functools
 
-_TERM = re.compile(r"^(?P<count>\d+)x(?P<num>\d+(?:\.\d+)?)(?P<k>[kK]?)$")
+from hotpaths.harness.env import REPO_ROOT
+from hotpaths.reference.common import CaseError, expand_lengths, format_case, parse_cases, parse_int_list
 
+__all__ = ["CaseError", "expand_lengths", "format_case", "parse_cases", "parse_int_list", "case_list_arg",
+           "int_list_arg", "load_shapes", "SHAPES_DIR"]
 
-class CaseError(ValueError):
-    """A malformed case string; the message says which term and what was expected."""
-
-
-def parse_cases(spec: str) -> list[tuple[int, int]]:
-    """Parse ``"1x128K+31x4K"`` into ``[(1, 131072), (31, 4096)]`` (count, KV length in tokens).
-
-    Raises CaseError naming the bad term: not ``<count>x<length>[K]``, a zero count, or a length that is not a
-    whole number of tokens. KV length 0 is allowed (``4x0``).
-    """
-    if not isinstance(spec, str) or not spec.strip():
-        raise CaseError(f"case {spec!r}: expected terms like '64x4K' joined with '+', got an empty string")
-    out = []
-    for term in spec.replace(" ", "").split("+"):
-        m = _TERM.match(term)
-        if not m:
-            raise CaseError(f"case {spec!r}: term {term!r} is not <count>x<length>[K] "
-                            "(e.g. '31x4K', '32x0.125K', '15x64')")
-        count = int(m.group("count"))
-        if count == 0:
-            raise CaseError(f"case {spec!r}: term {term!r} has a zero request count")
-        length = float(m.group("num")) * (1024 if m.group("k") else 1)
-        if length != int(length):
-            raise CaseError(f"case {spec!r}: term {term!r} gives {length} tokens, not a whole number")
-        out.append((count, int(length)))
-    return out
+SHAPES_DIR = REPO_ROOT / "data" / "shapes"
 
 
-def expand_lengths(cases) -> list[int]:
-    """One KV length per request, in order. Accepts a case string or parsed ``[(count, length)]``."""
-    if isinstance(cases, str):
-        cases = parse_cases(cases)
-    return [length for count, length in cases for _ in range(count)]
+@functools.lru_cache(maxsize=None)
+def _load(op: str) -> dict:
+    import yaml
+
+    path = SHAPES_DIR / f"{op}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in SHAPES_DIR.glob("*.yaml"))
+        raise ValueError(f"op={op!r}: no shape file {path} (known: {known})")
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
 
 
-def format_case(cases) -> str:
-    """Inverse of parse_cases, in the articles' style (``4096`` -> ``4K``, ``128`` -> ``0.125K``, ``64`` -> ``64``)."""
-    def fmt(n: int) -> str:
-        # multiples of 1/8 K from 128 tokens up print as K; shorter lengths print as tokens
-        return f"{n / 1024:g}K" if n >= 128 and (n * 8) % 1024 == 0 else str(n)
-    return "+".join(f"{c}x{fmt(n)}" for c, n in cases)
-
-
-def parse_int_list(spec: str, name: str, *, minimum: int = 0) -> list[int]:
-    """``"1,2,4"`` -> [1, 2, 4]; raises CaseError naming the option on bad input or a value below ``minimum``."""
-    try:
-        vals = [int(v) for v in spec.split(",") if v.strip()]
-    except ValueError:
-        raise CaseError(f"{name} {spec!r}: expected comma-separated integers, e.g. '1,2,4'") from None
-    if not vals or any(v < minimum for v in vals):
-        raise CaseError(f"{name} {spec!r}: expected integers >= {minimum}")
-    return vals
+def load_shapes(op: str, key: str | None = None):
+    """The parsed ``data/shapes/<op>.yaml`` (a dict), or one top-level entry of it. The files are the one place
+    that names an op's cases: tests, notebooks, benchmarks and the CLI read them. Raises ValueError for an unknown
+    op or key."""
+    d = _load(op)
+    if key is None:
+        return d
+    if key not in d:
+        raise ValueError(f"{op}.yaml has no entry {key!r} (entries: {sorted(d)})")
+    return d[key]
 
 
 def case_list_arg(spec: str) -> list[str]:

@@ -26,6 +26,7 @@ ARCH_FLAGS = ["-gencode", "arch=compute_90a,code=sm_90a"]
 NVCC_FLAGS = ["-O3", "-std=c++17", *ARCH_FLAGS, "-Xptxas", "-v", "-lineinfo", "--expt-relaxed-constexpr",
               "-Xcompiler", "-fPIC"]
 SPILLS_OK = "// spills-ok:"
+COMMON_DIR = KERNELS_DIR / "common"  # headers shared by every op (launch helper, PTX wrappers); in every op's key
 
 _loaded: dict[str, ctypes.CDLL] = {}
 
@@ -56,7 +57,7 @@ def sources(op: str) -> list[Path]:
 
 def _key(op: str) -> str:
     h = hashlib.sha256()
-    for p in sorted((KERNELS_DIR / op).glob("*.cu*")):
+    for p in sorted((KERNELS_DIR / op).glob("*.cu*")) + sorted(COMMON_DIR.glob("*.cuh")):
         h.update(p.name.encode())
         h.update(p.read_bytes())
     h.update(" ".join(NVCC_FLAGS).encode())
@@ -151,7 +152,7 @@ def ptxas_report(text: str) -> list[dict]:
 
 
 def all_ops() -> list[str]:
-    return sorted({p.parent.name for p in KERNELS_DIR.glob("*/*.cu")})
+    return sorted({p.parent.name for p in KERNELS_DIR.glob("*/*.cu")} - {COMMON_DIR.name})
 
 
 def compile_check(op: str) -> list[dict]:

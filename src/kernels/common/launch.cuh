@@ -1,0 +1,147 @@
+// One launch helper for every kernel family: cudaLaunchKernelEx with the attributes this project uses
+// (programmatic dependent launch, thread-block clusters, cooperative launch), the per-kernel function attributes
+// set once per device (dynamic shared memory above 48 KiB, non-portable cluster sizes), and one error path.
+// Why one helper: the same dozen lines were written once per kernel family, each with its own idea of when to set
+// a function attribute (once per process is wrong on a multi-GPU host: attributes are per device).
+#pragma once
+#if !defined(__CUDACC_RTC__)
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+namespace hp {
+
+struct LaunchOptions {
+  bool pdl = false;          // programmatic stream serialization: the kernel may start before its predecessor ends
+  int cluster = 1;           // thread-block cluster size along x (1 = no cluster attribute)
+  bool cooperative = false;  // grid-wide barrier support (every CTA co-resident)
+};
+
+// The device the calling thread launches on (cudaGetDevice); -1 if the runtime cannot say.
+inline int current_device() {
+  int d = -1;
+  return cudaGetDevice(&d) == cudaSuccess ? d : -1;
+}
+
+// Function attributes, set once per (kernel, device, value). Keyed by the kernel's address, so every template
+// instantiation has its own entry. Thread-safe: ctypes callers may launch from several Python threads.
+class FuncAttributeCache {
+ public:
+  static FuncAttributeCache& instance() {
+    static FuncAttributeCache c;
+    return c;
+  }
+  template <typename Kernel>
+  cudaError_t ensure(Kernel kernel, int smem_bytes, int cluster) {
+    const int dev = current_device();
+    const Key k{reinterpret_cast<const void*>(kernel), dev};
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry& e = map_[k];
+    if (smem_bytes > 48 * 1024 && e.smem < smem_bytes) {
+      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+      if (err != cudaSuccess) return err;
+      e.smem = smem_bytes;
+    }
+    if (cluster > 8 && !e.nonportable) {
+      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      if (err != cudaSuccess) return err;
+      e.nonportable = true;
+    }
+    return cudaSuccess;
+  }
+
+ private:
+  struct Key {
+    const void* fn;
+    int dev;
+    bool operator==(const Key& o) const { return fn == o.fn && dev == o.dev; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const { return std::hash<const void*>()(k.fn) ^ (size_t(k.dev) << 1); }
+  };
+  struct Entry {
+    int smem = 0;
+    bool nonportable = false;
+  };
+  std::mutex mu_;
+  std::unordered_map<Key, Entry, KeyHash> map_;
+};
+
+// Launch `kernel<<<grid, block, smem, stream>>>(args...)` with the options; returns the launch's cudaError_t
+// (including an error left by an earlier asynchronous failure, so the caller's op name is attached to it).
+template <typename... KArgs, typename... Args>
+cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream,
+                   const LaunchOptions& opt, Args&&... args) {
+  cudaError_t err = FuncAttributeCache::instance().ensure(kernel, smem_bytes, opt.cluster);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[3];
+  int n = 0;
+  if (opt.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (opt.cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = static_cast<unsigned>(opt.cluster);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (opt.cooperative) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n].val.cooperative = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  err = cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+// Per-device cached query (SM count, co-resident CTAs of a kernel, ...): `compute(device)` runs once per device.
+template <typename F>
+int per_device_cached(std::atomic<int> (&slots)[16], F compute) {
+  const int dev = current_device();
+  if (dev < 0 || dev >= 16) return compute(dev);
+  int v = slots[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = compute(dev);
+    slots[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+inline int sm_count() {
+  static std::atomic<int> slots[16];
+  return per_device_cached(slots, [](int dev) {
+    int n = 0;
+    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess ? n : 0;
+  });
+}
+
+}  // namespace hp
+#endif  // !__CUDACC_RTC__
+
+// Device side of PDL, usable in NVRTC builds too: wait for the predecessor's writes / let the successor start.
+#if defined(__CUDACC__)
+namespace hp {
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+}  // namespace hp
+#endif

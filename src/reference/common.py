@@ -1,0 +1,156 @@
+"""The bottom layer every other one may import (it imports only the standard library, numpy and torch):
+the one tensor validator, the case grammar of the articles, and the memory-fit guard.
+
+- ``expect_tensor(t, name, ...)``: every public entry point checks its tensors here, so bad input always gets the
+  same kind of message: ``<argument>: expected <what>, got <what it was>``.
+- Case grammar: ``AxB`` = A requests of KV length B, joined with ``+``; a ``K`` suffix multiplies by 1024 and may
+  follow a decimal (``0.125K`` = 128). Examples: ``64x0.5K``, ``1x128K+31x4K``, ``32x0.125K+32x4K``, ``1x16K+15x64``.
+- ``check_fits(what, host_bytes=, device_bytes=, device=)``: refuse, before anything is allocated, a size that will
+  not fit in host or device memory (``ResourceError``, a ValueError, so the CLI exits 2 with the estimate).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+_TERM = re.compile(r"^(?P<count>\d+)x(?P<num>\d+(?:\.\d+)?)(?P<k>[kK]?)$")
+
+
+class CaseError(ValueError):
+    """A malformed case string; the message says which term and what was expected."""
+
+
+def parse_cases(spec: str) -> list[tuple[int, int]]:
+    """Parse ``"1x128K+31x4K"`` into ``[(1, 131072), (31, 4096)]`` (count, KV length in tokens).
+
+    Raises CaseError naming the bad term: not ``<count>x<length>[K]``, a zero count, or a length that is not a
+    whole number of tokens. KV length 0 is allowed (``4x0``).
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise CaseError(f"case {spec!r}: expected terms like '64x4K' joined with '+', got an empty string")
+    out = []
+    for term in spec.replace(" ", "").split("+"):
+        m = _TERM.match(term)
+        if not m:
+            raise CaseError(f"case {spec!r}: term {term!r} is not <count>x<length>[K] "
+                            "(e.g. '31x4K', '32x0.125K', '15x64')")
+        count = int(m.group("count"))
+        if count == 0:
+            raise CaseError(f"case {spec!r}: term {term!r} has a zero request count")
+        length = float(m.group("num")) * (1024 if m.group("k") else 1)
+        if length != int(length):
+            raise CaseError(f"case {spec!r}: term {term!r} gives {length} tokens, not a whole number")
+        out.append((count, int(length)))
+    return out
+
+
+def expand_lengths(cases) -> list[int]:
+    """One KV length per request, in order. Accepts a case string or parsed ``[(count, length)]``."""
+    if isinstance(cases, str):
+        cases = parse_cases(cases)
+    return [length for count, length in cases for _ in range(count)]
+
+
+def format_case(cases) -> str:
+    """Inverse of parse_cases, in the articles' style (``4096`` -> ``4K``, ``128`` -> ``0.125K``, ``64`` -> ``64``)."""
+    def fmt(n: int) -> str:
+        # multiples of 1/8 K from 128 tokens up print as K; shorter lengths print as tokens
+        return f"{n / 1024:g}K" if n >= 128 and (n * 8) % 1024 == 0 else str(n)
+    return "+".join(f"{c}x{fmt(n)}" for c, n in cases)
+
+
+def parse_int_list(spec: str, name: str, *, minimum: int = 0) -> list[int]:
+    """``"1,2,4"`` -> [1, 2, 4]; raises CaseError naming the option on bad input or a value below ``minimum``."""
+    try:
+        vals = [int(v) for v in spec.split(",") if v.strip()]
+    except ValueError:
+        raise CaseError(f"{name} {spec!r}: expected comma-separated integers, e.g. '1,2,4'") from None
+    if not vals or any(v < minimum for v in vals):
+        raise CaseError(f"{name} {spec!r}: expected integers >= {minimum}")
+    return vals
+
+def expect_tensor(t, name: str, *, dtype=None, ndim: int | None = None, layout: str = "", device_type: str | None = None,
+                  contiguous: bool = False, why: str = "") -> None:
+    """Raise unless ``t`` is a torch.Tensor with the given dtype, number of dimensions, device type and contiguity.
+
+    name: the argument's name, first in every message. layout: a shape hint for the message (``"[N, K]"``).
+    why: a short reason appended to the dtype expectation (``" (the FP32 router weight)"``).
+    Raises TypeError (not a tensor, wrong dtype) or ValueError (dimensions, device, contiguity).
+    """
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}{why}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D {layout + ' ' if layout else ''}tensor, got shape {tuple(t.shape)}")
+    if device_type is not None and t.device.type != device_type:
+        raise ValueError(f"{name}: expected a {device_type.upper() if device_type == 'cuda' else device_type} tensor, "
+                         f"got device {t.device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous {layout + ' ' if layout else ''}tensor; call .contiguous() first")
+
+
+class ResourceError(ValueError):
+    """A request that would not fit in host or device memory; the message carries the estimate and what is free."""
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None (then only device memory is checked)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def device_available_bytes(device=None) -> int | None:
+    """Free bytes on a CUDA device (torch.cuda.mem_get_info) plus what torch's caching allocator holds free; None
+    when the device is not CUDA or CUDA is absent."""
+    import torch
+
+    if device is None or not torch.cuda.is_available():
+        return None
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(dev)
+    cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    return int(free + max(cached, 0))
+
+
+# Headroom kept free: the guard refuses a request above this fraction of what is available, so a run that would
+# fit only with the last byte (and then die in a later allocation or in the driver) is refused too.
+FIT_FRACTION = float(os.environ.get("HOTPATHS_FIT_FRACTION", "0.9"))
+
+
+def check_fits(what: str, *, host_bytes: int = 0, device_bytes: int = 0, device=None) -> None:
+    """Raise ResourceError unless ``host_bytes`` fit in available host memory and ``device_bytes`` in the free
+    memory of ``device`` (a torch device or string; ignored when not CUDA, and then counted as host memory).
+
+    what: the request in the user's words (``"decode case 100000x4K (fp8)"``), first in the message.
+    """
+    import torch
+
+    dev = torch.device(device) if device is not None else None
+    if dev is None or dev.type != "cuda":
+        host_bytes, device_bytes = host_bytes + device_bytes, 0
+    if device_bytes:
+        avail = device_available_bytes(dev)
+        if avail is not None and device_bytes > FIT_FRACTION * avail:
+            raise ResourceError(f"{what}: needs about {_gib(device_bytes)} of GPU memory on {dev}, "
+                                f"{_gib(avail)} is free; use a smaller size")
+    if host_bytes:
+        avail = host_available_bytes()
+        if avail is not None and host_bytes > FIT_FRACTION * avail:
+            raise ResourceError(f"{what}: needs about {_gib(host_bytes)} of host memory, {_gib(avail)} is "
+                                "available; use a smaller size")
