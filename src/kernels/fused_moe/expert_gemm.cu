@@ -67,7 +67,10 @@ struct Traits {
   static constexpr int ROWS = 16 * MW;    // weight rows per item
   static constexpr bool GATE_UP = GATE_UP_;
   static constexpr bool BLOCK = BLOCK_;
-  static constexpr int STAGES = 4;
+  // Deeper pipelines where items are few and long (gate-up at decode sizes: one small tile per expert, K = H):
+  // bytes in flight per CTA, not CTAs, are then what the grid lacks. The down GEMM's K (= I) is short, so extra
+  // stages would only cost resident CTAs.
+  static constexpr int STAGES = GATE_UP ? (NN == 1 ? 8 : NN == 2 ? 6 : 4) : 4;
   static constexpr int A_BYTES = ROWS * kAStride;
   static constexpr int STAGE_BYTES = A_BYTES + BM * kBStride;
   static constexpr int RED_STRIDE = BM + 1;  // floats per reduced row
