@@ -25,9 +25,6 @@
 //    the epilogue of the gate-up GEMM.
 //  - every stage is PDL-chained: each kernel waits (griddepcontrol.wait) before its first dependent read or any
 //    write, and lets its successor launch right away.
-// spills-ok: six of the sixteen GEMM instantiations (block_m 8-64 with 64 weight rows) spill 4-32 bytes
-// (ptxas.txt beside the library); the PTX has no local memory and no calls, so these are ptxas's own choices at
-// 72/96/128/168 registers; a handful of bytes per thread, not yet located or tuned away.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -77,6 +74,10 @@ struct Traits {
   static constexpr int RED_BYTES = 4 * ROWS * RED_STRIDE * 4;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
   static constexpr int SMEM = (PIPE_BYTES > RED_BYTES ? PIPE_BYTES : RED_BYTES);
+  // Resident CTAs the shared memory allows (227 KB per SM, 1 KB reserved per CTA), capped at 8: the register
+  // budget given to ptxas through __launch_bounds__, so registers never cost a CTA that shared memory admits.
+  static constexpr int SMEM_CTAS = (227 * 1024) / (SMEM + 1024 + 2048);
+  static constexpr int MIN_CTAS = SMEM_CTAS < 1 ? 1 : (SMEM_CTAS > 8 ? 8 : SMEM_CTAS);
   // rows of the weight matrix an item covers: gate_up n-tile j0 = nt * ROWS/2; down n0 = nt * ROWS
   static constexpr int N_PER_ITEM = GATE_UP ? ROWS / 2 : ROWS;
 };
@@ -178,7 +179,7 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) expert_gemm_kernel(GemmArgs a) {
+__global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(GemmArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int row_src[T::BM];    // element offset of each token row in src (-1: no row)
   __shared__ int pair_of[T::BM];    // original pair index of each row (down write-back)
@@ -366,7 +367,8 @@ int dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
     case 8: return launch_gemm<Traits<GATE_UP ? 2 : 4, 1, GATE_UP, BLOCK>>(a, pdl, stream);
     case 16: return launch_gemm<Traits<GATE_UP ? 2 : 4, 2, GATE_UP, BLOCK>>(a, pdl, stream);
     case 32: return launch_gemm<Traits<4, 4, GATE_UP, BLOCK>>(a, pdl, stream);
-    case 64: return launch_gemm<Traits<4, 8, GATE_UP, BLOCK>>(a, pdl, stream);
+    // down at block_m 64: 32 weight rows, so 64 accumulators + the block-scale rescale fit without spilling
+    case 64: return launch_gemm<Traits<GATE_UP ? 4 : 2, 8, GATE_UP, BLOCK>>(a, pdl, stream);
     default: return (int)cudaErrorInvalidValue;
   }
 }
@@ -378,7 +380,8 @@ extern "C" {
 // Weight rows per item (BN): the n-tile the shapes must divide (gate_up: I % (rows/2); down: H % rows).
 int hp_moe_item_rows(int gate_up, int block_m) {
   if (block_m != 8 && block_m != 16 && block_m != 32 && block_m != 64) return -1;
-  return (gate_up && block_m <= 16) ? 32 : 64;
+  if (gate_up) return block_m <= 16 ? 32 : 64;
+  return block_m == 64 ? 32 : 64;
 }
 
 int hp_moe_gate_up(const int* ws, const void* x, const void* w13, const float* w13_scale, const float* a1_scale,
