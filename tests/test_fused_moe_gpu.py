@@ -429,3 +429,22 @@ def test_matches_reference_module_emulation(moe, mode, name, t):
     assert_close(act[: vp.numel()], ref["act"][sp], f"{name}/{mode}: act vs reference emulation")
     assert_close(ybuf[vp], ref["ybuf"][vp], f"{name}/{mode}: ybuf vs reference emulation")
     assert_close(out, ref["out"], f"{name}/{mode}: out vs reference emulation")
+
+
+def test_fused_moe_captured_with_allocations_inside_the_graph(moe):
+    """plan + run allocating their workspace and buffers during capture (what torch.ops.hotpaths.fused_moe does
+    under a CUDA graph): the replay reads the new routing from the captured ids buffer."""
+    e, k, h, i, off, (lo, hi) = SHAPES["small"]
+    w13, w2, sc = weights("small", "pertensor")
+    x, ids, tw = make_tokens(24, k, h, hi, seed=11)
+    moe.fused_moe(x, ids, tw, w13, w2, scales="pertensor", **sc)  # library loaded, launch attributes cached
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe.fused_moe(x, ids, tw, w13, w2, scales="pertensor", **sc)
+    _, ids2, _ = make_tokens(24, k, h, hi, seed=12)
+    ids.copy_(ids2)
+    graph.replay()
+    torch.cuda.synchronize()
+    _, _, eo, _ = emulate(x, ids, tw, w13, w2, "pertensor", **sc)
+    assert_close(out, eo, "captured fused_moe")

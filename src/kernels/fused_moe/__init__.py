@@ -142,6 +142,14 @@ def _cuda(t: torch.Tensor, name: str, device: torch.device | None) -> None:
         raise ValueError(f"{name}: expected device {device}, got {t.device}")
 
 
+def _fits(what: str, nbytes: int, device) -> None:
+    """check_fits, except while a CUDA graph is being captured (the memory query is not a capturable call, and a
+    size that fitted at warm-up fits at capture)."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return
+    check_fits(what, device_bytes=nbytes, device=device)
+
+
 def choose_block_m(max_pairs: int, num_experts: int) -> int:
     """Pairs per tile from the average rows per expert: the smallest instantiated tile holding it (8..64), so an
     expert at decode sizes is one tile and its weights are read once."""
@@ -272,8 +280,7 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
         raise ValueError(f"max_tokens: {max_tokens} x top-k {k} pairs overflow the int32 plan")
     _cuda(topk_ids, "topk_ids", None)
     n = workspace_len(num_experts, max_tokens * k, block_m)
-    check_fits(f"fused_moe plan (E={num_experts}, max_tokens={max_tokens}, K={k})", device_bytes=4 * n,
-               device=topk_ids.device)
+    _fits(f"fused_moe plan (E={num_experts}, max_tokens={max_tokens}, K={k})", 4 * n, topk_ids.device)
     _require_sm90(topk_ids.device)
     ws = torch.empty(n, dtype=torch.int32, device=topk_ids.device)
     p = MoEPlan(ws, topk_ids, num_experts, expert_offset, max_tokens, k, block_m)
@@ -365,13 +372,12 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     t, h, i = _validate_run(p, x, w13, w2, topk_weights, scales, w13_scale, w2_scale, a1_scale, a2_scale,
                             shared_out, out)
     if out is None:
-        check_fits("fused_moe out", device_bytes=2 * t * h, device=p.device)
+        _fits("fused_moe out", 2 * t * h, p.device)
         out = torch.empty(t, h, dtype=torch.bfloat16, device=p.device)
     if t == 0:
         return out
     if (h, i) not in p._bufs:
-        check_fits(f"fused_moe buffers (max_pairs={p.max_pairs}, H={h}, I={i})",
-                   device_bytes=2 * p.max_pairs * (h + i), device=p.device)
+        _fits(f"fused_moe buffers (max_pairs={p.max_pairs}, H={h}, I={i})", 2 * p.max_pairs * (h + i), p.device)
     act, ybuf = p.buffers(h, i)
     lib, stream, block = _lib(), _stream(p.device), int(scales == "block")
     if "route" in todo:
