@@ -308,6 +308,8 @@ def _validate_run(p: MoEPlan, x, w13, w2, topk_weights, scales, w13_scale, w2_sc
         raise ValueError(f"x / w13: hidden H={h} and intermediate I={i} must be positive multiples of 64")
     if tuple(w2.shape) != (e, h, i):
         raise ValueError(f"w2: expected shape {(e, h, i)} = [E, H, I], got {tuple(w2.shape)}")
+    if max(p.max_pairs, t) * max(h, i) >= 2**31:
+        raise ValueError(f"x: {max(p.max_pairs, t)} rows x {max(h, i)} columns exceed the kernels' int32 row offsets")
     if t != p.num_tokens:
         raise ValueError(f"x: expected T = {p.num_tokens} tokens like the plan's topk_ids, got shape {tuple(x.shape)}")
     if tuple(topk_weights.shape) != (t, p.topk):
