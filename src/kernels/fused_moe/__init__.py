@@ -1,1 +1,442 @@
-"""fused_moe on SM90 (being built: see docs/adding_an_op.md for the files an op consists of)."""
+"""Fused low-latency FP8 MoE on SM90: route -> gate-up (+SiLU-and-mul) -> down -> top-k reduce, PDL-chained.
+
+Public API (plan once per decode step, run per layer):
+    ``plan(topk_ids, *, num_experts, expert_offset=0, max_tokens=None, block_m=None) -> MoEPlan``
+    ``run(plan, x, w13, w2, topk_weights, *, scales, w13_scale, w2_scale, a1_scale, a2_scale, shared_out, out)``
+    ``fused_moe(x, topk_ids, topk_weights, w13, w2, *, ...)`` = plan + run; ``torch.ops.hotpaths.fused_moe``.
+The staged math the kernels follow is hotpaths.reference.fused_moe's emulation (the contract in its docstring);
+the plan's layout is plan_layout.cuh, mirrored once here (``PlanLayout``) and built on the host by
+hotpaths.reference.fused_moe.build_routing_plan (compared byte for byte in tests/test_fused_moe_gpu.py).
+
+Intermediate buffers, kept in the plan (allocated on first use per (H, I), reused: CUDA-graph safe):
+``act`` bf16 [max_pairs, I] indexed by SORTED position (a tile's rows are contiguous for the down GEMM);
+``ybuf`` bf16 [max_pairs, H] indexed by the ORIGINAL pair index p = t*K + k (the reduce reads a token's slots
+contiguously). Rows of pairs that are not routed here are never written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from hotpaths.reference.common import check_fits, expect_tensor
+
+OP = "fused_moe"
+BLOCK_MS = (8, 16, 32, 64)   # pairs per tile the kernels are instantiated for
+MAX_EXPERTS = 512            # the route kernel keeps 32 x E counters in shared memory
+MAX_TOPK = 16
+SCALE_MODES = ("pertensor", "block")
+STAGES = ("route", "gate_up", "down", "reduce")
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# plan layout (mirror of plan_layout.cuh: header[8], counts[E], offsets[E+1], sorted[max_pairs], tile_expert,
+# tile_start [max_tiles each])
+
+@dataclass(frozen=True)
+class PlanLayout:
+    num_experts: int
+    max_pairs: int
+    block_m: int
+    HEADER = 8
+
+    @property
+    def max_tiles(self) -> int:
+        return -(-self.max_pairs // self.block_m) + self.num_experts
+
+    @property
+    def offsets(self) -> dict[str, tuple[int, int]]:
+        """(start, length) in int32 units of every field, in layout order."""
+        e, mp, mt = self.num_experts, self.max_pairs, self.max_tiles
+        fields = (("header", self.HEADER), ("expert_counts", e), ("expert_offsets", e + 1), ("sorted_pairs", mp),
+                  ("tile_expert", mt), ("tile_start", mt))
+        out, pos = {}, 0
+        for name, n in fields:
+            out[name] = (pos, n)
+            pos += n
+        return out
+
+    @property
+    def length(self) -> int:
+        start, n = self.offsets["tile_start"]
+        return start + n
+
+    def split(self, ws: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Views of a workspace tensor by field name."""
+        return {k: ws[s:s + n] for k, (s, n) in self.offsets.items()}
+
+
+def workspace_len(num_experts: int, max_pairs: int, block_m: int) -> int:
+    """int32 elements of the routing-plan workspace (same formula as the reference module and the C query)."""
+    return PlanLayout(num_experts, max_pairs, block_m).length
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# loader
+
+@functools.lru_cache(maxsize=None)
+def _lib() -> ctypes.CDLL:
+    from hotpaths.kernels import _build
+
+    lib = _build.load(OP)
+    vp, i = ctypes.c_void_p, ctypes.c_int
+    lib.hp_moe_workspace_len.argtypes = [i, i, i]
+    lib.hp_moe_workspace_len.restype = ctypes.c_longlong
+    lib.hp_moe_item_rows.argtypes = [i, i]
+    lib.hp_moe_item_rows.restype = i
+    lib.hp_moe_route.argtypes = [vp, vp, i, i, i, i, i, i, vp]
+    lib.hp_moe_route.restype = i
+    gemm = [vp, vp, vp, vp, vp, vp, i, i, i, i, i, i, i, i, vp]
+    lib.hp_moe_gate_up.argtypes = gemm
+    lib.hp_moe_gate_up.restype = i
+    lib.hp_moe_down.argtypes = gemm
+    lib.hp_moe_down.restype = i
+    lib.hp_moe_reduce.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, i, i, vp]
+    lib.hp_moe_reduce.restype = i
+    return lib
+
+
+def c_workspace_len(num_experts: int, max_pairs: int, block_m: int) -> int:
+    """The library's own answer (hp_moe_workspace_len): tests compare it with ``workspace_len``."""
+    return int(_lib().hp_moe_workspace_len(num_experts, max_pairs, block_m))
+
+
+def _require_sm90(device: torch.device) -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError("fused_moe kernels need an SM90 GPU; CUDA is not available")
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        raise RuntimeError(f"fused_moe kernels are built for sm_90a; {device} is sm_{major}{minor}")
+
+
+def _check(code: int, what: str) -> None:
+    from hotpaths.kernels import _build
+
+    _build.check_status(code, what)
+
+
+def _stream(device):
+    from hotpaths.kernels import _build
+
+    return _build.stream_ptr(device)
+
+
+def _ptr(t):
+    return ctypes.c_void_p(0 if t is None else t.data_ptr())
+
+
+def _aligned(t: torch.Tensor, name: str) -> None:
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name}: expected 16-byte alignment, data_ptr % 16 = {t.data_ptr() % 16}")
+
+
+def _cuda(t: torch.Tensor, name: str, device: torch.device | None) -> None:
+    if t.device.type != "cuda":
+        raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+
+
+def _fits(what: str, nbytes: int, device) -> None:
+    """check_fits, except while a CUDA graph is being captured (the memory query is not a capturable call, and a
+    size that fitted at warm-up fits at capture)."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return
+    check_fits(what, device_bytes=nbytes, device=device)
+
+
+def choose_block_m(max_pairs: int, num_experts: int) -> int:
+    """Pairs per tile from the average rows per expert: the smallest instantiated tile holding it (8..64), so an
+    expert at decode sizes is one tile and its weights are read once."""
+    avg = max_pairs / max(num_experts, 1)
+    for bm in BLOCK_MS:
+        if avg <= bm:
+            return bm
+    return BLOCK_MS[-1]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# plan
+
+@dataclass
+class MoEPlan:
+    """The routing plan of one decode step: the int32 workspace (layout ``PlanLayout``) on the device, the
+    ``topk_ids`` it was built from (read again by the reduce), and the intermediate buffers of ``run``."""
+
+    workspace: torch.Tensor
+    topk_ids: torch.Tensor
+    num_experts: int
+    expert_offset: int
+    max_tokens: int
+    topk: int
+    block_m: int
+    _bufs: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.workspace.device
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.topk_ids.shape[0])
+
+    @property
+    def max_pairs(self) -> int:
+        return self.max_tokens * self.topk
+
+    @property
+    def layout(self) -> PlanLayout:
+        return PlanLayout(self.num_experts, self.max_pairs, self.block_m)
+
+    def fields(self) -> dict[str, torch.Tensor]:
+        """Views of the workspace by field name (header, expert_counts, ...)."""
+        return self.layout.split(self.workspace)
+
+    def update(self, topk_ids: torch.Tensor, *, pdl: bool = True) -> "MoEPlan":
+        """Re-route into the same workspace (no allocation, no host sync: CUDA-graph capturable).
+
+        Shape/Dtype: topk_ids int32 [T, K] on the plan's device, T <= max_tokens, K the plan's top-k.
+        Raises TypeError / ValueError on a bad tensor or a token count above max_tokens.
+        """
+        _validate_ids(topk_ids, self.num_experts, device=self.device)
+        t, k = (int(s) for s in topk_ids.shape)
+        if k != self.topk:
+            raise ValueError(f"topk_ids: expected top-k {self.topk} like the plan, got shape {tuple(topk_ids.shape)}")
+        if t > self.max_tokens:
+            raise ValueError(f"topk_ids: {t} tokens exceed the plan's max_tokens={self.max_tokens}")
+        self.topk_ids = topk_ids
+        self._route(pdl)
+        return self
+
+    def _route(self, pdl: bool) -> None:
+        code = _lib().hp_moe_route(_ptr(self.topk_ids), _ptr(self.workspace), self.num_tokens * self.topk,
+                                   self.num_experts, self.expert_offset, self.max_pairs, self.block_m, int(pdl),
+                                   _stream(self.device))
+        _check(code, "hp_moe_route")
+
+    def buffers(self, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(act bf16 [max_pairs, I], ybuf bf16 [max_pairs, H]), allocated once per (H, I)."""
+        key = (hidden, inter)
+        if key not in self._bufs:
+            mp = max(self.max_pairs, 1)
+            self._bufs[key] = (torch.empty(mp, inter, dtype=torch.bfloat16, device=self.device),
+                               torch.empty(mp, hidden, dtype=torch.bfloat16, device=self.device))
+        return self._bufs[key]
+
+    def describe(self) -> str:
+        """A short pretty-print of the plan (copies the workspace to the host: not for hot paths)."""
+        f = {k: v.cpu().tolist() for k, v in self.fields().items()}
+        valid, tiles, hit, bm = f["header"][:4]
+        lines = [f"MoEPlan: {valid} valid pairs, {tiles} tiles of block_m={bm}, {hit} experts hit "
+                 f"(E={self.num_experts}, offset={self.expert_offset}, max_tokens={self.max_tokens}, K={self.topk})"]
+        for i in range(tiles):
+            e, s = f["tile_expert"][i], f["tile_start"][i]
+            rows = min(bm, f["expert_offsets"][e + 1] - s)
+            lines.append(f"  tile {i}: expert {e} rows {rows} pairs {f['sorted_pairs'][s:s + rows]}")
+        return "\n".join(lines)
+
+
+def _validate_ids(topk_ids, num_experts, *, device=None, check_device=True) -> None:
+    expect_tensor(topk_ids, "topk_ids", dtype=torch.int32, ndim=2, layout="[T, K]")
+    k = int(topk_ids.shape[1])
+    if not 1 <= k <= MAX_TOPK:
+        raise ValueError(f"topk_ids: expected top-k in 1..{MAX_TOPK}, got shape {tuple(topk_ids.shape)}")
+    if not isinstance(num_experts, int) or not 1 <= num_experts <= MAX_EXPERTS:
+        raise ValueError(f"num_experts: expected an int in 1..{MAX_EXPERTS}, got {num_experts!r}")
+    if not topk_ids.is_contiguous():
+        raise ValueError("topk_ids: expected a contiguous [T, K] tensor; call .contiguous() first")
+    if check_device:
+        _cuda(topk_ids, "topk_ids", device)
+
+
+def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, max_tokens: int | None = None,
+         block_m: int | None = None, pdl: bool = True) -> MoEPlan:
+    """Allocate the routing workspace once and launch the route kernel (no host sync).
+
+    Shape/Dtype: topk_ids int32 [T, K], contiguous, CUDA; global expert ids, -1 or any id outside
+    [expert_offset, expert_offset + num_experts) is skipped here. num_experts: local experts E (1..512).
+    max_tokens: the largest T ``update`` will see (default T). block_m: pairs per tile (8, 16, 32, 64; default
+    from the average rows per expert).
+    Raises TypeError / ValueError on bad input, ResourceError if the workspace does not fit, RuntimeError
+    without an SM90 GPU.
+    """
+    _validate_ids(topk_ids, num_experts, check_device=False)
+    t, k = (int(s) for s in topk_ids.shape)
+    if not isinstance(expert_offset, int) or expert_offset < 0:
+        raise ValueError(f"expert_offset: expected an int >= 0, got {expert_offset!r}")
+    max_tokens = t if max_tokens is None else max_tokens
+    if not isinstance(max_tokens, int) or max_tokens < t:
+        raise ValueError(f"max_tokens: expected an int >= T = {t}, got {max_tokens!r}")
+    if block_m is None:
+        block_m = choose_block_m(max_tokens * k, num_experts)
+    if block_m not in BLOCK_MS:
+        raise ValueError(f"block_m: expected one of {BLOCK_MS}, got {block_m!r}")
+    if max_tokens * k >= 2**31 - 2**20:
+        raise ValueError(f"max_tokens: {max_tokens} x top-k {k} pairs overflow the int32 plan")
+    _cuda(topk_ids, "topk_ids", None)
+    n = workspace_len(num_experts, max_tokens * k, block_m)
+    _fits(f"fused_moe plan (E={num_experts}, max_tokens={max_tokens}, K={k})", 4 * n, topk_ids.device)
+    _require_sm90(topk_ids.device)
+    ws = torch.empty(n, dtype=torch.int32, device=topk_ids.device)
+    p = MoEPlan(ws, topk_ids, num_experts, expert_offset, max_tokens, k, block_m)
+    p._route(pdl)
+    return p
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# run
+
+def _validate_run(p: MoEPlan, x, w13, w2, topk_weights, scales, w13_scale, w2_scale, a1_scale, a2_scale,
+                  shared_out, out) -> tuple[int, int, int]:
+    expect_tensor(x, "x", dtype=torch.bfloat16, ndim=2, layout="[T, H]", contiguous=True)
+    expect_tensor(w13, "w13", dtype=_FP8, ndim=3, layout="[E, 2I, H]", contiguous=True, why=" (float8_e4m3fn)")
+    expect_tensor(w2, "w2", dtype=_FP8, ndim=3, layout="[E, H, I]", contiguous=True, why=" (float8_e4m3fn)")
+    expect_tensor(topk_weights, "topk_weights", dtype=torch.float32, ndim=2, layout="[T, K]", contiguous=True)
+    t, h = (int(s) for s in x.shape)
+    e, two_i, h13 = (int(s) for s in w13.shape)
+    i = two_i // 2
+    if e != p.num_experts:
+        raise ValueError(f"w13: expected {p.num_experts} experts like the plan, got shape {tuple(w13.shape)}")
+    if h13 != h or two_i % 2:
+        raise ValueError(f"w13: expected [E, 2I, H={h}], got shape {tuple(w13.shape)}")
+    if h % 64 or i % 64 or h == 0 or i == 0:
+        raise ValueError(f"x / w13: hidden H={h} and intermediate I={i} must be positive multiples of 64")
+    if tuple(w2.shape) != (e, h, i):
+        raise ValueError(f"w2: expected shape {(e, h, i)} = [E, H, I], got {tuple(w2.shape)}")
+    if max(p.max_pairs, t) * max(h, i) >= 2**31:
+        raise ValueError(f"x: {max(p.max_pairs, t)} rows x {max(h, i)} columns exceed the kernels' int32 row offsets")
+    if t != p.num_tokens:
+        raise ValueError(f"x: expected T = {p.num_tokens} tokens like the plan's topk_ids, got shape {tuple(x.shape)}")
+    if tuple(topk_weights.shape) != (t, p.topk):
+        raise ValueError(f"topk_weights: expected shape {(t, p.topk)}, got {tuple(topk_weights.shape)}")
+    if scales not in SCALE_MODES:
+        raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
+    if scales == "pertensor":
+        shapes = {"w13_scale": (e,), "w2_scale": (e,), "a1_scale": (1,), "a2_scale": (1,)}
+    else:
+        shapes = {"w13_scale": (e, math.ceil(2 * i / 128), math.ceil(h / 128)),
+                  "w2_scale": (e, math.ceil(h / 128), math.ceil(i / 128))}
+        for name, v in (("a1_scale", a1_scale), ("a2_scale", a2_scale)):
+            if v is not None:
+                raise ValueError(f"{name}: block scales compute activation scales in the kernel; pass None")
+    given = {"w13_scale": w13_scale, "w2_scale": w2_scale, "a1_scale": a1_scale, "a2_scale": a2_scale}
+    for name, shape in shapes.items():
+        v = given[name]
+        if v is None:
+            raise ValueError(f"{name}: required with scales={scales!r} (fp32 {list(shape)})")
+        expect_tensor(v, name, dtype=torch.float32, contiguous=True)
+        if tuple(v.shape) != shape:
+            raise ValueError(f"{name}: expected shape {shape} for scales={scales!r}, got {tuple(v.shape)}")
+    for name, v in (("shared_out", shared_out), ("out", out)):
+        if v is not None:
+            expect_tensor(v, name, dtype=torch.bfloat16, ndim=2, layout="[T, H]", contiguous=True)
+            if tuple(v.shape) != (t, h):
+                raise ValueError(f"{name}: expected shape {(t, h)}, got {tuple(v.shape)}")
+    dev = p.device
+    for name, v in (("x", x), ("w13", w13), ("w2", w2), ("topk_weights", topk_weights), ("shared_out", shared_out),
+                    ("out", out), *((k, given[k]) for k in shapes)):
+        if v is not None:
+            _cuda(v, name, dev)
+    for name, v in (("x", x), ("w13", w13), ("w2", w2), ("shared_out", shared_out), ("out", out)):
+        if v is not None:
+            _aligned(v, name)
+    return t, h, i
+
+
+def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, *,
+        scales: str = "pertensor", w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+        a1_scale: torch.Tensor | None = None, a2_scale: torch.Tensor | None = None,
+        shared_out: torch.Tensor | None = None, out: torch.Tensor | None = None, stages="all",
+        pdl: bool = True) -> torch.Tensor:
+    """Run the expert layer on a plan: gate-up (+SiLU-and-mul), down, top-k reduce (+ shared_out).
+
+    Shape/Dtype: x bf16 [T, H]; w13 float8_e4m3fn [E, 2I, H] (rows < I gate, >= I up); w2 float8_e4m3fn [E, H, I];
+    topk_weights fp32 [T, K]; scales="pertensor": w13_scale, w2_scale fp32 [E], a1_scale, a2_scale fp32 [1];
+    scales="block": w13_scale fp32 [E, ceil(2I/128), ceil(H/128)], w2_scale fp32 [E, ceil(H/128), ceil(I/128)]
+    (activation groups of 1x128 computed in the kernel; a1/a2 None); shared_out, out bf16 [T, H] or None.
+    H and I positive multiples of 64; every tensor contiguous, on the plan's device, 16-byte aligned.
+    stages: "all" or a subset of ("route", "gate_up", "down", "reduce") (stage timing; buffers persist in the
+    plan). pdl: programmatic dependent launch between the stages. Returns out bf16 [T, H].
+    Raises TypeError / ValueError on bad input (before anything is allocated or launched), ResourceError when
+    the buffers do not fit, RuntimeError on a launch error.
+    """
+    if not isinstance(p, MoEPlan):
+        raise TypeError(f"plan: expected a MoEPlan from fused_moe.plan(), got {type(p).__name__}")
+    todo = STAGES if stages == "all" else ((stages,) if isinstance(stages, str) else tuple(stages))
+    bad = [s for s in todo if s not in STAGES]
+    if bad or not todo:
+        raise ValueError(f"stages: expected 'all' or names from {STAGES}, got {stages!r}")
+    t, h, i = _validate_run(p, x, w13, w2, topk_weights, scales, w13_scale, w2_scale, a1_scale, a2_scale,
+                            shared_out, out)
+    if out is None:
+        _fits("fused_moe out", 2 * t * h, p.device)
+        out = torch.empty(t, h, dtype=torch.bfloat16, device=p.device)
+    if t == 0:
+        return out
+    if (h, i) not in p._bufs:
+        _fits(f"fused_moe buffers (max_pairs={p.max_pairs}, H={h}, I={i})", 2 * p.max_pairs * (h + i), p.device)
+    act, ybuf = p.buffers(h, i)
+    lib, stream, block = _lib(), _stream(p.device), int(scales == "block")
+    if "route" in todo:
+        p._route(pdl)
+    if "gate_up" in todo:
+        _check(lib.hp_moe_gate_up(_ptr(p.workspace), _ptr(x), _ptr(w13), _ptr(w13_scale), _ptr(a1_scale), _ptr(act),
+                                  p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), stream),
+               "hp_moe_gate_up")
+    if "down" in todo:
+        _check(lib.hp_moe_down(_ptr(p.workspace), _ptr(act), _ptr(w2), _ptr(w2_scale), _ptr(a2_scale), _ptr(ybuf),
+                               p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), stream),
+               "hp_moe_down")
+    if "reduce" in todo:
+        _check(lib.hp_moe_reduce(_ptr(p.topk_ids), _ptr(topk_weights), _ptr(ybuf), _ptr(shared_out), _ptr(out), t,
+                                 p.topk, p.num_experts, p.expert_offset, h, int(pdl), stream), "hp_moe_reduce")
+    return out
+
+
+def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
+              w2: torch.Tensor, *, scales: str = "pertensor", w13_scale: torch.Tensor | None = None,
+              w2_scale: torch.Tensor | None = None, a1_scale: torch.Tensor | None = None,
+              a2_scale: torch.Tensor | None = None, expert_offset: int = 0, shared_out: torch.Tensor | None = None,
+              out: torch.Tensor | None = None, pdl: bool = True) -> torch.Tensor:
+    """plan + run in one call (the plan is built for this batch and dropped). Shapes, dtypes and errors as in
+    ``plan`` and ``run``; num_experts is w13.shape[0]. Returns out bf16 [T, H]."""
+    expect_tensor(w13, "w13", dtype=_FP8, ndim=3, layout="[E, 2I, H]", why=" (float8_e4m3fn)")
+    p = plan(topk_ids, num_experts=int(w13.shape[0]), expert_offset=expert_offset, pdl=pdl)
+    return run(p, x, w13, w2, topk_weights, scales=scales, w13_scale=w13_scale, w2_scale=w2_scale,
+               a1_scale=a1_scale, a2_scale=a2_scale, shared_out=shared_out, out=out, pdl=pdl)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# torch.library op: torch.ops.hotpaths.fused_moe (composes with torch.compile and CUDA graphs)
+
+def _register_op() -> None:
+    lib_ns = getattr(torch, "library", None)
+    if lib_ns is None or not hasattr(lib_ns, "custom_op"):
+        return
+
+    @torch.library.custom_op("hotpaths::fused_moe", mutates_args=())
+    def _op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
+            w2: torch.Tensor, w13_scale: torch.Tensor, w2_scale: torch.Tensor, a1_scale: Optional[torch.Tensor],
+            a2_scale: Optional[torch.Tensor], shared_out: Optional[torch.Tensor], scales: str,
+            expert_offset: int) -> torch.Tensor:
+        return fused_moe(x, topk_ids, topk_weights, w13, w2, scales=scales, w13_scale=w13_scale,
+                         w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale, expert_offset=expert_offset,
+                         shared_out=shared_out)
+
+    @_op.register_fake
+    def _(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, a1_scale, a2_scale, shared_out, scales,
+          expert_offset):
+        return x.new_empty(x.shape)
+
+
+try:
+    _register_op()
+except RuntimeError as exc:  # already registered (module reloaded in the same process)
+    if "already" not in str(exc):
+        raise

@@ -1,0 +1,127 @@
+"""CPU tests of the fused MoE kernels' Python layer: the plan layout mirror, block_m choice, and every validation
+error raised before anything is allocated or launched (no GPU, no nvcc call needed: bad input never reaches the
+library)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hotpaths.kernels import fused_moe as moe
+
+FP8 = torch.float8_e4m3fn
+
+
+def test_layout_mirror_matches_contract_formula():
+    for e, mp, bm in [(192, 64, 8), (24, 2048, 64), (1, 0, 8), (512, 16000, 16)]:
+        lay = moe.PlanLayout(e, mp, bm)
+        max_tiles = -(-mp // bm) + e
+        assert lay.max_tiles == max_tiles
+        assert lay.length == moe.workspace_len(e, mp, bm) == 8 + e + (e + 1) + mp + 2 * max_tiles
+        offs = list(lay.offsets.values())
+        assert all(a[0] + a[1] == b[0] for a, b in zip(offs, offs[1:])), "fields must be contiguous, in order"
+        views = lay.split(torch.arange(lay.length, dtype=torch.int32))
+        assert views["tile_start"][-1].item() == lay.length - 1 and views["header"].numel() == 8
+
+
+def test_choose_block_m_follows_rows_per_expert():
+    assert moe.choose_block_m(4 * 8, 192) == 8        # batch 4, Hy3 TP8: < 1 row per expert
+    assert moe.choose_block_m(256 * 8, 192) == 16     # batch 256: ~11 rows per expert
+    assert moe.choose_block_m(256 * 8, 24) == 64      # EP8 local experts: ~85 rows, capped at 64
+    assert moe.choose_block_m(0, 8) == 8
+
+
+def _ids(t=4, k=8, dtype=torch.int32):
+    return torch.zeros(t, k, dtype=dtype)
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(topk_ids=_ids(dtype=torch.int64)), TypeError, "topk_ids: expected dtype torch.int32"),
+    (dict(topk_ids=torch.zeros(8, dtype=torch.int32)), ValueError, "topk_ids: expected a 2-D"),
+    (dict(topk_ids=_ids(k=17)), ValueError, "topk_ids: expected top-k in 1..16"),
+    (dict(topk_ids=_ids(k=0)), ValueError, "topk_ids: expected top-k"),
+    (dict(topk_ids=_ids(t=8, k=4).t()), ValueError, "topk_ids: expected a contiguous"),
+    (dict(num_experts=0), ValueError, "num_experts"),
+    (dict(num_experts=513), ValueError, "num_experts"),
+    (dict(expert_offset=-1), ValueError, "expert_offset: expected an int >= 0"),
+    (dict(block_m=12), ValueError, "block_m: expected one of"),
+    (dict(max_tokens=3), ValueError, "max_tokens: expected an int >= T = 4"),
+    (dict(topk_ids=_ids()), ValueError, "topk_ids: expected a CUDA tensor"),
+])
+def test_plan_rejects_bad_input(kwargs, exc, match):
+    args = dict(topk_ids=_ids(), num_experts=8)
+    args.update(kwargs)
+    ids = args.pop("topk_ids")
+    with pytest.raises(exc, match=match):
+        moe.plan(ids, **args)
+
+
+def _fake_plan(t=4, k=2, e=8):
+    """A plan object around CPU tensors: run() must reject bad input before touching the device."""
+    return moe.MoEPlan(torch.zeros(moe.workspace_len(e, t * k, 8), dtype=torch.int32), _ids(t, k), e, 0, t, k, 8)
+
+
+def _good(t=4, k=2, e=8, h=128, i=64, mode="pertensor"):
+    d = dict(x=torch.zeros(t, h, dtype=torch.bfloat16), w13=torch.zeros(e, 2 * i, h, dtype=FP8),
+             w2=torch.zeros(e, h, i, dtype=FP8), topk_weights=torch.zeros(t, k))
+    if mode == "pertensor":
+        d.update(w13_scale=torch.ones(e), w2_scale=torch.ones(e), a1_scale=torch.ones(1), a2_scale=torch.ones(1))
+    else:
+        d.update(w13_scale=torch.ones(e, 1, 1), w2_scale=torch.ones(e, 1, 1))
+    return d
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (dict(x=torch.zeros(4, 128, dtype=torch.float16)), TypeError, "x: expected dtype torch.bfloat16"),
+    (dict(x=torch.zeros(5, 128, dtype=torch.bfloat16)), ValueError, "x: expected T = 4"),
+    (dict(w13=torch.zeros(8, 128, 128, dtype=torch.bfloat16)), TypeError, "w13: expected dtype"),
+    (dict(w13=torch.zeros(7, 128, 128, dtype=FP8)), ValueError, "w13: expected 8 experts"),
+    (dict(w13=torch.zeros(8, 128, 64, dtype=FP8)), ValueError, "w13: expected"),
+    (dict(w13=torch.zeros(8, 96, 128, dtype=FP8), w2=torch.zeros(8, 128, 48, dtype=FP8)), ValueError,
+     "multiples of 64"),
+    (dict(w2=torch.zeros(8, 64, 128, dtype=FP8)), ValueError, "w2: expected shape"),
+    (dict(topk_weights=torch.zeros(4, 3)), ValueError, "topk_weights: expected shape"),
+    (dict(topk_weights=torch.zeros(4, 2, dtype=torch.bfloat16)), TypeError, "topk_weights: expected dtype"),
+    (dict(w13_scale=torch.ones(7)), ValueError, "w13_scale: expected shape"),
+    (dict(a2_scale=None), ValueError, "a2_scale: required"),
+    (dict(a1_scale=torch.ones(1, dtype=torch.float64)), TypeError, "a1_scale: expected dtype"),
+    (dict(scales="rowwise"), ValueError, "scales: expected one of"),
+    (dict(shared_out=torch.zeros(4, 64, dtype=torch.bfloat16)), ValueError, "shared_out: expected shape"),
+    (dict(out=torch.zeros(4, 128)), TypeError, "out: expected dtype"),
+    (dict(stages="everything"), ValueError, "stages: expected"),
+    ({}, ValueError, "x: expected a CUDA tensor"),
+])
+def test_run_rejects_bad_input(change, exc, match):
+    args = _good()
+    args.update(change)
+    with pytest.raises(exc, match=match):
+        moe.run(_fake_plan(), **args)
+
+
+def test_run_block_mode_shapes_and_no_static_activation_scales():
+    args = _good(mode="block")
+    args["w13_scale"] = torch.ones(8, 2, 1)  # ceil(2I/128) = 1 for I = 64
+    with pytest.raises(ValueError, match=r"w13_scale: expected shape \(8, 1, 1\)"):
+        moe.run(_fake_plan(), scales="block", **args)
+    args = _good(mode="block")
+    with pytest.raises(ValueError, match="a1_scale: block scales"):
+        moe.run(_fake_plan(), scales="block", a1_scale=torch.ones(1), **args)
+    with pytest.raises(ValueError, match="x: expected a CUDA tensor"):  # valid otherwise: only the device is wrong
+        moe.run(_fake_plan(), scales="block", **_good(mode="block"))
+
+
+def test_run_rejects_a_non_plan():
+    with pytest.raises(TypeError, match="plan: expected a MoEPlan"):
+        moe.run(object(), **_good())
+
+
+def test_torch_library_op_registered_with_fake():
+    op = torch.ops.hotpaths.fused_moe
+    assert "hotpaths::fused_moe" in str(op.default._schema.name) or op is not None
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        g = _good(t=3)
+        out = op(g["x"][:3].clone(), _ids(3, 2), torch.zeros(3, 2), g["w13"], g["w2"], g["w13_scale"],
+                 g["w2_scale"], g["a1_scale"], g["a2_scale"], None, "pertensor", 0)
+        assert out.shape == (3, 128) and out.dtype == torch.bfloat16

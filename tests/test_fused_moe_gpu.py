@@ -1,0 +1,450 @@
+"""GPU tests of the fused FP8 MoE kernels (SM90 only; skipped elsewhere with the reason).
+
+Route kernel vs the host plan byte for byte (hotpaths.reference.fused_moe.build_routing_plan, and a small host
+builder here that states the layout independently); each stage (gate-up act, down ybuf) and the fused pipeline vs
+the staged emulation of the contract on NaN-poisoned outputs, both scale modes, Hy3 TP8 and TP1/EP8 shapes, small
+shapes, routing edges, zero tokens, CUDA-graph replay with plan.update inside the graph, shared_out, PDL on/off,
+the torch.library op.
+
+The staged emulation below is the contract's five steps written out (quantize, gate-up + SiLU-and-mul, quantize,
+down, weighted reduce); it is kept private to this file because the stage-by-stage comparison needs its
+intermediates by pair. Where hotpaths.reference.fused_moe provides the same pieces the lead may point these tests at
+them instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hotpaths.harness.env import requires_sm90
+
+pytestmark = [pytest.mark.gpu, requires_sm90()]
+
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.fixture(scope="module")
+def moe():
+    from hotpaths.kernels import fused_moe
+
+    return fused_moe
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the contract's staged emulation (fp32 math on the fp8 values; torch's fp8 cast is round-to-nearest-even)
+
+def _quant(v: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return (v / s).clamp(-448.0, 448.0).to(FP8).float()
+
+
+def _group_quant(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """1x128 groups along the last dim (last group partial): (quantized values as fp32, scales [n, G])."""
+    n, k = v.shape
+    g = math.ceil(k / 128)
+    pad = torch.zeros(n, g * 128, dtype=torch.float32, device=v.device)
+    pad[:, :k] = v
+    amax = pad.view(n, g, 128).abs().amax(-1)
+    s = torch.clamp(amax / 448.0, min=1e-12)
+    q = _quant(pad.view(n, g, 128), s[:, :, None]).view(n, g * 128)[:, :k]
+    return q, s
+
+
+def _gemm(aq, a_s, w, w_s, mode):
+    """(aq . w^T) * scales: aq fp32 [n, K] (fp8 values), w fp8 [R, K]; per-tensor: a_s [1] x w_s scalar; block:
+    a_s [n, G] x w_s [ceil(R/128), G], per 128-wide K group."""
+    wf = w.float()
+    if mode == "pertensor":
+        return (aq @ wf.t()) * (a_s * w_s)
+    n, k = aq.shape
+    r = wf.shape[0]
+    g = math.ceil(k / 128)
+    pa = torch.zeros(n, g * 128, device=aq.device)
+    pa[:, :k] = aq
+    pw = torch.zeros(r, g * 128, device=aq.device)
+    pw[:, :k] = wf
+    part = torch.bmm(pa.view(n, g, 128).transpose(0, 1), pw.view(r, g, 128).permute(1, 2, 0))  # [G, n, R]
+    wsr = w_s.repeat_interleave(128, dim=0)[:r]  # [R, G]
+    return (part * (a_s.t()[:, :, None] * wsr.t()[:, None, :])).sum(0)
+
+
+def emulate(x, ids, tw, w13, w2, mode, w13_scale, w2_scale, a1_scale=None, a2_scale=None, expert_offset=0,
+            shared_out=None):
+    """Returns (act [P, I] bf16 by pair, y [P, H] bf16 by pair, out [T, H] bf16, valid [P] bool)."""
+    t, k = ids.shape
+    e_count, two_i, h = w13.shape
+    inter = two_i // 2
+    flat = ids.reshape(-1).long() - expert_offset
+    valid = (flat >= 0) & (flat < e_count)
+    xf = x.float()
+    if mode == "pertensor":
+        xq, xs = _quant(xf, a1_scale), None
+    else:
+        xq, xs = _group_quant(xf)
+    act = torch.zeros(t * k, inter, dtype=torch.bfloat16, device=x.device)
+    y = torch.zeros(t * k, h, dtype=torch.bfloat16, device=x.device)
+    for e in torch.unique(flat[valid]).tolist():
+        pairs = torch.nonzero(valid & (flat == e)).flatten()
+        tok = pairs // k
+        if mode == "pertensor":
+            hh = _gemm(xq[tok], a1_scale, w13[e], w13_scale[e], mode)
+        else:
+            hh = _gemm(xq[tok], xs[tok], w13[e], w13_scale[e], mode)
+        g, u = hh[:, :inter], hh[:, inter:]
+        a = (g / (1.0 + torch.exp(-g)) * u).to(torch.bfloat16)
+        act[pairs] = a
+        if mode == "pertensor":
+            yy = _gemm(_quant(a.float(), a2_scale), a2_scale, w2[e], w2_scale[e], mode)
+        else:
+            aq, as_ = _group_quant(a.float())
+            yy = _gemm(aq, as_, w2[e], w2_scale[e], mode)
+        y[pairs] = yy.to(torch.bfloat16)
+    acc = torch.zeros(t, h, dtype=torch.float32, device=x.device)
+    v2 = valid.view(t, k)
+    for kk in range(k):
+        acc = acc + torch.where(v2[:, kk:kk + 1], tw[:, kk:kk + 1] * y.view(t, k, h)[:, kk].float(),
+                                torch.zeros((), device=x.device))
+    if shared_out is not None:
+        acc = acc + shared_out.float()
+    return act, y, acc.to(torch.bfloat16), valid
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# inputs and checks
+
+def make_weights(e, h, inter, mode, seed=0, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    w13 = torch.randn(e, 2 * inter, h, generator=g, device=device).to(FP8)
+    w2 = torch.randn(e, h, inter, generator=g, device=device).to(FP8)
+    if mode == "pertensor":
+        w13s = (0.5 + torch.rand(e, generator=g, device=device)) / math.sqrt(h)
+        w2s = (0.5 + torch.rand(e, generator=g, device=device)) / math.sqrt(inter)
+        extra = dict(a1_scale=torch.tensor([0.01], device=device), a2_scale=torch.tensor([0.005], device=device))
+    else:
+        w13s = (0.5 + torch.rand(e, math.ceil(2 * inter / 128), math.ceil(h / 128), generator=g, device=device)) \
+            / math.sqrt(h)
+        w2s = (0.5 + torch.rand(e, math.ceil(h / 128), math.ceil(inter / 128), generator=g, device=device)) \
+            / math.sqrt(inter)
+        extra = {}
+    return w13, w2, dict(w13_scale=w13s, w2_scale=w2s, **extra)
+
+
+def make_tokens(t, k, h, ids_hi, seed=0, ids_lo=0, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(1000 + seed)
+    x = torch.randn(t, h, generator=g, device=device).to(torch.bfloat16)
+    ids = torch.randint(ids_lo, ids_hi, (t, k), generator=g, device=device, dtype=torch.int32)
+    tw = torch.rand(t, k, generator=g, device=device)
+    return x, ids, tw / tw.sum(-1, keepdim=True).clamp(min=1e-6)
+
+
+def assert_close(got, exp, what, cos_min=0.9999, rel_max=0.02):
+    assert got.shape == exp.shape, what
+    if exp.numel() == 0:
+        return
+    gf, ef = got.float().flatten(), exp.float().flatten()
+    assert not torch.isnan(gf).any(), f"{what}: NaN in the kernel output"
+    if ef.abs().max() == 0:
+        assert gf.abs().max() == 0, f"{what}: expected all zeros"
+        return
+    cos = torch.nn.functional.cosine_similarity(gf.double(), ef.double(), dim=0).item()
+    rel = ((gf - ef).norm() / ef.norm()).item()
+    assert cos >= cos_min and rel <= rel_max, f"{what}: cosine {cos:.6f} (>= {cos_min}), rel L2 {rel:.2e}"
+
+
+def host_plan(ids, num_experts, expert_offset, max_tokens, block_m):
+    """The layout of plan_layout.cuh, written independently of the kernel (a pure-Python loop)."""
+    t, k = ids.shape
+    max_pairs = max_tokens * k
+    flat = ids.reshape(-1).tolist()
+    per = [[] for _ in range(num_experts)]
+    for p, v in enumerate(flat):
+        e = v - expert_offset
+        if 0 <= e < num_experts:
+            per[e].append(p)
+    counts = [len(q) for q in per]
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    valid = offsets[-1]
+    sorted_pairs = [p for q in per for p in q] + [-1] * (max_pairs - valid)
+    max_tiles = -(-max_pairs // block_m) + num_experts
+    te, ts = [], []
+    for e in range(num_experts):
+        for s in range(offsets[e], offsets[e + 1], block_m):
+            te.append(e)
+            ts.append(s)
+    n_tiles = len(te)
+    te += [-1] * (max_tiles - n_tiles)
+    ts += [-1] * (max_tiles - n_tiles)
+    header = [valid, n_tiles, sum(c > 0 for c in counts), block_m, 0, 0, 0, 0]
+    return torch.tensor(header + counts + offsets + sorted_pairs + te + ts, dtype=torch.int32)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# plan
+
+ROUTE_CASES = [  # (T, K, E, expert_offset, id range, max_tokens, block_m)
+    (1, 8, 192, 0, (0, 192), None, 8),
+    (64, 8, 192, 0, (0, 192), None, 16),
+    (256, 8, 192, 0, (0, 192), 300, 16),
+    (200, 8, 24, 24, (-5, 200), None, 64),   # EP8 rank 1: remote ids, negative ids
+    (300, 4, 4, 0, (0, 4), None, 32),        # multiple chunks of 1024 pairs, heavy experts
+    (1000, 16, 512, 0, (0, 512), None, 8),
+    (0, 8, 192, 0, (0, 192), 16, 8),
+    (5, 3, 7, 0, (0, 1), None, 8),            # all to one expert
+]
+
+
+@pytest.mark.parametrize("case", ROUTE_CASES)
+def test_device_plan_matches_host_builder(moe, case):
+    t, k, e, off, (lo, hi), mt, bm = case
+    g = torch.Generator().manual_seed(t * 7 + k)
+    ids = torch.randint(lo, hi, (t, k), generator=g, dtype=torch.int32)
+    if t > 2:
+        ids[1] = -1                                   # a token routed nowhere
+        ids[2, : min(k, 3)] = ids[2, 0].item()        # duplicates within a row
+        ids[0, 0] = 2**31 - 1                         # garbage id: skipped
+    p = moe.plan(ids.cuda(), num_experts=e, expert_offset=off, max_tokens=mt, block_m=bm)
+    exp = host_plan(ids, e, off, mt if mt is not None else t, bm)
+    got = p.workspace.cpu()
+    assert got.numel() == exp.numel() == moe.workspace_len(e, (mt or t) * k, bm) == moe.c_workspace_len(e, (mt or t) * k, bm)
+    bad = torch.nonzero(got != exp).flatten()[:10].tolist()
+    assert not bad, f"plan differs at {bad}; layout {p.layout.offsets}\n{p.describe()}"
+
+
+def test_device_plan_matches_reference_builder(moe):
+    try:
+        from hotpaths.reference.fused_moe import build_routing_plan, workspace_len
+    except ImportError as exc:
+        pytest.skip(f"hotpaths.reference.fused_moe.build_routing_plan not available: {exc}")
+    for t, k, e, off, (lo, hi), mt, bm in ROUTE_CASES:
+        g = torch.Generator().manual_seed(t * 7 + k)
+        ids = torch.randint(lo, hi, (t, k), generator=g, dtype=torch.int32)
+        p = moe.plan(ids.cuda(), num_experts=e, expert_offset=off, max_tokens=mt, block_m=bm)
+        ref = build_routing_plan(ids, num_experts=e, expert_offset=off, max_tokens=mt, block_m=bm)
+        ref = torch.as_tensor(getattr(ref, "workspace", ref)).to(torch.int32).cpu().flatten()
+        assert workspace_len(e, (mt or t) * k, bm) == moe.c_workspace_len(e, (mt or t) * k, bm)
+        assert torch.equal(p.workspace.cpu(), ref), f"case {(t, k, e, off, mt, bm)}:\n{p.describe()}"
+
+
+def test_plan_update_reroutes_in_place(moe):
+    ids = torch.randint(0, 16, (32, 4), dtype=torch.int32)
+    p = moe.plan(ids.cuda(), num_experts=16, max_tokens=64, block_m=8)
+    ptr = p.workspace.data_ptr()
+    for t in (64, 1, 0, 17):
+        ids2 = torch.randint(-1, 16, (t, 4), dtype=torch.int32)
+        p.update(ids2.cuda())
+        assert p.workspace.data_ptr() == ptr
+        assert torch.equal(p.workspace.cpu(), host_plan(ids2, 16, 0, 64, 8))
+    with pytest.raises(ValueError, match="max_tokens"):
+        p.update(torch.zeros(65, 4, dtype=torch.int32, device="cuda"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# stages and the fused pipeline
+
+SHAPES = {  # name: (E, K, H, I, expert_offset, id range)
+    "small": (8, 2, 128, 64, 0, (0, 8)),
+    "small_i192": (6, 3, 256, 192, 0, (-1, 6)),
+    "hy3_tp8": (192, 8, 4096, 192, 0, (0, 192)),
+    "hy3_tp1_ep8": (24, 8, 4096, 1536, 24, (0, 192)),
+}
+_W = {}
+
+
+def weights(name, mode):
+    if (name, mode) not in _W:
+        e, k, h, i, off, _ = SHAPES[name]
+        _W.clear()  # one big weight set resident at a time
+        _W[(name, mode)] = make_weights(e, h, i, mode, seed=sum(map(ord, name)))
+    return _W[(name, mode)]
+
+
+def _run_case(moe, name, mode, t, *, seed=0, block_m=None, shared=False, pdl=True, ids=None):
+    e, k, h, i, off, (lo, hi) = SHAPES[name]
+    w13, w2, sc = weights(name, mode)
+    x, ids0, tw = make_tokens(t, k, h, hi, seed=seed, ids_lo=lo)
+    ids = ids0 if ids is None else ids
+    so = torch.randn(t, h, device="cuda").to(torch.bfloat16) if shared else None
+    p = moe.plan(ids, num_experts=e, expert_offset=off, block_m=block_m, pdl=pdl)
+    out = torch.full((t, h), float("nan"), dtype=torch.bfloat16, device="cuda")
+    act, ybuf = p.buffers(h, i)
+    act.fill_(float("nan"))
+    ybuf.fill_(float("nan"))
+    res = moe.run(p, x, w13, w2, tw, scales=mode, shared_out=so, out=out, pdl=pdl, **sc)
+    assert res.data_ptr() == out.data_ptr()
+    ea, ey, eo, valid = emulate(x, ids, tw, w13, w2, mode, expert_offset=off, shared_out=so, **sc)
+    return p, (act, ybuf, out), (ea, ey, eo, valid)
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
+@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("t", [1, 4, 16, 64])
+def test_stages_and_pipeline_match_emulation(moe, name, mode, t):
+    p, (act, ybuf, out), (ea, ey, eo, valid) = _run_case(moe, name, mode, t, seed=t)
+    f = p.fields()
+    nvalid = int(f["header"][0])
+    assert nvalid == int(valid.sum())
+    sp = f["sorted_pairs"][:nvalid].long()
+    assert_close(act[:nvalid], ea[sp], f"{name}/{mode}/T={t}: gate-up act")
+    vp = torch.nonzero(valid).flatten()
+    assert_close(ybuf[vp], ey[vp], f"{name}/{mode}/T={t}: down ybuf")
+    assert_close(out, eo, f"{name}/{mode}/T={t}: output")
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
+@pytest.mark.parametrize("t", [128, 256])
+def test_hy3_tp8_large_batches(moe, mode, t):
+    _, (_, _, out), (_, _, eo, _) = _run_case(moe, "hy3_tp8", mode, t, seed=t)
+    assert_close(out, eo, f"hy3_tp8/{mode}/T={t}: output")
+
+
+@pytest.mark.parametrize("block_m", [8, 16, 32, 64])
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
+def test_every_block_m(moe, block_m, mode):
+    _, (_, _, out), (_, _, eo, _) = _run_case(moe, "small_i192", mode, 50, seed=block_m, block_m=block_m)
+    assert_close(out, eo, f"block_m={block_m}/{mode}")
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
+def test_shared_out_and_no_pdl(moe, mode):
+    for pdl in (True, False):
+        _, (_, _, out), (_, _, eo, _) = _run_case(moe, "small_i192", mode, 33, shared=True, pdl=pdl)
+        assert_close(out, eo, f"shared_out pdl={pdl}")
+
+
+@pytest.mark.parametrize("edge", ["one_expert", "all_skip", "duplicates", "garbage_ids"])
+def test_routing_edges(moe, edge):
+    e, k, h, i, off, _ = SHAPES["small"]
+    t = 40
+    ids = torch.randint(0, e, (t, k), dtype=torch.int32, device="cuda")
+    if edge == "one_expert":
+        ids.fill_(3)
+    elif edge == "all_skip":
+        ids.fill_(-1)
+    elif edge == "duplicates":
+        ids[:, 1] = ids[:, 0]
+    else:
+        ids[::3, 0] = torch.tensor([-2**31, 2**31 - 1, 100, -7], dtype=torch.int32, device="cuda").repeat(14)[: len(ids[::3])]
+    _, (_, _, out), (_, _, eo, _) = _run_case(moe, "small", "pertensor", t, ids=ids)
+    assert_close(out, eo, edge)
+    if edge == "all_skip":
+        assert torch.count_nonzero(out) == 0
+
+
+def test_zero_tokens_returns_empty(moe):
+    e, k, h, i, off, _ = SHAPES["small"]
+    w13, w2, sc = weights("small", "pertensor")
+    x = torch.empty(0, h, dtype=torch.bfloat16, device="cuda")
+    ids = torch.empty(0, k, dtype=torch.int32, device="cuda")
+    tw = torch.empty(0, k, device="cuda")
+    out = moe.fused_moe(x, ids, tw, w13, w2, scales="pertensor", **sc)
+    torch.cuda.synchronize()
+    assert out.shape == (0, h) and out.dtype == torch.bfloat16
+
+
+def test_graph_replay_with_changing_tokens(moe):
+    e, k, h, i, off, (lo, hi) = SHAPES["small_i192"]
+    w13, w2, sc = weights("small_i192", "block")
+    tmax = 48
+    x, ids0, tw = make_tokens(tmax, k, h, hi, seed=5)
+    ids_buf = ids0.clone()
+    p = moe.plan(ids_buf, num_experts=e, max_tokens=tmax)
+    out = torch.empty(tmax, h, dtype=torch.bfloat16, device="cuda")
+    moe.run(p, x, w13, w2, tw, scales="block", out=out, **sc)  # warm-up allocates the plan's buffers
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        p.update(ids_buf)
+        moe.run(p, x, w13, w2, tw, scales="block", out=out, **sc)
+    torch.cuda.current_stream().wait_stream(stream)
+    for active in (48, 1, 17, 0, 30):
+        _, new_ids, _ = make_tokens(tmax, k, h, hi, seed=100 + active)
+        new_ids[active:] = -1  # inactive tokens: the token count of this step is `active`
+        ids_buf.copy_(new_ids)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _, _, eo, _ = emulate(x, ids_buf, tw, w13, w2, "block", **sc)
+        assert_close(out, eo, f"graph replay, {active} active tokens")
+        assert torch.equal(p.workspace.cpu(), host_plan(ids_buf.cpu(), e, 0, tmax, p.block_m))
+
+
+def test_update_with_fewer_tokens_then_run(moe):
+    e, k, h, i, off, (lo, hi) = SHAPES["small"]
+    w13, w2, sc = weights("small", "pertensor")
+    x, ids, tw = make_tokens(30, k, h, hi, seed=9)
+    p = moe.plan(ids, num_experts=e, max_tokens=30)
+    p.update(ids[:11])
+    out = moe.run(p, x[:11], w13, w2, tw[:11], scales="pertensor", **sc)
+    _, _, eo, _ = emulate(x[:11], ids[:11], tw[:11], w13, w2, "pertensor", **sc)
+    assert_close(out, eo, "update to 11 tokens")
+
+
+def test_stage_hook_runs_each_stage(moe):
+    e, k, h, i, off, (lo, hi) = SHAPES["small"]
+    w13, w2, sc = weights("small", "pertensor")
+    x, ids, tw = make_tokens(20, k, h, hi, seed=3)
+    p = moe.plan(ids, num_experts=e)
+    out = torch.full((20, h), float("nan"), dtype=torch.bfloat16, device="cuda")
+    for stage in ("route", "gate_up", "down", "reduce"):
+        moe.run(p, x, w13, w2, tw, scales="pertensor", out=out, stages=stage, **sc)
+    _, _, eo, _ = emulate(x, ids, tw, w13, w2, "pertensor", **sc)
+    assert_close(out, eo, "stage by stage")
+
+
+def test_torch_library_op_and_compile(moe):
+    e, k, h, i, off, (lo, hi) = SHAPES["small"]
+    w13, w2, sc = weights("small", "pertensor")
+    x, ids, tw = make_tokens(9, k, h, hi, seed=4)
+    args = (x, ids, tw, w13, w2, sc["w13_scale"], sc["w2_scale"], sc["a1_scale"], sc["a2_scale"], None,
+            "pertensor", 0)
+    out = torch.ops.hotpaths.fused_moe(*args)
+    _, _, eo, _ = emulate(x, ids, tw, w13, w2, "pertensor", **sc)
+    assert_close(out, eo, "torch.ops.hotpaths.fused_moe")
+    compiled = torch.compile(lambda *a: torch.ops.hotpaths.fused_moe(*a) * 2, fullgraph=True, backend="aot_eager")
+    assert_close(compiled(*args), (eo.float() * 2).to(torch.bfloat16), "torch.compile")
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
+@pytest.mark.parametrize("name,t", [("small_i192", 37), ("hy3_tp8", 64), ("hy3_tp1_ep8", 16)])
+def test_matches_reference_module_emulation(moe, mode, name, t):
+    """The kernel vs hotpaths.reference.fused_moe.fused_moe_emulation (the shared contract), stage by stage."""
+    try:
+        from hotpaths.reference.fused_moe import fused_moe_emulation
+    except ImportError as exc:
+        pytest.skip(f"hotpaths.reference.fused_moe.fused_moe_emulation not available: {exc}")
+    e, k, h, i, off, (lo, hi) = SHAPES[name]
+    p, (act, ybuf, out), _ = _run_case(moe, name, mode, t, seed=77 + t)
+    w13, w2, sc = weights(name, mode)
+    x, ids, tw = make_tokens(t, k, h, hi, seed=77 + t, ids_lo=lo)
+    ref = fused_moe_emulation(x, ids, tw, w13, w2, scales=mode, expert_offset=off, return_stages=True, **sc)
+    valid = ((ids.reshape(-1).long() - off >= 0) & (ids.reshape(-1).long() - off < e))
+    vp = torch.nonzero(valid).flatten()
+    sp = p.fields()["sorted_pairs"][: vp.numel()].long()
+    assert_close(act[: vp.numel()], ref["act"][sp], f"{name}/{mode}: act vs reference emulation")
+    assert_close(ybuf[vp], ref["ybuf"][vp], f"{name}/{mode}: ybuf vs reference emulation")
+    assert_close(out, ref["out"], f"{name}/{mode}: out vs reference emulation")
+
+
+def test_fused_moe_captured_with_allocations_inside_the_graph(moe):
+    """plan + run allocating their workspace and buffers during capture (what torch.ops.hotpaths.fused_moe does
+    under a CUDA graph): the replay reads the new routing from the captured ids buffer."""
+    e, k, h, i, off, (lo, hi) = SHAPES["small"]
+    w13, w2, sc = weights("small", "pertensor")
+    x, ids, tw = make_tokens(24, k, h, hi, seed=11)
+    moe.fused_moe(x, ids, tw, w13, w2, scales="pertensor", **sc)  # library loaded, launch attributes cached
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe.fused_moe(x, ids, tw, w13, w2, scales="pertensor", **sc)
+    _, ids2, _ = make_tokens(24, k, h, hi, seed=12)
+    ids.copy_(ids2)
+    graph.replay()
+    torch.cuda.synchronize()
+    _, _, eo, _ = emulate(x, ids, tw, w13, w2, "pertensor", **sc)
+    assert_close(out, eo, "captured fused_moe")
