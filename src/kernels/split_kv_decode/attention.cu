@@ -133,6 +133,269 @@ __device__ bool static_desc(const Params& P, Desc& d) {
   return d.tb < d.te;
 }
 
+// Descriptor start: Q fragments of rows g and g + 8 (index half), their score scales and causal limits, fresh state.
+template <class CF>
+__device__ __forceinline__ void rows_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg,
+                                                      int g, int tig, float kscale, int kv_cap, uint32_t (&qa)[8][4],
+                                                      float (&o)[16][4], float (&m_)[2], float (&l_)[2],
+                                                      float (&sc)[2], int (&lim_)[2]) {
+  constexpr bool FP8 = CF::FP8;
+  constexpr int kRowsPerGroup = CF::MROWS;
+  const uint8_t* sQ = sV + CF::KV_BYTES;
+  const float* sQs = reinterpret_cast<const float*>(sQ + kRowsPerGroup * CF::QROWB);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = g + 8 * half;
+    uint32_t w[8 * CF::ES];
+#pragma unroll
+    for (int i = 0; i < 2 * CF::ES; ++i) {
+      const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * CF::QROWB + kq_unit<FP8>(i, tig, row) * 16);
+      w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
+    }
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      if constexpr (FP8) {
+        qa[ks][half] = e4m3x2_to_f16x2(w[ks]);
+        qa[ks][half + 2] = e4m3x2_hi_to_f16x2(w[ks]);
+      } else {
+        qa[ks][half] = w[2 * ks];
+        qa[ks][half + 2] = w[2 * ks + 1];
+      }
+    }
+    const int rr = rg * kRowsPerGroup + row;
+    const int qi = rr < P.R ? rr / P.ratio : 0;
+    float s = P.sm_scale * kLog2e;
+    if (FP8) s *= sQs[row] * kscale;
+    sc[half] = s;
+    lim_[half] = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
+    m_[half] = -INFINITY;
+    l_[half] = 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+}
+
+// S = Q K^T for the warp's 16 tokens: s[nt][e] is row g + 8 (e >> 1), token 8nt + 2tig + (e & 1) of the warp's.
+template <class CF>
+__device__ __forceinline__ void rows_qk(const uint8_t* sK, const uint32_t (&qa)[8][4], int warp, int g, int tig,
+                                        float (&s)[2][4]) {
+  constexpr bool FP8 = CF::FP8;
+  float s2[2][4];  // two accumulation chains per n-tile (even / odd k-steps) halve the mma latency chain
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    s2[nt][0] = s2[nt][1] = s2[nt][2] = s2[nt][3] = 0.f;
+    uint32_t w[8 * CF::ES];
+#pragma unroll
+    for (int i = 0; i < 2 * CF::ES; ++i) {
+      const uint4 u = *reinterpret_cast<const uint4*>(sK + (warp * 16 + nt * 8 + g) * CF::ROWB +
+                                                      kq_unit<FP8>(i, tig, g) * 16);
+      w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
+    }
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      float* acc = (ks & 1) ? s2[nt] : s[nt];
+      if constexpr (FP8) {
+        mma16816<FP8>(acc, qa[ks], e4m3x2_to_f16x2(w[ks]), e4m3x2_hi_to_f16x2(w[ks]));
+      } else {
+        mma16816<FP8>(acc, qa[ks], w[2 * ks], w[2 * ks + 1]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] += s2[nt][e];
+  }
+}
+
+// Online softmax update (log2 domain) of rows g, g + 8 over the tile's scores: masks tokens past each row's causal
+// limit, rescales O when the running max moves, and packs P as the A fragment of the PV product.
+template <class CF>
+__device__ __forceinline__ void rows_softmax_update(float (&s)[2][4], const float (&sc)[2], const int (&lim_)[2],
+                                                    int tok0, int tig, float (&m_)[2], float (&l_)[2],
+                                                    float (&o)[16][4], uint32_t (&pa)[4]) {
+  constexpr bool FP8 = CF::FP8;
+  float mloc[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int half = e >> 1;
+      const int tok = tok0 + nt * 8 + tig * 2 + (e & 1);
+      float v = s[nt][e] * sc[half];
+      v = tok < lim_[half] ? v : -INFINITY;
+      s[nt][e] = v;
+      mloc[half] = fmaxf(mloc[half], v);
+    }
+  float alpha[2], muse[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mx = mloc[half];
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mnew = fmaxf(m_[half], mx);
+    muse[half] = (mnew == -INFINITY) ? 0.f : mnew;
+    alpha[half] = exp2f(m_[half] - muse[half]);
+    m_[half] = mnew;
+  }
+  float rs[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2f(s[nt][e] - muse[e >> 1]);
+      s[nt][e] = p;
+      rs[e >> 1] += p;
+    }
+  l_[0] = l_[0] * alpha[0] + rs[0];
+  l_[1] = l_[1] * alpha[1] + rs[1];
+  if (alpha[0] != 1.f || alpha[1] != 1.f) {  // the running max rarely moves after the first tiles
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+    }
+  }
+  pa[0] = pack_p<FP8>(s[0][0], s[0][1]);
+  pa[1] = pack_p<FP8>(s[0][2], s[0][3]);
+  pa[2] = pack_p<FP8>(s[1][0], s[1][1]);
+  pa[3] = pack_p<FP8>(s[1][2], s[1][3]);
+}
+
+// O += P V for the warp's 16 tokens.
+template <class CF>
+__device__ __forceinline__ void rows_pv(const uint8_t* sV, const uint32_t (&pa)[4], int warp, int lane, int g, int tig,
+                                        float (&o)[16][4]) {
+  constexpr bool FP8 = CF::FP8;
+  if constexpr (FP8) {
+    // B fragments straight from the fp8 tile (no f16 staging buffer, no ldmatrix). n-tile j, column n holds
+    // dim 16n + j, so this thread (n = g) reads 16 B (dims 16g..16g+15) of its 4 tokens 2tig, 2tig+1, 2tig+8,
+    // 2tig+9 (the k slots of P's A fragment) and pairs the bytes of two tokens with prmt: exact e4m3 -> f16.
+    // Its accumulators then hold dims 32tig + j (c0/c2) and 32tig + 16 + j (c1/c3): see the merge.
+    const int t0 = warp * 16 + 2 * tig;
+    auto ldv = [&](int t) {
+      return *reinterpret_cast<const uint4*>(sV + t * CF::ROWB + ((g ^ (t & 7)) * 16));
+    };
+    const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
+    const uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
+    const uint32_t c4[4] = {vc.x, vc.y, vc.z, vc.w}, d4[4] = {vd.x, vd.y, vd.z, vd.w};
+#pragma unroll
+    for (int wi = 0; wi < 4; ++wi) {
+      const uint32_t ab01 = __byte_perm(a4[wi], b4[wi], 0x5140), ab23 = __byte_perm(a4[wi], b4[wi], 0x7362);
+      const uint32_t cd01 = __byte_perm(c4[wi], d4[wi], 0x5140), cd23 = __byte_perm(c4[wi], d4[wi], 0x7362);
+      mma16816<FP8>(o[4 * wi], pa, e4m3x2_to_f16x2(ab01), e4m3x2_to_f16x2(cd01));
+      mma16816<FP8>(o[4 * wi + 1], pa, e4m3x2_hi_to_f16x2(ab01), e4m3x2_hi_to_f16x2(cd01));
+      mma16816<FP8>(o[4 * wi + 2], pa, e4m3x2_to_f16x2(ab23), e4m3x2_to_f16x2(cd23));
+      mma16816<FP8>(o[4 * wi + 3], pa, e4m3x2_hi_to_f16x2(ab23), e4m3x2_hi_to_f16x2(cd23));
+    }
+  } else {  // BF16: ldmatrix.trans straight from the tile
+    const uint8_t* vsrc = sV + warp * 16 * CF::ROWB;
+    const int trow = (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int dsel = (lane >> 4) * 8;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vsrc + trow * CF::ROWB + (jj * 16 + dsel) * 2);
+      mma16816<FP8>(o[2 * jj], pa, b[0], b[1]);
+      mma16816<FP8>(o[2 * jj + 1], pa, b[2], b[3]);
+    }
+  }
+}
+
+// End of a descriptor, step 1: the warp's running max, row sums and O rows into the merge buffer.
+template <class CF>
+__device__ __forceinline__ void rows_stage_merge(const float (&m_)[2], const float (&l_)[2], const float (&o)[16][4],
+                                                 float* merge_o, float* merge_m, float* merge_l, int warp, int g,
+                                                 int tig) {
+  constexpr bool FP8 = CF::FP8;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float l = l_[half];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (tig == 0) {
+      merge_m[warp * 16 + g + 8 * half] = m_[half];
+      merge_l[warp * 16 + g + 8 * half] = l;
+    }
+  }
+  {
+    // XOR-swizzled merge rows (merge_swz): conflict-free float4 writes (FP8) and float4 reads.
+    const int r0 = warp * 16 + g;
+    if constexpr (FP8) {  // accumulator e holds row g + 8 (e >> 1), dims 32tig + 16 (e & 1) + j
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+#pragma unroll
+        for (int jq = 0; jq < 4; ++jq) {
+          const int r = r0 + 8 * (e >> 1), u = 8 * tig + 4 * (e & 1) + jq;
+          *reinterpret_cast<float4*>(merge_o + r * kD + (merge_swz(r, u) << 2)) =
+              make_float4(o[4 * jq][e], o[4 * jq + 1][e], o[4 * jq + 2][e], o[4 * jq + 3][e]);
+        }
+    } else {  // ldmatrix layout: n-tile j holds dims 8j + 2tig + {0, 1}
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = r0 + 8 * hr, u = 2 * j + (tig >> 1);
+          *reinterpret_cast<float2*>(merge_o + r * kD + (merge_swz(r, u) << 2) + 2 * (tig & 1)) =
+              make_float2(o[j][2 * hr], o[j][2 * hr + 1]);
+        }
+    }
+  }
+}
+
+// End of a descriptor, step 2 (after a barrier): merge the 4 warps' states per row and store the bf16 output (a
+// pair with one chunk) or the normalized fp32 partial and its natural-log LSE.
+template <class CF>
+__device__ __forceinline__ void rows_store(const Params& P, const float* merge_o, const float* merge_m,
+                                           const float* merge_l, const Desc& cdd, int rg, int tid, float vscale) {
+  constexpr int kRowsPerGroup = CF::MROWS;
+  {
+    // 16 rows x 8 segments: segment seg = dims 32i + 4seg + {0..3}, i = 0..3, so
+    // 8 lanes of a row cover 128 contiguous bytes of fp32 partial / 64 of bf16 output per store (coalesced).
+    const int row = tid >> 3, seg = tid & 7;
+    const int rr = rg * kRowsPerGroup + row;
+    if (rr < P.R) {
+      float mw[4], M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * 16 + row]; M = fmaxf(M, mw[w]); }
+      float acc[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+      float L = 0.f;
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const float f = exp2f(mw[w] - M);
+          L += merge_l[w * 16 + row] * f;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * 16 + row) * kD +
+                                                              (merge_swz(w * 16 + row, 8 * i + seg) << 2));
+            acc[4 * i] += f * x.x; acc[4 * i + 1] += f * x.y; acc[4 * i + 2] += f * x.z; acc[4 * i + 3] += f * x.w;
+          }
+        }
+      }
+      const float inv = (L > 0.f) ? vscale / L : 0.f;
+      const int qi = rr / P.ratio, hl = rr % P.ratio;
+      if (cdd.nch == 1) {
+        const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
+        __nv_bfloat162 pk[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) pk[i] = __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          *reinterpret_cast<uint2*>(P.out + orow * kD + 32 * i + 4 * seg) =
+              make_uint2(*reinterpret_cast<uint32_t*>(&pk[2 * i]), *reinterpret_cast<uint32_t*>(&pk[2 * i + 1]));
+      } else {
+        const size_t prow = P.part_row(cdd.slot, rr);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          *reinterpret_cast<float4*>(P.part_o + prow * kD + 32 * i + 4 * seg) =
+              make_float4(acc[4 * i] * inv, acc[4 * i + 1] * inv, acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
+        if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
+      }
+    }
+  }
+}
+
 // Row layout (Traits::TRANSPOSED = false): one m16 tile of query rows, FP8 or BF16 KV.
 template <class CF>
 __device__ __forceinline__ void attention_rows(const Params& P) {
@@ -288,234 +551,25 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
     const uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     const uint8_t* sV = sK + CF::KV_BYTES;
 
-    if (ct == cdd.tb) {  // descriptor start: Q fragments, row scales and causal limits
-      const uint8_t* sQ = sV + CF::KV_BYTES;
-      const float* sQs = reinterpret_cast<const float*>(sQ + kRowsPerGroup * CF::QROWB);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = g + 8 * half;
-        uint32_t w[8 * CF::ES];
-#pragma unroll
-        for (int i = 0; i < 2 * CF::ES; ++i) {
-          const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * CF::QROWB + kq_unit<FP8>(i, tig, row) * 16);
-          w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
-        }
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
-          if constexpr (FP8) {
-            qa[ks][half] = e4m3x2_to_f16x2(w[ks]);
-            qa[ks][half + 2] = e4m3x2_hi_to_f16x2(w[ks]);
-          } else {
-            qa[ks][half] = w[2 * ks];
-            qa[ks][half + 2] = w[2 * ks + 1];
-          }
-        }
-        const int rr = rg * kRowsPerGroup + row;
-        const int qi = rr < P.R ? rr / P.ratio : 0;
-        float s = P.sm_scale * kLog2e;
-        if (FP8) s *= sQs[row] * kscale;
-        sc[half] = s;
-        lim_[half] = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
-        m_[half] = -INFINITY;
-        l_[half] = 0.f;
-      }
-#pragma unroll
-      for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    }
+    if (ct == cdd.tb)
+      rows_begin_descriptor<CF>(P, sV, cdd, rg, g, tig, kscale, kv_cap, qa, o, m_, l_, sc, lim_);
 
     // ---- S = Q K^T for this warp's 16 tokens ----
-    float s[2][4], s2[2][4];  // two accumulation chains per n-tile (even / odd k-steps) halve the mma latency chain
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-      s2[nt][0] = s2[nt][1] = s2[nt][2] = s2[nt][3] = 0.f;
-      uint32_t w[8 * CF::ES];
-#pragma unroll
-      for (int i = 0; i < 2 * CF::ES; ++i) {
-        const uint4 u = *reinterpret_cast<const uint4*>(sK + (warp * 16 + nt * 8 + g) * CF::ROWB +
-                                                        kq_unit<FP8>(i, tig, g) * 16);
-        w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
-      }
-#pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        float* acc = (ks & 1) ? s2[nt] : s[nt];
-        if constexpr (FP8) {
-          mma16816<FP8>(acc, qa[ks], e4m3x2_to_f16x2(w[ks]), e4m3x2_hi_to_f16x2(w[ks]));
-        } else {
-          mma16816<FP8>(acc, qa[ks], w[2 * ks], w[2 * ks + 1]);
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] += s2[nt][e];
-    }
+    float s[2][4];
+    rows_qk<CF>(sK, qa, warp, g, tig, s);
 
     // ---- online softmax (log2 domain) ----
-    const int tok0 = ct * kTile + warp * 16;
-    float mloc[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int half = e >> 1;
-        const int tok = tok0 + nt * 8 + tig * 2 + (e & 1);
-        float v = s[nt][e] * sc[half];
-        v = tok < lim_[half] ? v : -INFINITY;
-        s[nt][e] = v;
-        mloc[half] = fmaxf(mloc[half], v);
-      }
-    float alpha[2], muse[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float mx = mloc[half];
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mnew = fmaxf(m_[half], mx);
-      muse[half] = (mnew == -INFINITY) ? 0.f : mnew;
-      alpha[half] = exp2f(m_[half] - muse[half]);
-      m_[half] = mnew;
-    }
-    float rs[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[nt][e] - muse[e >> 1]);
-        s[nt][e] = p;
-        rs[e >> 1] += p;
-      }
-    l_[0] = l_[0] * alpha[0] + rs[0];
-    l_[1] = l_[1] * alpha[1] + rs[1];
-    if (alpha[0] != 1.f || alpha[1] != 1.f) {  // the running max rarely moves after the first tiles
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
-        o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
-      }
-    }
     uint32_t pa[4];
-    pa[0] = pack_p<FP8>(s[0][0], s[0][1]);
-    pa[1] = pack_p<FP8>(s[0][2], s[0][3]);
-    pa[2] = pack_p<FP8>(s[1][0], s[1][1]);
-    pa[3] = pack_p<FP8>(s[1][2], s[1][3]);
+    rows_softmax_update<CF>(s, sc, lim_, ct * kTile + warp * 16, tig, m_, l_, o, pa);
 
     // ---- O += P V ----
-    if constexpr (FP8) {
-      // B fragments straight from the fp8 tile (no f16 staging buffer, no ldmatrix). n-tile j, column n holds
-      // dim 16n + j, so this thread (n = g) reads 16 B (dims 16g..16g+15) of its 4 tokens 2tig, 2tig+1, 2tig+8,
-      // 2tig+9 (the k slots of P's A fragment) and pairs the bytes of two tokens with prmt: exact e4m3 -> f16.
-      // Its accumulators then hold dims 32tig + j (c0/c2) and 32tig + 16 + j (c1/c3): see the merge.
-      const int t0 = warp * 16 + 2 * tig;
-      auto ldv = [&](int t) {
-        return *reinterpret_cast<const uint4*>(sV + t * CF::ROWB + ((g ^ (t & 7)) * 16));
-      };
-      const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
-      const uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
-      const uint32_t c4[4] = {vc.x, vc.y, vc.z, vc.w}, d4[4] = {vd.x, vd.y, vd.z, vd.w};
-#pragma unroll
-      for (int wi = 0; wi < 4; ++wi) {
-        const uint32_t ab01 = __byte_perm(a4[wi], b4[wi], 0x5140), ab23 = __byte_perm(a4[wi], b4[wi], 0x7362);
-        const uint32_t cd01 = __byte_perm(c4[wi], d4[wi], 0x5140), cd23 = __byte_perm(c4[wi], d4[wi], 0x7362);
-        mma16816<FP8>(o[4 * wi], pa, e4m3x2_to_f16x2(ab01), e4m3x2_to_f16x2(cd01));
-        mma16816<FP8>(o[4 * wi + 1], pa, e4m3x2_hi_to_f16x2(ab01), e4m3x2_hi_to_f16x2(cd01));
-        mma16816<FP8>(o[4 * wi + 2], pa, e4m3x2_to_f16x2(ab23), e4m3x2_to_f16x2(cd23));
-        mma16816<FP8>(o[4 * wi + 3], pa, e4m3x2_hi_to_f16x2(ab23), e4m3x2_hi_to_f16x2(cd23));
-      }
-    } else {  // BF16: ldmatrix.trans straight from the tile
-      const uint8_t* vsrc = sV + warp * 16 * CF::ROWB;
-      const int trow = (lane & 7) + ((lane >> 3) & 1) * 8;
-      const int dsel = (lane >> 4) * 8;
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, vsrc + trow * CF::ROWB + (jj * 16 + dsel) * 2);
-        mma16816<FP8>(o[2 * jj], pa, b[0], b[1]);
-        mma16816<FP8>(o[2 * jj + 1], pa, b[2], b[3]);
-      }
-    }
+    rows_pv<CF>(sV, pa, warp, lane, g, tig, o);
 
     // ---- advance; epilogue at the end of a descriptor ----
     if (++ct >= cdd.te) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float l = l_[half];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (tig == 0) {
-          merge_m[warp * 16 + g + 8 * half] = m_[half];
-          merge_l[warp * 16 + g + 8 * half] = l;
-        }
-      }
-      {
-        // XOR-swizzled merge rows (merge_swz): conflict-free float4 writes (FP8) and float4 reads.
-        const int r0 = warp * 16 + g;
-        if constexpr (FP8) {  // accumulator e holds row g + 8 (e >> 1), dims 32tig + 16 (e & 1) + j
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-#pragma unroll
-            for (int jq = 0; jq < 4; ++jq) {
-              const int r = r0 + 8 * (e >> 1), u = 8 * tig + 4 * (e & 1) + jq;
-              *reinterpret_cast<float4*>(merge_o + r * kD + (merge_swz(r, u) << 2)) =
-                  make_float4(o[4 * jq][e], o[4 * jq + 1][e], o[4 * jq + 2][e], o[4 * jq + 3][e]);
-            }
-        } else {  // ldmatrix layout: n-tile j holds dims 8j + 2tig + {0, 1}
-#pragma unroll
-          for (int j = 0; j < 16; ++j)
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              const int r = r0 + 8 * hr, u = 2 * j + (tig >> 1);
-              *reinterpret_cast<float2*>(merge_o + r * kD + (merge_swz(r, u) << 2) + 2 * (tig & 1)) =
-                  make_float2(o[j][2 * hr], o[j][2 * hr + 1]);
-            }
-        }
-      }
+      rows_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
       __syncthreads();
-      {
-        // 16 rows x 8 segments: segment seg = dims 32i + 4seg + {0..3}, i = 0..3, so
-        // 8 lanes of a row cover 128 contiguous bytes of fp32 partial / 64 of bf16 output per store (coalesced).
-        const int row = tid >> 3, seg = tid & 7;
-        const int rr = rg * kRowsPerGroup + row;
-        if (rr < P.R) {
-          float mw[4], M = -INFINITY;
-#pragma unroll
-          for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * 16 + row]; M = fmaxf(M, mw[w]); }
-          float acc[16];
-#pragma unroll
-          for (int i = 0; i < 16; ++i) acc[i] = 0.f;
-          float L = 0.f;
-          if (M != -INFINITY) {
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-              const float f = exp2f(mw[w] - M);
-              L += merge_l[w * 16 + row] * f;
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * 16 + row) * kD +
-                                                                  (merge_swz(w * 16 + row, 8 * i + seg) << 2));
-                acc[4 * i] += f * x.x; acc[4 * i + 1] += f * x.y; acc[4 * i + 2] += f * x.z; acc[4 * i + 3] += f * x.w;
-              }
-            }
-          }
-          const float inv = (L > 0.f) ? vscale / L : 0.f;
-          const int qi = rr / P.ratio, hl = rr % P.ratio;
-          if (cdd.nch == 1) {
-            const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
-            __nv_bfloat162 pk[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) pk[i] = __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-              *reinterpret_cast<uint2*>(P.out + orow * kD + 32 * i + 4 * seg) =
-                  make_uint2(*reinterpret_cast<uint32_t*>(&pk[2 * i]), *reinterpret_cast<uint32_t*>(&pk[2 * i + 1]));
-          } else {
-            const size_t prow = P.part_row(cdd.slot, rr);
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-              *reinterpret_cast<float4*>(P.part_o + prow * kD + 32 * i + 4 * seg) =
-                  make_float4(acc[4 * i] * inv, acc[4 * i + 1] * inv, acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
-            if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
-          }
-        }
-      }
+      rows_store<CF>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale);
       if (++cd >= d_end) break;
       cdd = fetch(cd);
       ct = cdd.tb;
@@ -546,7 +600,7 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
 // 16g..16g+15 of each of its tokens); the merge stores by real dim.
 // Loads: as the FP8 row layout (cp.async 16 B, K/V/Q rows XOR-swizzled by row & 7), with the block-table lookup done once per
 // thread and tile when a page holds whole tiles (page_size >= 64), instead of once per 16 B copy.
-// Configurations (STAGES, CTAs per SM): see kV3Cps; the plan sizes the persistent grid from
+// Configurations (STAGES, CTAs per SM): see kConfigCps; the plan sizes the persistent grid from
 // hp_decode_ctas_per_sm.
 
 // merge buffer of v3: 16 B unit u of row r stored at u ^ ((r >> 1) & 3): the float4 writes (8 lanes: rows 2t + c,
