@@ -612,6 +612,308 @@ constexpr int kMaxRowGroups = 8;  // v3 fused merge: counters per pair (R <= 64 
 // the attention kernel also writes the zero rows of empty pairs (kv_len 0), which the combine writes otherwise.
 constexpr int kFuseAll = 1 << 20;
 
+// Descriptor start: B fragments of Q (rows 8nt + g), the score scale and causal limit of rows 8nt + 2tig + c, fresh
+// online-softmax state and O^T.
+template <class CF>
+__device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg,
+                                                    int g, int tig, float kscale, int kv_cap,
+                                                    uint32_t (&qb)[CF::NT][8], float (&o)[CF::NT][8][4],
+                                                    float (&m_)[CF::NT][2], float (&l_)[CF::NT][2],
+                                                    float (&sc)[CF::NT][2], int (&lim_)[CF::NT][2]) {
+  constexpr int NT = CF::NT, MROWS = CF::MROWS;
+  const uint8_t* sQ = sV + CF::KV_BYTES;
+  const float* sQs = reinterpret_cast<const float*>(sQ + MROWS * kD);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int row = 8 * nt + g;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ (row & 7)) * 16));
+      qb[nt][4 * i] = u.x; qb[nt][4 * i + 1] = u.y; qb[nt][4 * i + 2] = u.z; qb[nt][4 * i + 3] = u.w;
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int rowc = 8 * nt + 2 * tig + c;
+      const int rr = rg * MROWS + rowc;
+      const int qi = rr < P.R ? rr / P.ratio : 0;
+      sc[nt][c] = P.sm_scale * kLog2e * sQs[rowc] * kscale;
+      lim_[nt][c] = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
+      m_[nt][c] = -INFINITY;
+      l_[nt][c] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[nt][j][0] = o[nt][j][1] = o[nt][j][2] = o[nt][j][3] = 0.f;
+  }
+}
+
+// S^T = K Q^T on the e4m3 MMA: A = K rows (tokens 16w + g, 16w + g + 8), 32 B each (units 2tig, 2tig + 1); s[nt]
+// holds (token g | g + 8, rows 8nt + 2tig + {0, 1}).
+template <class CF>
+__device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF::NT][8], int warp, int g, int tig,
+                                      float (&s)[CF::NT][4]) {
+  constexpr int NT = CF::NT;
+  uint32_t ka[2][8];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int t = warp * 16 + g + 8 * h;  // t & 7 == g
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4 u = *reinterpret_cast<const uint4*>(sK + t * CF::ROWB + (((2 * tig + i) ^ g) * 16));
+      ka[h][4 * i] = u.x; ka[h][4 * i + 1] = u.y; ka[h][4 * i + 2] = u.z; ka[h][4 * i + 3] = u.w;
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float s2[4] = {0.f, 0.f, 0.f, 0.f};  // two accumulation chains (even / odd k32 steps)
+    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint32_t a[4] = {ka[0][2 * ks], ka[1][2 * ks], ka[0][2 * ks + 1], ka[1][2 * ks + 1]};
+      mma_e4m3_16832((ks & 1) ? s2 : s[nt], a, qb[nt][2 * ks], qb[nt][2 * ks + 1]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] += s2[e];
+  }
+}
+
+// Online softmax update per row (a column of S^T; max over the warp's 16 tokens = lanes of equal tig), O^T
+// rescaled when the running max moves, and P^T as PV's B operand (two movmatrix.trans).
+template <class CF>
+__device__ __forceinline__ void tr_softmax_update(float (&s)[CF::NT][4], const float (&sc)[CF::NT][2],
+                                                  const int (&lim_)[CF::NT][2], int tok0, float (&m_)[CF::NT][2],
+                                                  float (&l_)[CF::NT][2], float (&o)[CF::NT][8][4],
+                                                  uint32_t (&pb)[CF::NT][2]) {
+  constexpr int NT = CF::NT;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float alpha[2], muse[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float v0 = s[nt][c] * sc[nt][c], v1 = s[nt][c + 2] * sc[nt][c];
+      v0 = tok0 < lim_[nt][c] ? v0 : -INFINITY;
+      v1 = tok0 + 8 < lim_[nt][c] ? v1 : -INFINITY;
+      float mx = fmaxf(v0, v1);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float mnew = fmaxf(m_[nt][c], mx);
+      muse[c] = (mnew == -INFINITY) ? 0.f : mnew;
+      alpha[c] = exp2f(m_[nt][c] - muse[c]);
+      m_[nt][c] = mnew;
+      v0 = exp2f(v0 - muse[c]);
+      v1 = exp2f(v1 - muse[c]);
+      l_[nt][c] = l_[nt][c] * alpha[c] + (v0 + v1);  // per-thread partial sum (its 2 tokens), reduced at the end
+      s[nt][c] = v0;
+      s[nt][c + 2] = v1;
+    }
+    if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        o[nt][j][0] *= alpha[0]; o[nt][j][1] *= alpha[1];
+        o[nt][j][2] *= alpha[0]; o[nt][j][3] *= alpha[1];
+      }
+    }
+    // (token g | g + 8, rows 2tig, 2tig + 1) as f16x2 -> transpose -> (row g, tokens 2tig, 2tig + 1 | + 8)
+    pb[nt][0] = movmatrix_trans(pack_p<true>(s[nt][0], s[nt][1]));
+    pb[nt][1] = movmatrix_trans(pack_p<true>(s[nt][2], s[nt][3]));
+  }
+}
+
+// O^T += V^T P^T: A = V^T built in registers from the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9 (dims
+// 16g..16g+15; prmt + exact e4m3 -> f16).
+template <class CF>
+__device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF::NT][2], int warp, int g, int tig,
+                                      float (&o)[CF::NT][8][4]) {
+  constexpr int NT = CF::NT;
+  {
+    const int t0 = warp * 16 + 2 * tig;
+    auto ldv = [&](int t) {
+      return *reinterpret_cast<const uint4*>(sV + t * CF::ROWB + ((g ^ (t & 7)) * 16));
+    };
+    const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
+    const uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
+    const uint32_t c4[4] = {vc.x, vc.y, vc.z, vc.w}, d4[4] = {vd.x, vd.y, vd.z, vd.w};
+#pragma unroll
+    for (int wq = 0; wq < 2; ++wq) {  // word wq: dims 16g + 4wq.. (rows g), word 2 + wq: dims 16g + 8 + 4wq..
+      const uint32_t ab_lo = __byte_perm(a4[wq], b4[wq], 0x5140), ab_hi = __byte_perm(a4[wq], b4[wq], 0x7362);
+      const uint32_t cd_lo = __byte_perm(c4[wq], d4[wq], 0x5140), cd_hi = __byte_perm(c4[wq], d4[wq], 0x7362);
+      const uint32_t AB_lo = __byte_perm(a4[wq + 2], b4[wq + 2], 0x5140);
+      const uint32_t AB_hi = __byte_perm(a4[wq + 2], b4[wq + 2], 0x7362);
+      const uint32_t CD_lo = __byte_perm(c4[wq + 2], d4[wq + 2], 0x5140);
+      const uint32_t CD_hi = __byte_perm(c4[wq + 2], d4[wq + 2], 0x7362);
+      uint32_t a[4][4];  // m-tiles j = 4wq + 0..3
+      a[0][0] = e4m3x2_to_f16x2(ab_lo); a[0][1] = e4m3x2_to_f16x2(AB_lo);
+      a[0][2] = e4m3x2_to_f16x2(cd_lo); a[0][3] = e4m3x2_to_f16x2(CD_lo);
+      a[1][0] = e4m3x2_hi_to_f16x2(ab_lo); a[1][1] = e4m3x2_hi_to_f16x2(AB_lo);
+      a[1][2] = e4m3x2_hi_to_f16x2(cd_lo); a[1][3] = e4m3x2_hi_to_f16x2(CD_lo);
+      a[2][0] = e4m3x2_to_f16x2(ab_hi); a[2][1] = e4m3x2_to_f16x2(AB_hi);
+      a[2][2] = e4m3x2_to_f16x2(cd_hi); a[2][3] = e4m3x2_to_f16x2(CD_hi);
+      a[3][0] = e4m3x2_hi_to_f16x2(ab_hi); a[3][1] = e4m3x2_hi_to_f16x2(AB_hi);
+      a[3][2] = e4m3x2_hi_to_f16x2(cd_hi); a[3][3] = e4m3x2_hi_to_f16x2(CD_hi);
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma16816<true>(o[nt][4 * wq + b], a[b], pb[nt][0], pb[nt][1]);
+    }
+  }
+}
+
+// End of a descriptor, step 1: the warp's running max, row sums (reduced over the lanes of equal tig) and O^T rows,
+// stored by real dim, into the merge buffer.
+template <class CF>
+__device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], const float (&l_)[CF::NT][2],
+                                               const float (&o)[CF::NT][8][4], float* merge_o, float* merge_m,
+                                               float* merge_l, int warp, int g, int tig) {
+  constexpr int NT = CF::NT, MROWS = CF::MROWS;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float l = l_[nt][c];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      const int r = 8 * nt + 2 * tig + c;
+      if (g == 0) {
+        merge_m[warp * MROWS + r] = m_[nt][c];
+        merge_l[warp * MROWS + r] = l;
+      }
+      // units 4g + q of row r: q = 0, 1: dims 16g + 4q + i (c-slot c); q = 2, 3: dims 16g + 8 + 4(q-2) + i (c + 2)
+      float* mrow = merge_o + (warp * MROWS + r) * kD;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int jb = 4 * (q & 1), e = c + 2 * (q >> 1);
+        *reinterpret_cast<float4*>(mrow + (merge3_swz(r, 4 * g + q) << 2)) =
+            make_float4(o[nt][jb][e], o[nt][jb + 1][e], o[nt][jb + 2][e], o[nt][jb + 3][e]);
+      }
+    }
+}
+
+// End of a descriptor, step 2 (after a barrier): merge the 4 warps' states per row and store the bf16 output (a
+// pair with one chunk: nch() == 1) or the normalized fp32 partial and its natural-log LSE.
+template <class CF, class Nch>
+__device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, const float* merge_m,
+                                         const float* merge_l, const Desc& cdd, int rg, int tid, float vscale,
+                                         Nch nch_of_cd) {
+  constexpr int MROWS = CF::MROWS;
+  constexpr int TPR = kThreads / MROWS;  // threads per row
+  constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
+  const int row = tid / TPR, seg = tid % TPR;
+  const int rr = rg * MROWS + row;
+  if (rr < P.R) {
+    float mw[4], M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * MROWS + row]; M = fmaxf(M, mw[w]); }
+    float acc[UPT][4];
+#pragma unroll
+    for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    float L = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float f = exp2f(mw[w] - M);
+        L += merge_l[w * MROWS + row] * f;
+        const float* mrow = merge_o + (w * MROWS + row) * kD;
+#pragma unroll
+        for (int i = 0; i < UPT; ++i) {
+          const float4 x = *reinterpret_cast<const float4*>(mrow + (merge3_swz(row, seg + TPR * i) << 2));
+          acc[i][0] += f * x.x; acc[i][1] += f * x.y; acc[i][2] += f * x.z; acc[i][3] += f * x.w;
+        }
+      }
+    }
+    const float inv = (L > 0.f) ? vscale / L : 0.f;
+    const int qi = rr / P.ratio, hl = rr % P.ratio;
+    if (nch_of_cd() == 1) {
+      const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
+#pragma unroll
+      for (int i = 0; i < UPT; ++i)
+        *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
+            make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
+    } else {
+      const size_t prow = P.part_row(cdd.slot, rr);
+#pragma unroll
+      for (int i = 0; i < UPT; ++i)
+        *reinterpret_cast<float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)) =
+            make_float4(acc[i][0] * inv, acc[i][1] * inv, acc[i][2] * inv, acc[i][3] * inv);
+      if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+// End of a descriptor, step 3 (fused merge, fuse_max > 0): the CTA that writes the last chunk of a pair with
+// 2..fuse_max chunks merges the pair's partials into the bf16 output.
+template <class CF, class Nch, class FirstSlot>
+__device__ __forceinline__ void tr_fused_merge(const Params& P, const Desc& cdd, int rg, int tid, int& s_last,
+                                               Nch nch_of_cd, FirstSlot first_slot) {
+  constexpr int MROWS = CF::MROWS;
+  constexpr int TPR = kThreads / MROWS;  // threads per row
+  constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
+  const int row = tid / TPR, seg = tid % TPR;
+  const int rr = rg * MROWS + row;
+  // Fused merge: the CTA that writes the last of a pair's 2..fuse_max chunks (for this row group) merges
+  // them, so no combine work is left for the pair. Arrival: every writer fences its stores, one atomic per
+  // CTA; the last arriver resets the counter for the next launch and reads the partials from L2.
+  const int nch = nch_of_cd();
+  if (nch > 1 && nch <= P.fuse_max) {
+    __threadfence();
+    __syncthreads();
+    int* ctr = P.counters + (size_t)(cdd.h * P.batch + cdd.r) * kMaxRowGroups + rg;
+    if (tid == 0) {
+      const int last = atomicAdd(ctr, 1) == nch - 1;
+      if (last) *ctr = 0;
+      s_last = last;
+    }
+    __syncthreads();
+    if (s_last) {
+      __threadfence();
+      if (rr < P.R) {
+        const int first = first_slot();
+        float m = -INFINITY, L = 0.f, acc[UPT][4];
+#pragma unroll
+        for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+        for (int c0 = 0; c0 < nch; c0 += 4) {  // 4 chunks' LSE + rows in flight, online max (as combine_kernel<true>)
+          float lv[4];
+          float4 x[4][UPT];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const bool ok = c0 + u < nch;
+            const size_t prow = P.part_row(first + c0 + u, rr);
+            lv[u] = ok ? __ldcg(P.part_lse + prow) : -INFINITY;
+#pragma unroll
+            for (int i = 0; i < UPT; ++i)
+              x[u][i] = ok ? __ldcg(reinterpret_cast<const float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)))
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
+          const float mnew = fmaxf(m, fmaxf(fmaxf(lv[0], lv[1]), fmaxf(lv[2], lv[3])));
+          if (mnew == -INFINITY) continue;
+          const float f = expf(m - mnew);
+          L *= f;
+#pragma unroll
+          for (int i = 0; i < UPT; ++i) { acc[i][0] *= f; acc[i][1] *= f; acc[i][2] *= f; acc[i][3] *= f; }
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const float w = expf(lv[u] - mnew);
+            L += w;
+#pragma unroll
+            for (int i = 0; i < UPT; ++i) {
+              acc[i][0] += w * x[u][i].x; acc[i][1] += w * x[u][i].y;
+              acc[i][2] += w * x[u][i].z; acc[i][3] += w * x[u][i].w;
+            }
+          }
+          m = mnew;
+        }
+        const float inv = (L > 0.f) ? 1.f / L : 0.f;
+        const int qi = rr / P.ratio, hl = rr % P.ratio;
+        const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
+#pragma unroll
+        for (int i = 0; i < UPT; ++i)
+          *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
+              make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
+      }
+    }
+  }
+}
+
 template <class CF>
 __device__ __forceinline__ void attention_transposed(const Params& P) {
   constexpr int NT = CF::NT, STAGES = CF::STAGES, MROWS = CF::MROWS;
@@ -804,258 +1106,27 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     const uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     const uint8_t* sV = sK + CF::KV_BYTES;
 
-    if (ct == cdd.tb) {  // descriptor start: Q fragments, per-row scales and causal limits, fresh state
-      const uint8_t* sQ = sV + CF::KV_BYTES;
-      const float* sQs = reinterpret_cast<const float*>(sQ + MROWS * kD);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int row = 8 * nt + g;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ (row & 7)) * 16));
-          qb[nt][4 * i] = u.x; qb[nt][4 * i + 1] = u.y; qb[nt][4 * i + 2] = u.z; qb[nt][4 * i + 3] = u.w;
-        }
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int rowc = 8 * nt + 2 * tig + c;
-          const int rr = rg * MROWS + rowc;
-          const int qi = rr < P.R ? rr / P.ratio : 0;
-          sc[nt][c] = P.sm_scale * kLog2e * sQs[rowc] * kscale;
-          lim_[nt][c] = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
-          m_[nt][c] = -INFINITY;
-          l_[nt][c] = 0.f;
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) o[nt][j][0] = o[nt][j][1] = o[nt][j][2] = o[nt][j][3] = 0.f;
-      }
-    }
+    if (ct == cdd.tb)
+      tr_begin_descriptor<CF>(P, sV, cdd, rg, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
 
-    // ---- S^T = K Q^T: A = K rows (tokens 16w + g, 16w + g + 8), 32 B each (units 2tig, 2tig + 1) ----
-    uint32_t ka[2][8];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int t = warp * 16 + g + 8 * h;  // t & 7 == g
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint4 u = *reinterpret_cast<const uint4*>(sK + t * CF::ROWB + (((2 * tig + i) ^ g) * 16));
-        ka[h][4 * i] = u.x; ka[h][4 * i + 1] = u.y; ka[h][4 * i + 2] = u.z; ka[h][4 * i + 3] = u.w;
-      }
-    }
+    // ---- S^T = K Q^T ----
     float s[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      float s2[4] = {0.f, 0.f, 0.f, 0.f};  // two accumulation chains (even / odd k32 steps)
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const uint32_t a[4] = {ka[0][2 * ks], ka[1][2 * ks], ka[0][2 * ks + 1], ka[1][2 * ks + 1]};
-        mma_e4m3_16832((ks & 1) ? s2 : s[nt], a, qb[nt][2 * ks], qb[nt][2 * ks + 1]);
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] += s2[e];
-    }
+    tr_qk<CF>(sK, qb, warp, g, tig, s);
 
-    // ---- online softmax per row (column of S^T): max over the warp's 16 tokens (lanes of equal tig) ----
-    const int tok0 = ct * kTile + warp * 16 + g;
+    // ---- online softmax per row ----
     uint32_t pb[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      float alpha[2], muse[2];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float v0 = s[nt][c] * sc[nt][c], v1 = s[nt][c + 2] * sc[nt][c];
-        v0 = tok0 < lim_[nt][c] ? v0 : -INFINITY;
-        v1 = tok0 + 8 < lim_[nt][c] ? v1 : -INFINITY;
-        float mx = fmaxf(v0, v1);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float mnew = fmaxf(m_[nt][c], mx);
-        muse[c] = (mnew == -INFINITY) ? 0.f : mnew;
-        alpha[c] = exp2f(m_[nt][c] - muse[c]);
-        m_[nt][c] = mnew;
-        v0 = exp2f(v0 - muse[c]);
-        v1 = exp2f(v1 - muse[c]);
-        l_[nt][c] = l_[nt][c] * alpha[c] + (v0 + v1);  // per-thread partial sum (its 2 tokens), reduced at the end
-        s[nt][c] = v0;
-        s[nt][c + 2] = v1;
-      }
-      if (alpha[0] != 1.f || alpha[1] != 1.f) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          o[nt][j][0] *= alpha[0]; o[nt][j][1] *= alpha[1];
-          o[nt][j][2] *= alpha[0]; o[nt][j][3] *= alpha[1];
-        }
-      }
-      // (token g | g + 8, rows 2tig, 2tig + 1) as f16x2 -> transpose -> (row g, tokens 2tig, 2tig + 1 | + 8)
-      pb[nt][0] = movmatrix_trans(pack_p<true>(s[nt][0], s[nt][1]));
-      pb[nt][1] = movmatrix_trans(pack_p<true>(s[nt][2], s[nt][3]));
-    }
+    tr_softmax_update<CF>(s, sc, lim_, ct * kTile + warp * 16 + g, m_, l_, o, pb);
 
-    // ---- O^T += V^T P^T: A = V^T from the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9, dims 16g.. ----
-    {
-      const int t0 = warp * 16 + 2 * tig;
-      auto ldv = [&](int t) {
-        return *reinterpret_cast<const uint4*>(sV + t * CF::ROWB + ((g ^ (t & 7)) * 16));
-      };
-      const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
-      const uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
-      const uint32_t c4[4] = {vc.x, vc.y, vc.z, vc.w}, d4[4] = {vd.x, vd.y, vd.z, vd.w};
-#pragma unroll
-      for (int wq = 0; wq < 2; ++wq) {  // word wq: dims 16g + 4wq.. (rows g), word 2 + wq: dims 16g + 8 + 4wq..
-        const uint32_t ab_lo = __byte_perm(a4[wq], b4[wq], 0x5140), ab_hi = __byte_perm(a4[wq], b4[wq], 0x7362);
-        const uint32_t cd_lo = __byte_perm(c4[wq], d4[wq], 0x5140), cd_hi = __byte_perm(c4[wq], d4[wq], 0x7362);
-        const uint32_t AB_lo = __byte_perm(a4[wq + 2], b4[wq + 2], 0x5140);
-        const uint32_t AB_hi = __byte_perm(a4[wq + 2], b4[wq + 2], 0x7362);
-        const uint32_t CD_lo = __byte_perm(c4[wq + 2], d4[wq + 2], 0x5140);
-        const uint32_t CD_hi = __byte_perm(c4[wq + 2], d4[wq + 2], 0x7362);
-        uint32_t a[4][4];  // m-tiles j = 4wq + 0..3
-        a[0][0] = e4m3x2_to_f16x2(ab_lo); a[0][1] = e4m3x2_to_f16x2(AB_lo);
-        a[0][2] = e4m3x2_to_f16x2(cd_lo); a[0][3] = e4m3x2_to_f16x2(CD_lo);
-        a[1][0] = e4m3x2_hi_to_f16x2(ab_lo); a[1][1] = e4m3x2_hi_to_f16x2(AB_lo);
-        a[1][2] = e4m3x2_hi_to_f16x2(cd_lo); a[1][3] = e4m3x2_hi_to_f16x2(CD_lo);
-        a[2][0] = e4m3x2_to_f16x2(ab_hi); a[2][1] = e4m3x2_to_f16x2(AB_hi);
-        a[2][2] = e4m3x2_to_f16x2(cd_hi); a[2][3] = e4m3x2_to_f16x2(CD_hi);
-        a[3][0] = e4m3x2_hi_to_f16x2(ab_hi); a[3][1] = e4m3x2_hi_to_f16x2(AB_hi);
-        a[3][2] = e4m3x2_hi_to_f16x2(cd_hi); a[3][3] = e4m3x2_hi_to_f16x2(CD_hi);
-#pragma unroll
-        for (int b = 0; b < 4; ++b)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma16816<true>(o[nt][4 * wq + b], a[b], pb[nt][0], pb[nt][1]);
-      }
-    }
+    // ---- O^T += V^T P^T ----
+    tr_pv<CF>(sV, pb, warp, g, tig, o);
 
     // ---- advance; epilogue at the end of a descriptor ----
     if (++ct >= cdd.te) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          float l = l_[nt][c];
-          l += __shfl_xor_sync(0xffffffffu, l, 4);
-          l += __shfl_xor_sync(0xffffffffu, l, 8);
-          l += __shfl_xor_sync(0xffffffffu, l, 16);
-          const int r = 8 * nt + 2 * tig + c;
-          if (g == 0) {
-            merge_m[warp * MROWS + r] = m_[nt][c];
-            merge_l[warp * MROWS + r] = l;
-          }
-          // units 4g + q of row r: q = 0, 1: dims 16g + 4q + i (c-slot c); q = 2, 3: dims 16g + 8 + 4(q-2) + i (c + 2)
-          float* mrow = merge_o + (warp * MROWS + r) * kD;
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int jb = 4 * (q & 1), e = c + 2 * (q >> 1);
-            *reinterpret_cast<float4*>(mrow + (merge3_swz(r, 4 * g + q) << 2)) =
-                make_float4(o[nt][jb][e], o[nt][jb + 1][e], o[nt][jb + 2][e], o[nt][jb + 3][e]);
-          }
-        }
+      tr_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
       __syncthreads();
-      {
-        constexpr int TPR = kThreads / MROWS;  // threads per row
-        constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
-        const int row = tid / TPR, seg = tid % TPR;
-        const int rr = rg * MROWS + row;
-        if (rr < P.R) {
-          float mw[4], M = -INFINITY;
-#pragma unroll
-          for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * MROWS + row]; M = fmaxf(M, mw[w]); }
-          float acc[UPT][4];
-#pragma unroll
-          for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-          float L = 0.f;
-          if (M != -INFINITY) {
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-              const float f = exp2f(mw[w] - M);
-              L += merge_l[w * MROWS + row] * f;
-              const float* mrow = merge_o + (w * MROWS + row) * kD;
-#pragma unroll
-              for (int i = 0; i < UPT; ++i) {
-                const float4 x = *reinterpret_cast<const float4*>(mrow + (merge3_swz(row, seg + TPR * i) << 2));
-                acc[i][0] += f * x.x; acc[i][1] += f * x.y; acc[i][2] += f * x.z; acc[i][3] += f * x.w;
-              }
-            }
-          }
-          const float inv = (L > 0.f) ? vscale / L : 0.f;
-          const int qi = rr / P.ratio, hl = rr % P.ratio;
-          if (nch_of(cd) == 1) {
-            const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
-#pragma unroll
-            for (int i = 0; i < UPT; ++i)
-              *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
-                  make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
-          } else {
-            const size_t prow = P.part_row(cdd.slot, rr);
-#pragma unroll
-            for (int i = 0; i < UPT; ++i)
-              *reinterpret_cast<float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)) =
-                  make_float4(acc[i][0] * inv, acc[i][1] * inv, acc[i][2] * inv, acc[i][3] * inv);
-            if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
-          }
-        }
-        // Fused merge: the CTA that writes the last of a pair's 2..fuse_max chunks (for this row group) merges
-        // them, so no combine work is left for the pair. Arrival: every writer fences its stores, one atomic per
-        // CTA; the last arriver resets the counter for the next launch and reads the partials from L2.
-        const int nch = nch_of(cd);
-        if (nch > 1 && nch <= P.fuse_max) {
-          __threadfence();
-          __syncthreads();
-          int* ctr = P.counters + (size_t)(cdd.h * P.batch + cdd.r) * kMaxRowGroups + rg;
-          if (tid == 0) {
-            const int last = atomicAdd(ctr, 1) == nch - 1;
-            if (last) *ctr = 0;
-            s_last = last;
-          }
-          __syncthreads();
-          if (s_last) {
-            __threadfence();
-            if (rr < P.R) {
-              const int first = first_slot_of(cd, cdd);
-              float m = -INFINITY, L = 0.f, acc[UPT][4];
-#pragma unroll
-              for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-              for (int c0 = 0; c0 < nch; c0 += 4) {  // 4 chunks' LSE + rows in flight, online max (as combine_kernel<true>)
-                float lv[4];
-                float4 x[4][UPT];
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                  const bool ok = c0 + u < nch;
-                  const size_t prow = P.part_row(first + c0 + u, rr);
-                  lv[u] = ok ? __ldcg(P.part_lse + prow) : -INFINITY;
-#pragma unroll
-                  for (int i = 0; i < UPT; ++i)
-                    x[u][i] = ok ? __ldcg(reinterpret_cast<const float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)))
-                                 : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-                const float mnew = fmaxf(m, fmaxf(fmaxf(lv[0], lv[1]), fmaxf(lv[2], lv[3])));
-                if (mnew == -INFINITY) continue;
-                const float f = expf(m - mnew);
-                L *= f;
-#pragma unroll
-                for (int i = 0; i < UPT; ++i) { acc[i][0] *= f; acc[i][1] *= f; acc[i][2] *= f; acc[i][3] *= f; }
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                  const float w = expf(lv[u] - mnew);
-                  L += w;
-#pragma unroll
-                  for (int i = 0; i < UPT; ++i) {
-                    acc[i][0] += w * x[u][i].x; acc[i][1] += w * x[u][i].y;
-                    acc[i][2] += w * x[u][i].z; acc[i][3] += w * x[u][i].w;
-                  }
-                }
-                m = mnew;
-              }
-              const float inv = (L > 0.f) ? 1.f / L : 0.f;
-              const int qi = rr / P.ratio, hl = rr % P.ratio;
-              const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
-#pragma unroll
-              for (int i = 0; i < UPT; ++i)
-                *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
-                    make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
-            }
-          }
-        }
-      }
+      auto nch_of_cd = [&]() { return nch_of(cd); };
+      tr_store<CF>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale, nch_of_cd);
+      tr_fused_merge<CF>(P, cdd, rg, tid, s_last, nch_of_cd, [&]() { return first_slot_of(cd, cdd); });
       if (++cd >= d_end) break;
       cdd = fetch(cd);
       ct = cdd.tb;
