@@ -501,9 +501,9 @@ def _pair_tiles(lens: list[int], H: int, tile: int) -> np.ndarray:
     return np.tile(per_req, H)  # p = h * batch + r: head-major, request-minor
 
 
-# The minimum-work floor (tiles per CTA bin) of the dynamic map. 2 since the H200 sweep of 2026-11-29
-# (data/profiles/h200/decode_min_tiles_sweep.txt): with 264 CTAs, floors of 1-2 cut 1x16K+15x64 from 18.5 to 15.4 us and
-# 64x0.5K from 16.4 to 15.4 us (FP8) and change no large case beyond noise; 16+ over-serialize.
+# The minimum-work floor (tiles per CTA bin) of the dynamic map: small enough that short batches still spread over
+# the grid (a floor of 1-2 was the fastest on the small cases and neutral on the large ones; 16+ over-serializes:
+# docs/notes/split_kv_decode.md has the sweep).
 DEFAULT_MIN_TILES = 2
 
 

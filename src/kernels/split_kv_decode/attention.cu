@@ -347,51 +347,49 @@ template <class CF>
 __device__ __forceinline__ void rows_store(const Params& P, const float* merge_o, const float* merge_m,
                                            const float* merge_l, const Desc& cdd, int rg, int tid, float vscale) {
   constexpr int kRowsPerGroup = CF::MROWS;
-  {
-    // 16 rows x 8 segments: segment seg = dims 32i + 4seg + {0..3}, i = 0..3, so
-    // 8 lanes of a row cover 128 contiguous bytes of fp32 partial / 64 of bf16 output per store (coalesced).
-    const int row = tid >> 3, seg = tid & 7;
-    const int rr = rg * kRowsPerGroup + row;
-    if (rr < P.R) {
-      float mw[4], M = -INFINITY;
+  // 16 rows x 8 segments: segment seg = dims 32i + 4seg + {0..3}, i = 0..3, so
+  // 8 lanes of a row cover 128 contiguous bytes of fp32 partial / 64 of bf16 output per store (coalesced).
+  const int row = tid >> 3, seg = tid & 7;
+  const int rr = rg * kRowsPerGroup + row;
+  if (rr < P.R) {
+    float mw[4], M = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * 16 + row]; M = fmaxf(M, mw[w]); }
-      float acc[16];
+    for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * 16 + row]; M = fmaxf(M, mw[w]); }
+    float acc[16];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) acc[i] = 0.f;
-      float L = 0.f;
-      if (M != -INFINITY) {
+    for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+    float L = 0.f;
+    if (M != -INFINITY) {
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const float f = exp2f(mw[w] - M);
-          L += merge_l[w * 16 + row] * f;
+      for (int w = 0; w < 4; ++w) {
+        const float f = exp2f(mw[w] - M);
+        L += merge_l[w * 16 + row] * f;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * 16 + row) * kD +
-                                                              (merge_swz(w * 16 + row, 8 * i + seg) << 2));
-            acc[4 * i] += f * x.x; acc[4 * i + 1] += f * x.y; acc[4 * i + 2] += f * x.z; acc[4 * i + 3] += f * x.w;
-          }
+        for (int i = 0; i < 4; ++i) {
+          const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * 16 + row) * kD +
+                                                            (merge_swz(w * 16 + row, 8 * i + seg) << 2));
+          acc[4 * i] += f * x.x; acc[4 * i + 1] += f * x.y; acc[4 * i + 2] += f * x.z; acc[4 * i + 3] += f * x.w;
         }
       }
-      const float inv = (L > 0.f) ? vscale / L : 0.f;
-      const int qi = rr / P.ratio, hl = rr % P.ratio;
-      if (cdd.nch == 1) {
-        const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
-        __nv_bfloat162 pk[8];
+    }
+    const float inv = (L > 0.f) ? vscale / L : 0.f;
+    const int qi = rr / P.ratio, hl = rr % P.ratio;
+    if (cdd.nch == 1) {
+      const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
+      __nv_bfloat162 pk[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) pk[i] = __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+      for (int i = 0; i < 8; ++i) pk[i] = __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          *reinterpret_cast<uint2*>(P.out + orow * kD + 32 * i + 4 * seg) =
-              make_uint2(*reinterpret_cast<uint32_t*>(&pk[2 * i]), *reinterpret_cast<uint32_t*>(&pk[2 * i + 1]));
-      } else {
-        const size_t prow = P.part_row(cdd.slot, rr);
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<uint2*>(P.out + orow * kD + 32 * i + 4 * seg) =
+            make_uint2(*reinterpret_cast<uint32_t*>(&pk[2 * i]), *reinterpret_cast<uint32_t*>(&pk[2 * i + 1]));
+    } else {
+      const size_t prow = P.part_row(cdd.slot, rr);
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          *reinterpret_cast<float4*>(P.part_o + prow * kD + 32 * i + 4 * seg) =
-              make_float4(acc[4 * i] * inv, acc[4 * i + 1] * inv, acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
-        if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
-      }
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<float4*>(P.part_o + prow * kD + 32 * i + 4 * seg) =
+            make_float4(acc[4 * i] * inv, acc[4 * i + 1] * inv, acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
+      if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
     }
   }
 }
@@ -481,8 +479,7 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
       if (ok) page = __ldg(P.block_table + (size_t)d.r * P.max_pages + (tok >> P.page_shift));
       ok = ok && page >= 0 && page < P.num_pages;
       const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
-      const size_t off = ok ? ((slot * P.H + d.h) * kD) * CF::ES + ch * 16
-                            : 0;
+      const size_t off = ok ? (P.kv_row(slot, d.h) * kD) * CF::ES + ch * 16 : 0;
       const int dcol = CF::SWZ ? ((ch ^ (tl & 7)) * 16) : ch * 16;
       cp_async16(sK + tl * CF::ROWB + dcol, kbase + off, ok);
       cp_async16(sV + tl * CF::ROWB + dcol, vbase + off, ok);
@@ -498,6 +495,7 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
         const int rr = rg * kRowsPerGroup + row;
         const bool ok = rr < P.R;
         const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
+        // written out rather than P.head_row(): the accessor changes how nvcc folds the `ok` selects here
         const size_t qrow = (size_t)d.r * P.q_len + qi;
         const size_t off = ok ? ((qrow * P.q_heads + d.h * P.ratio + hl) * kD) * CF::ES + ch * 16 : 0;
         cp_async16(sQ + row * CF::QROWB + (CF::SWZ ? (ch ^ (row & 7)) : ch) * 16, qbase + off, ok);
@@ -506,7 +504,7 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
         const int rr = rg * kRowsPerGroup + tid;
         const bool ok = rr < P.R;
         const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
-        const size_t idx = ok ? ((size_t)d.r * P.q_len + qi) * P.q_heads + d.h * P.ratio + hl : 0;
+        const size_t idx = ok ? P.head_row(d.r, d.h, qi, hl) : 0;
         cp_async4(sQs + tid, P.q_scale + idx, ok);
       }
     }
@@ -980,7 +978,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       const int r = p % P.batch, h = p / P.batch;
       for (int i = tid; i < (r1 - r0) * (kD / 8); i += kThreads) {
         const int rr = r0 + i / (kD / 8), qi = rr / P.ratio, hl = rr % P.ratio;
-        const size_t orow = ((size_t)r * P.q_len + qi) * P.q_heads + h * P.ratio + hl;
+        const size_t orow = P.head_row(r, h, qi, hl);
         reinterpret_cast<uint4*>(P.out + orow * kD)[i % (kD / 8)] = make_uint4(0u, 0u, 0u, 0u);
       }
     }
@@ -1041,7 +1039,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       if (!whole_pages && ok) page = __ldg(bt + (tok >> P.page_shift));
       ok = ok && page >= 0 && page < P.num_pages;
       const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
-      const size_t off = ok ? (slot * P.H + d.h) * kD + ch * 16 : 0;
+      const size_t off = ok ? P.kv_row(slot, d.h) * kD + ch * 16 : 0;
       const int dcol = (ch ^ (tl & 7)) * 16;
       cp_async16(sK + tl * CF::ROWB + dcol, kbase + off, ok);
       cp_async16(sV + tl * CF::ROWB + dcol, vbase + off, ok);
@@ -1055,7 +1053,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
         const int rr = rg * MROWS + row;
         const bool ok = rr < P.R;
         const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
-        const size_t qrow = (size_t)d.r * P.q_len + qi;
+        const size_t qrow = (size_t)d.r * P.q_len + qi;  // not P.head_row(): see the row layout's Q load
         const size_t off = ok ? (qrow * P.q_heads + d.h * P.ratio + hl) * kD + u * 16 : 0;
         cp_async16(sQ + row * kD + ((u ^ (row & 7)) * 16), qbase + off, ok);
       }
@@ -1063,7 +1061,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
         const int rr = rg * MROWS + tid;
         const bool ok = rr < P.R;
         const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
-        const size_t idx = ok ? ((size_t)d.r * P.q_len + qi) * P.q_heads + d.h * P.ratio + hl : 0;
+        const size_t idx = ok ? P.head_row(d.r, d.h, qi, hl) : 0;
         cp_async4(sQs + tid, P.q_scale + idx, ok);
       }
     }
