@@ -85,6 +85,7 @@ template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1> struc
   static constexpr int ES = FP8 ? 1 : 2;                     // bytes per element
   static constexpr bool SWZ = FP8;                           // FP8 rows XOR-swizzled; BF16 rows padded by 16 B
   static constexpr int ROWB = SWZ ? kD * ES : kD * ES + 16;  // smem bytes per K / V row
+  static_assert(!FP8 || ROWB == kD, "load_v_tokens reads unpadded FP8 rows of kD bytes");
   static constexpr int KV_BYTES = kTile * ROWB;              // one of K or V
   static constexpr int QROWB = kD * ES;
   static constexpr int STAGE_BYTES = 2 * KV_BYTES + MROWS * QROWB + MROWS * 4;
@@ -100,6 +101,20 @@ using RowBf16 = Traits<false, false, 2, 2>;
 template <int STAGES, int CPS, int NT = 1> using Transposed = Traits<true, true, STAGES, CPS, NT>;
 
 struct Desc { int r, h, tb, te, slot, nch, kvlen; };
+
+// FP8 V, both layouts: 16 B (dims 16g..16g+15) of each of the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9
+// of the warp's 16 (the k slots of P's fragment), from the XOR-swizzled rows; the caller pairs their bytes with prmt.
+__device__ __forceinline__ void load_v_tokens(const uint8_t* sV, int warp, int g, int tig, uint32_t (&a4)[4],
+                                              uint32_t (&b4)[4], uint32_t (&c4)[4], uint32_t (&d4)[4]) {
+  constexpr int ROWB = kD;  // FP8 rows are unpadded
+  const int t0 = warp * 16 + 2 * tig;
+  auto ldv = [&](int t) { return *reinterpret_cast<const uint4*>(sV + t * ROWB + ((g ^ (t & 7)) * 16)); };
+  const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
+  a4[0] = va.x; a4[1] = va.y; a4[2] = va.z; a4[3] = va.w;
+  b4[0] = vb.x; b4[1] = vb.y; b4[2] = vb.z; b4[3] = vb.w;
+  c4[0] = vc.x; c4[1] = vc.y; c4[2] = vc.z; c4[3] = vc.w;
+  d4[0] = vd.x; d4[1] = vd.y; d4[2] = vd.z; d4[3] = vd.w;
+}
 
 // Row layout: 16 B unit of a Q/K row that thread tig reads as its i-th load (the head_dim permutation inside the dot
 // product; Q and K use the same map, so any bijection is exact). FP8: units 2tig + i, stored XOR-swizzled
@@ -131,6 +146,31 @@ __device__ bool static_desc(const Params& P, Desc& d) {
   d.te = min(tiles, d.tb + ct);
   d.slot = blockIdx.x;
   return d.tb < d.te;
+}
+
+// Static modes: the CTA's one descriptor (from blockIdx) into descriptor-cache slot 0; returns the CTA's descriptor
+// count (0 or 1).
+__device__ __forceinline__ int cache_static_desc(const Params& P, int* dcache, int tid) {
+  Desc sd;
+  if (!static_desc(P, sd)) return 0;
+  if (tid == 0) {
+    int* e = dcache;
+    e[0] = sd.r; e[1] = sd.h; e[2] = sd.tb; e[3] = sd.te; e[4] = sd.slot; e[5] = sd.nch; e[6] = sd.kvlen;
+  }
+  return 1;
+}
+
+// Descriptor d straight from the task map in global memory (bins with more descriptors than the smem cache holds,
+// only with very large budgets).
+__device__ __forceinline__ Desc global_desc(const Params& P, int d) {
+  const TaskMap<const int> tm = P.task_map();
+  const int* desc = tm.desc();
+  const int* nchunks = tm.num_chunks();
+  Desc o;
+  o.r = desc[kDescInts * d]; o.h = desc[kDescInts * d + 1];
+  o.tb = desc[kDescInts * d + 2]; o.te = desc[kDescInts * d + 3];
+  o.slot = d; o.nch = nchunks[o.h * P.batch + o.r]; o.kvlen = max(P.kv_lens[o.r], 0);
+  return o;
 }
 
 // Descriptor start: Q fragments of rows g and g + 8 (index half), their score scales and causal limits, fresh state.
@@ -270,13 +310,8 @@ __device__ __forceinline__ void rows_pv(const uint8_t* sV, const uint32_t (&pa)[
     // dim 16n + j, so this thread (n = g) reads 16 B (dims 16g..16g+15) of its 4 tokens 2tig, 2tig+1, 2tig+8,
     // 2tig+9 (the k slots of P's A fragment) and pairs the bytes of two tokens with prmt: exact e4m3 -> f16.
     // Its accumulators then hold dims 32tig + j (c0/c2) and 32tig + 16 + j (c1/c3): see the merge.
-    const int t0 = warp * 16 + 2 * tig;
-    auto ldv = [&](int t) {
-      return *reinterpret_cast<const uint4*>(sV + t * CF::ROWB + ((g ^ (t & 7)) * 16));
-    };
-    const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
-    const uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
-    const uint32_t c4[4] = {vc.x, vc.y, vc.z, vc.w}, d4[4] = {vd.x, vd.y, vd.z, vd.w};
+    uint32_t a4[4], b4[4], c4[4], d4[4];
+    load_v_tokens(sV, warp, g, tig, a4, b4, c4, d4);
 #pragma unroll
     for (int wi = 0; wi < 4; ++wi) {
       const uint32_t ab01 = __byte_perm(a4[wi], b4[wi], 0x5140), ab23 = __byte_perm(a4[wi], b4[wi], 0x7362);
@@ -430,14 +465,7 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
       e[4] = d; e[5] = nchunks[h * P.batch + r]; e[6] = max(P.kv_lens[r], 0);
     }
   } else {
-    Desc sd;
-    if (static_desc(P, sd)) {
-      d_end = 1;
-      if (tid == 0) {
-        int* e = dcache;
-        e[0] = sd.r; e[1] = sd.h; e[2] = sd.tb; e[3] = sd.te; e[4] = sd.slot; e[5] = sd.nch; e[6] = sd.kvlen;
-      }
-    }
+    d_end = cache_static_desc(P, dcache, tid);
   }
   __syncthreads();
   if (d_begin >= d_end) return;
@@ -449,12 +477,7 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
       const int* e = dcache + 8 * i;
       o.r = e[0]; o.h = e[1]; o.tb = e[2]; o.te = e[3]; o.slot = e[4]; o.nch = e[5]; o.kvlen = e[6];
     } else {  // bins with more than kDescCache descriptors (only with very large budgets)
-      const TaskMap<const int> tm = P.task_map();
-      const int* desc = tm.desc();
-      const int* nchunks = tm.num_chunks();
-      o.r = desc[kDescInts * d]; o.h = desc[kDescInts * d + 1];
-      o.tb = desc[kDescInts * d + 2]; o.te = desc[kDescInts * d + 3];
-      o.slot = d; o.nch = nchunks[o.h * P.batch + o.r]; o.kvlen = max(P.kv_lens[o.r], 0);
+      o = global_desc(P, d);
     }
     return o;
   };
@@ -724,13 +747,8 @@ __device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF
                                       float (&o)[CF::NT][8][4]) {
   constexpr int NT = CF::NT;
   {
-    const int t0 = warp * 16 + 2 * tig;
-    auto ldv = [&](int t) {
-      return *reinterpret_cast<const uint4*>(sV + t * CF::ROWB + ((g ^ (t & 7)) * 16));
-    };
-    const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
-    const uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
-    const uint32_t c4[4] = {vc.x, vc.y, vc.z, vc.w}, d4[4] = {vd.x, vd.y, vd.z, vd.w};
+    uint32_t a4[4], b4[4], c4[4], d4[4];
+    load_v_tokens(sV, warp, g, tig, a4, b4, c4, d4);
 #pragma unroll
     for (int wq = 0; wq < 2; ++wq) {  // word wq: dims 16g + 4wq.. (rows g), word 2 + wq: dims 16g + 8 + 4wq..
       const uint32_t ab_lo = __byte_perm(a4[wq], b4[wq], 0x5140), ab_hi = __byte_perm(a4[wq], b4[wq], 0x7362);
@@ -960,14 +978,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       cp_async4(e + 7, tm.chunk_start() + dd.y * P.batch + dd.x, true);  // chunk_start (fused merge)
     }
   } else {
-    Desc sd;
-    if (static_desc(P, sd)) {
-      d_end = 1;
-      if (tid == 0) {
-        int* e = dcache;
-        e[0] = sd.r; e[1] = sd.h; e[2] = sd.tb; e[3] = sd.te; e[4] = sd.slot; e[5] = sd.nch; e[6] = sd.kvlen;
-      }
-    }
+    d_end = cache_static_desc(P, dcache, tid);
   }
   __syncthreads();
   if (P.mode == kDynamic && P.fuse_max >= kFuseAll) {  // fuse-all: zero rows of empty pairs (see kFuseAll)
@@ -993,12 +1004,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       o.r = e[0]; o.h = e[1]; o.tb = e[2]; o.te = e[3]; o.slot = e[4]; o.kvlen = e[6];
       o.nch = (P.mode == kDynamic) ? -1 : e[5];  // dynamic: e[5] may still be in flight (cp.async): nch_of()
     } else {
-      const TaskMap<const int> tm = P.task_map();
-      const int* desc = tm.desc();
-      const int* nchunks = tm.num_chunks();
-      o.r = desc[kDescInts * d]; o.h = desc[kDescInts * d + 1];
-      o.tb = desc[kDescInts * d + 2]; o.te = desc[kDescInts * d + 3];
-      o.slot = d; o.nch = nchunks[o.h * P.batch + o.r]; o.kvlen = max(P.kv_lens[o.r], 0);
+      o = global_desc(P, d);
     }
     return o;
   };
