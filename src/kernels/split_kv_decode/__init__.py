@@ -175,7 +175,8 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
 
 def ctas_per_sm(variant: str) -> int:
     """Resident CTAs per SM the variant's attention kernel is sized for (the default persistent grid is this x SMs).
-    v3 configurations size for FP8 KV (BF16 KV runs v2, two per SM)."""
+    v3 configurations size for FP8 KV (BF16 KV runs v2, two per SM). Raises ValueError for a name not in VARIANTS
+    (resolve "auto" with choose_variant first)."""
     if variant not in CONFIGS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     return int(_load().hp_decode_ctas_per_sm(CONFIGS[variant]))
