@@ -92,6 +92,25 @@ def test_every_tile_assigned_exactly_once_random():
         assert tm.per_cta_tiles().max(initial=0) <= tm.budget
 
 
+def test_task_map_layout_matches_device_header():
+    """The host layout (TASK_MAP_* and workspace_len) equals task_map.cuh's, parsed from the header the kernels use."""
+    import re
+    from pathlib import Path
+
+    import hotpaths.reference.split_kv_decode as ref
+
+    hdr = (Path(__file__).resolve().parents[1] / "src/kernels/split_kv_decode/task_map.cuh").read_text()
+    const = {m.group(1): int(m.group(2)) for m in re.finditer(r"constexpr int (k\w+) = (\d+);", hdr)}
+    assert const == {"kHeaderInts": ref.TASK_MAP_HEADER_INTS, "kDescInts": ref.TASK_MAP_DESC_INTS}
+    # task_map_len's formula, term by term, evaluated for a few sizes against the Python one
+    body = re.search(r"task_map_len\(int C, int max_pairs\) \{\s*return (.*?);\s*\}", hdr, re.S).group(1)
+    expr = re.sub(r"\(long long\)|LL\b", "", body)
+    for C, M in ((1, 1), (5, 10), (264, 256), (528, 8192)):
+        assert eval(expr, {}, dict(const, C=C, max_pairs=M)) == ref.workspace_len(C, M), (C, M)
+    # the static-format capacity only replaces the descriptor count
+    assert ref.workspace_len(5, 10, 40) - ref.workspace_len(5, 10) == ref.TASK_MAP_DESC_INTS * (40 - 15)
+
+
 def test_workspace_layout_and_padding():
     lens = [65, 0, 300]
     H, C, M = 2, 5, 10

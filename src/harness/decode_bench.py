@@ -345,7 +345,7 @@ def _time_ours(impl, case, kv, inputs, refo, path, common, kargs, *, iters, warm
         t = bench(lambda: K.run(*args, q_len=inputs["q_len"], out=out, check_inputs=False, **kargs),
                   iters=iters, warmup=warmup)
         note = (f"num_ctas={p.num_ctas}, splits={p.splits}, chunk_tiles={p.chunk_tiles}, min_tiles={p.min_tiles}, "
-                f"variant={getattr(p, 'variant', 'v1')}")
+                f"variant={p.variant}")
         rows.append(_row(case, impl, kv, timing=t, chk=chk, note=note, **common))
         if assign and impl == "dynamic":
             ta = bench(lambda: K.assign_only(p), iters=iters, warmup=warmup)

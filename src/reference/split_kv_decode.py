@@ -38,6 +38,11 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)
 SUPPORTED_Q_LEN = (1, 2, 3, 4)
 HEADER_FIELDS = ("total_tiles", "budget", "nbins", "ndesc", "batch", "num_kv_heads", "num_ctas", "min_tiles")
+# The task-map workspace layout: the host side of src/kernels/split_kv_decode/task_map.cuh (kHeaderInts, kDescInts),
+# which the device kernels and the loader (hotpaths.kernels.split_kv_decode, checked against the library's
+# hp_decode_workspace_len when it loads) share; tests/test_split_kv_decode_ref.py parses the header to check these.
+TASK_MAP_HEADER_INTS = len(HEADER_FIELDS)
+TASK_MAP_DESC_INTS = 4  # (request, kv head, first tile, end tile)
 
 # Tolerance rows for hotpaths.harness.tolerances (to be copied there by the lead), values
 # (rel_l2, max_abs, min_cosine). Derivation: `measure_emulation_error()` runs the emulation against the exact
@@ -437,10 +442,11 @@ class TaskMap:
 def workspace_len(num_ctas: int, max_pairs: int, desc_capacity: int | None = None) -> int:
     """int32 entries of the task-map workspace: 8 + (C + 1) + 4 * (max_pairs + C) + 2 * max_pairs.
 
-    desc_capacity replaces max_pairs + C for the static / batch-invariant maps, whose descriptor count is not
-    bounded by max_pairs + C (the dynamic format always uses max_pairs + C)."""
+    The one Python definition of the layout (the kernels' loader imports it). desc_capacity replaces max_pairs + C
+    for the static / batch-invariant maps, whose descriptor count is not bounded by max_pairs + C (the dynamic
+    format, the only one the device uses, always has max_pairs + C)."""
     cap = max_pairs + num_ctas if desc_capacity is None else desc_capacity
-    return 8 + (num_ctas + 1) + 4 * cap + 2 * max_pairs
+    return TASK_MAP_HEADER_INTS + (num_ctas + 1) + TASK_MAP_DESC_INTS * cap + 2 * max_pairs
 
 
 def _assemble(kind, lens, H, C, F, B, max_pairs, tile, tiles, descs, dbins, num_chunks, total_tiles, nbins,
@@ -452,7 +458,7 @@ def _assemble(kind, lens, H, C, F, B, max_pairs, tile, tiles, descs, dbins, num_
         max_pairs = P
     if max_pairs < P:
         raise ValueError(f"max_pairs ({max_pairs}) must be >= batch * num_kv_heads = {P}")
-    descs = np.asarray(descs, dtype=np.int32).reshape(-1, 4)
+    descs = np.asarray(descs, dtype=np.int32).reshape(-1, TASK_MAP_DESC_INTS)
     nd = len(descs)
     cap = max_pairs + C
     if nd > cap:
@@ -466,12 +472,12 @@ def _assemble(kind, lens, H, C, F, B, max_pairs, tile, tiles, descs, dbins, num_
         chunk_start[1:] = np.cumsum(num_chunks)[:-1]
     bin_start = np.searchsorted(np.asarray(dbins, dtype=np.int64), np.arange(C + 1), side="left").astype(np.int32)
     ws = np.full(workspace_len(C, max_pairs, cap), -1, dtype=np.int32)
-    ws[:8] = (total_tiles, B, nbins, nd, batch, H, C, F)
-    o = 8
+    ws[:TASK_MAP_HEADER_INTS] = (total_tiles, B, nbins, nd, batch, H, C, F)
+    o = TASK_MAP_HEADER_INTS
     ws[o:o + C + 1] = bin_start
     o += C + 1
-    ws[o:o + 4 * nd] = descs.reshape(-1)
-    o += 4 * cap
+    ws[o:o + TASK_MAP_DESC_INTS * nd] = descs.reshape(-1)
+    o += TASK_MAP_DESC_INTS * cap
     ws[o:o + P] = chunk_start
     o += max_pairs
     ws[o:o + P] = num_chunks
@@ -495,9 +501,9 @@ def _pair_tiles(lens: list[int], H: int, tile: int) -> np.ndarray:
     return np.tile(per_req, H)  # p = h * batch + r: head-major, request-minor
 
 
-# The minimum-work floor (tiles per CTA bin) of the dynamic map. 2 since the H200 sweep of 2026-11-29
-# (data/profiles/h200/decode_min_tiles_sweep.txt): with 264 CTAs, floors of 1-2 cut 1x16K+15x64 from 18.5 to 15.4 us and
-# 64x0.5K from 16.4 to 15.4 us (FP8) and change no large case beyond noise; 16+ over-serialize.
+# The minimum-work floor (tiles per CTA bin) of the dynamic map: small enough that short batches still spread over
+# the grid (a floor of 1-2 was the fastest on the small cases and neutral on the large ones; 16+ over-serializes:
+# docs/notes/split_kv_decode.md has the sweep).
 DEFAULT_MIN_TILES = 2
 
 
@@ -641,14 +647,14 @@ def decode_workspace(workspace, *, num_ctas: int, max_pairs: int, desc_capacity:
     if len(ws) != workspace_len(C, M, cap):
         raise ValueError(f"workspace has {len(ws)} entries; expected {workspace_len(C, M, cap)} for "
                          f"num_ctas={C}, max_pairs={M}, desc_capacity={cap}")
-    o = 8
-    out = dict(header=ws[:8], bin_start=ws[o:o + C + 1])
+    o = TASK_MAP_HEADER_INTS
+    out = dict(header=ws[:o], bin_start=ws[o:o + C + 1])
     o += C + 1
-    out["desc"] = ws[o:o + 4 * cap].reshape(cap, 4)
-    o += 4 * cap
+    out["desc"] = ws[o:o + TASK_MAP_DESC_INTS * cap].reshape(cap, TASK_MAP_DESC_INTS)
+    o += TASK_MAP_DESC_INTS * cap
     out["chunk_start"] = ws[o:o + M]
     out["num_chunks"] = ws[o + M:o + 2 * M]
-    out.update({k: int(v) for k, v in zip(HEADER_FIELDS, ws[:8])})
+    out.update({k: int(v) for k, v in zip(HEADER_FIELDS, ws[:TASK_MAP_HEADER_INTS])})
     return out
 
 

@@ -10,14 +10,14 @@ request, chunks of chunk_tiles tiles), "batch_invariant" (chunks of chunk_tiles 
 tile 0: a request's output is bit-identical whatever it is batched with; grid as static_chunk). All modes run the
 same device tile function (attention.cu), so dynamic / static is a fair ratio.
 
-Variants (attention kernel only; task map, partial layout, combine and API are shared): "v1" (the original kernel)
-and "v2" (the default: bank-conflict-free shared-memory patterns, FP8 V fragments built in registers, a 4th FP8 stage,
-coalesced output / partial stores: docs/notes/split_kv_decode.md) and "v3" (FP8 KV: products transposed so the
-64-token tile fills the MMA's 16-row side, QK on the FP8 tensor-core instruction, P transposed in registers with
+Variants (configurations of the one attention kernel template, attention.cu; task map, partial layout and API are
+shared): "v2" (row layout: bank-conflict-free shared-memory patterns, FP8 V fragments built in registers, 4 FP8
+stages, coalesced output / partial stores: docs/notes/split_kv_decode.md) and "v3" (FP8 KV: products transposed so
+the 64-token tile fills the MMA's 16-row side, QK on the FP8 tensor-core instruction, P transposed in registers with
 movmatrix; BF16 KV runs v2). "v3s3c3", "v3s5", "v3s2c4" are v3 with other (stages, CTAs per SM) choices, kept for
-the measurement that picked v3's. "auto" (the default) picks per plan: v3s2c4 (a finer grid: 4 CTAs per SM of
-2 stages) for FP8 KV in dynamic mode when its longest (head, request) stays within AUTO_MAX_CHUNKS chunks, else v2
-(choose_variant). plan(variant=None) reads the environment variable HOTPATHS_DECODE_VARIANT (default
+the measurement that picked v3's (the first kernel, "v1", was removed; its lesson is in the notes). "auto" (the
+default) picks per plan: v3s2c4 (a finer grid: 4 CTAs per SM of 2 stages) for FP8 KV in dynamic mode when its
+longest (head, request) stays within AUTO_MAX_CHUNKS chunks, else v2 (choose_variant). plan(variant=None) reads the environment variable HOTPATHS_DECODE_VARIANT (default
 DEFAULT_VARIANT).
 
 The static modes size their grid from the lengths on the host (plan() reads kv_lens, or takes max_kv_len): later
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hotpaths.reference.split_kv_decode import DEFAULT_MIN_TILES
+from hotpaths.reference.split_kv_decode import DEFAULT_MIN_TILES, workspace_len
 
 TILE = 64
 HEAD_DIMS = (128,)
@@ -42,30 +42,28 @@ MAX_Q_LEN = 4
 MODES = ("dynamic", "static_count", "static_chunk", "batch_invariant")
 _MODE_CODE = {"dynamic": 0, "static_count": 1, "static_chunk": 2, "batch_invariant": 2}
 DEFAULT_CHUNK_TILES = 16  # static_chunk / batch_invariant chunk: 1024 tokens
-VARIANTS = ("v1", "v2", "v3", "v3s3c3", "v3s5", "v3s2c4")
-# v3 configurations: name -> config index of hp_decode_attention_v3 ({stages, CTAs per SM}: 4/2, 3/3, 5/2, 2/4).
-V3_CONFIGS = {"v3": 0, "v3s3c3": 1, "v3s5": 2, "v3s2c4": 3}
+VARIANTS = ("v2", "v3", "v3s3c3", "v3s5", "v3s2c4")
+# variant -> config id of hp_decode_attention (attention.cu kNumConfigs): 0 the row layout, 1..4 the transposed
+# layout with {stages, CTAs per SM} 4/2, 3/3, 5/2, 2/4.
+CONFIGS = {"v2": 0, "v3": 1, "v3s3c3": 2, "v3s5": 3, "v3s2c4": 4}
+V3_CONFIGS = {k: v for k, v in CONFIGS.items() if v > 0}  # the transposed (v3) configurations
 # v3 fused merge (off by default): with plan(fuse_max=F), a pair cut into 2..F chunks is merged by the attention CTA
 # that finishes its last chunk (per-pair arrival counters), so the combine kernel has nothing to do for it; longer
-# pairs go to the combine. Measured on the H200 (data/profiles/h200/decode_variants_ab2.txt, F = 8): ~1 us faster on
+# pairs go to the combine. Measured on the H200 (F = 8; docs/notes/split_kv_decode.md): ~1 us faster on
 # uniform batches, up to ~3.7 us slower on skewed ones (every CTA stalls on a fence + atomic at each fused
 # descriptor end, and the combine still runs for the long pair), so DEFAULT_FUSE_MAX = 0.
 DEFAULT_FUSE_MAX = 0
 # fuse_max >= FUSE_ALL (dynamic mode; mirrors attention.cu kFuseAll): every split pair is merged by the attention
 # kernel (and the zero rows of kv_len-0 requests written there too), so run() launches no combine kernel at all.
 # That takes the combine's kernel boundary off a step, but the last CTA of a pair merges its chunks 4 per L2 round
-# trip, so it only pays on batches whose pairs have few chunks. Measured on the H200 in one process
-# (data/profiles/h200/decode_variants_ab5.txt, v3s2c4 + FUSE_ALL vs v3s2c4): 64x0.5K 12.6 vs 13.7 us, 64x4K 31.4 vs
-# 33.5; every decode GPU test passes with it (data/results/h200/pytest_decode_gpu_fuse_all.log). plan(variant="auto")
+# trip, so it only pays on batches whose pairs have few chunks (the notes have the measurements). plan(variant="auto")
 # picks it (with v3s2c4) when the longest pair has at most AUTO_FUSE_ALL_MAX_CHUNKS = 9 chunks at plan time (64x4K:
-# 8 + 1; 64x0.5K: 4 + 1); 32x0.125K+32x4K (17) and longer keep the combine kernel. Notebook 02 measures auto with it
-# (fourth H200 session). Later updates stay correct whatever their lengths (a long pair is still merged, just slowly).
+# 8 + 1; 64x0.5K: 4 + 1); 32x0.125K+32x4K (17) and longer keep the combine kernel. Later updates stay correct whatever their lengths (a long pair is still merged, just slowly).
 FUSE_ALL = 1 << 20
 AUTO_FUSE_ALL_MAX_CHUNKS = 9
 MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_heads / H * q_len <= 64
-# "auto" is the default since the third H200 session (2026-11-29): v3s2c4's finer grid balances better (64x4K 1.0 us,
-# 32x0.125K+32x4K 3.3 us, 2x32K+30x4K 1.2 us faster than v2: data/profiles/h200/decode_variants_ab4.txt), but it
-# cuts a long request into twice the chunks and the combine pays one more L2 round trip per 32 of them, so on
+# "auto" is the default: v3s2c4's finer grid balances better on batches without a dominant request (1-3 us faster
+# than v2 on 64x4K, 32x0.125K+32x4K, 2x32K+30x4K: docs/notes/split_kv_decode.md), but it cuts a long request into twice the chunks and the combine pays one more L2 round trip per 32 of them, so on
 # batches dominated by one long request (1x64K+15x4K, 1x64K+7x4K, 1x128K+31x4K: 171-342 chunks) v2 is faster.
 # AUTO_FALLBACK (v2) is also what BF16 KV, the static modes and an explicit num_ctas get.
 AUTO = "auto"
@@ -87,24 +85,20 @@ def _load():
         vp, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
         lib.hp_decode_assign.argtypes = [vp, vp, i, i, i, i, i, vp]
         lib.hp_decode_assign.restype = i
-        lib.hp_decode_attention.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp]
+        lib.hp_decode_attention.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp, i, vp, i]
         lib.hp_decode_attention.restype = i
-        lib.hp_decode_attention_v2.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp]
-        lib.hp_decode_attention_v2.restype = i
-        lib.hp_decode_smem_bytes_v2.argtypes = [i]
-        lib.hp_decode_smem_bytes_v2.restype = i
-        lib.hp_decode_combine.argtypes = [vp] * 5 + [i] * 10 + [vp]
+        lib.hp_decode_combine.argtypes = [vp] * 5 + [i] * 10 + [vp, i, i]
         lib.hp_decode_combine.restype = i
-        lib.hp_decode_combine1.argtypes = [vp] * 5 + [i] * 10 + [vp, i]
-        lib.hp_decode_combine1.restype = i
-        lib.hp_decode_smem_bytes.argtypes = [i]
+        lib.hp_decode_smem_bytes.argtypes = [i, i]
         lib.hp_decode_smem_bytes.restype = i
-        lib.hp_decode_attention_v3.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp, i, vp, i]
-        lib.hp_decode_attention_v3.restype = i
-        lib.hp_decode_v3_ctas_per_sm.argtypes = [i]
-        lib.hp_decode_v3_ctas_per_sm.restype = i
-        lib.hp_decode_ctas_per_sm.argtypes = []
+        lib.hp_decode_ctas_per_sm.argtypes = [i]
         lib.hp_decode_ctas_per_sm.restype = i
+        lib.hp_decode_workspace_len.argtypes = [i, i]
+        lib.hp_decode_workspace_len.restype = ctypes.c_longlong
+        for c, m in ((1, 1), (264, 256), (528, 8192)):  # the host layout (reference) must match task_map.cuh
+            if lib.hp_decode_workspace_len(c, m) != workspace_len(c, m):
+                raise RuntimeError(f"task-map layout mismatch: library {lib.hp_decode_workspace_len(c, m)} vs "
+                                   f"hotpaths.reference {workspace_len(c, m)} entries for C={c}, max_pairs={m}")
         _lib = lib
     return _lib
 
@@ -181,15 +175,11 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
 
 def ctas_per_sm(variant: str) -> int:
     """Resident CTAs per SM the variant's attention kernel is sized for (the default persistent grid is this x SMs).
-    v3 configurations size for FP8 KV (BF16 KV runs v2, two per SM)."""
-    if variant in V3_CONFIGS:
-        return int(_load().hp_decode_v3_ctas_per_sm(V3_CONFIGS[variant]))
-    return int(_load().hp_decode_ctas_per_sm())
-
-
-def workspace_len(num_ctas: int, max_pairs: int) -> int:
-    """Length (int32 entries) of the task-map workspace for C CTAs and MAX_PAIRS (head, request) pairs."""
-    return 8 + (num_ctas + 1) + 4 * (max_pairs + num_ctas) + 2 * max_pairs
+    v3 configurations size for FP8 KV (BF16 KV runs v2, two per SM). Raises ValueError for a name not in VARIANTS
+    (resolve "auto" with choose_variant first)."""
+    if variant not in CONFIGS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    return int(_load().hp_decode_ctas_per_sm(CONFIGS[variant]))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -289,7 +279,7 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
     fuse_max (v3 variants, FP8 KV): pairs cut into 2..fuse_max chunks are merged inside the attention kernel by the
     CTA that finishes last (default DEFAULT_FUSE_MAX = 0: every merge in the combine kernel, except that "auto"
     may pick FUSE_ALL); FUSE_ALL (dynamic mode only) merges every pair there and launches no combine; ignored by
-    v1/v2.
+    v2.
     Raises ValueError/TypeError for an unknown mode or variant, unsupported head_dim / GQA ratio / q_len,
     batch > max_batch, or non-positive sizes.
     """
@@ -502,18 +492,15 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
                 block_table.shape[1], num_pages, p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, int(fp8), 1, s)
         fuse = p.fuse_max if (p.variant in V3_CONFIGS and fp8) else 0  # BF16 runs the v2 kernel: no fused merge
         if stages != "combine":
-            if p.variant in V3_CONFIGS:
-                code = lib.hp_decode_attention_v3(*args, V3_CONFIGS[p.variant], ptr(p.counters), fuse)
-            else:
-                attention = lib.hp_decode_attention_v2 if p.variant == "v2" else lib.hp_decode_attention
-                code = attention(*args)
+            code = lib.hp_decode_attention(*args, CONFIGS[p.variant], ptr(p.counters), fuse)
             check_status(code, f"split_kv_decode attention ({p.variant})")
         if stages == "attention" or fuse >= FUSE_ALL:  # fuse-all: the attention kernel wrote every row
             return out
-        combine = lib.hp_decode_combine1 if p.variant in V3_CONFIGS else lib.hp_decode_combine
-        code = combine(kv_lens.data_ptr(), out.data_ptr(), p.partial_o.data_ptr(), p.partial_lse.data_ptr(),
-                       p.workspace.data_ptr(), batch, H, q_heads, q_len, p.num_ctas, p.max_pairs, mode, p.splits,
-                       p.chunk_tiles, 1, s, *((fuse,) if p.variant in V3_CONFIGS else ()))
+        # the v3 variants run the online combine (which also skips their fused pairs), v2 the two-pass one
+        online = int(p.variant in V3_CONFIGS)
+        code = lib.hp_decode_combine(kv_lens.data_ptr(), out.data_ptr(), p.partial_o.data_ptr(),
+                                     p.partial_lse.data_ptr(), p.workspace.data_ptr(), batch, H, q_heads, q_len,
+                                     p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, 1, s, online, fuse)
         check_status(code, "split_kv_decode combine")
     return out
 

@@ -32,7 +32,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "task_map.cuh"
+
 namespace {
+
+using hp_decode::kDescInts;
 
 constexpr int kFastThreads = 256;
 constexpr int kFastWarps = kFastThreads / 32;
@@ -67,11 +71,12 @@ assign_fast_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int ba
   const int p0 = tid * per;
   const int cnt = max(0, min(per, n - p0));
 
-  int* header = ws;
-  int* bin_start = ws + 8;
-  int* desc = bin_start + (C + 1);
-  int* chunk_start = desc + 4 * (max_pairs + C);
-  int* num_chunks = chunk_start + max_pairs;
+  const hp_decode::TaskMap<int> tm(ws, C, max_pairs);
+  int* header = tm.header();
+  int* bin_start = tm.bin_start();
+  int* desc = tm.desc();
+  int* chunk_start = tm.chunk_start();
+  int* num_chunks = tm.num_chunks();
 
   // 1. The one long latency: issue the loads first.
   int rr[kFastPer], hh[kFastPer], len[kFastPer];
@@ -91,7 +96,7 @@ assign_fast_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int ba
   // Data-independent entries while the loads fly.
   if (tid == 0) { header[4] = batch; header[5] = H; header[6] = C; header[7] = F; }
   for (int p = n + tid; p < max_pairs; p += kFastThreads) { chunk_start[p] = -1; num_chunks[p] = -1; }
-  for (int i = 4 * (n + C - 1) + tid; i < 4 * (max_pairs + C); i += kFastThreads) desc[i] = -1;
+  for (int i = kDescInts * (n + C - 1) + tid; i < kDescInts * tm.desc_capacity(); i += kFastThreads) desc[i] = -1;
   const FastDiv divC = make_fastdiv((unsigned)C);
 
   // 2. Tiles and their prefix.
@@ -177,7 +182,7 @@ assign_fast_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int ba
       chunk_start[p] = cs;
       num_chunks[p] = nc[k];
       if (t[k] > 0 && b0[k] * B != ts) {
-        int* d = desc + 4 * cs;
+        int* d = tm.desc(cs);
         d[0] = rr[k]; d[1] = hh[k]; d[2] = 0; d[3] = min(ts + t[k], (b0[k] + 1) * B) - ts;
       }
     }
@@ -193,12 +198,12 @@ assign_fast_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int ba
     const int4 e = s_pair[lo];
     const int idx = warp_chunk_offset(e.w) + e.z + b - fdiv(e.x, divB);
     const int h = lo / batch;
-    int* d = desc + 4 * idx;
+    int* d = tm.desc(idx);
     d[0] = lo - h * batch; d[1] = h; d[2] = x - e.x; d[3] = min(e.y, x + B) - e.x;
     bin_start[b] = idx;
   }
   for (int b = nbins + tid; b <= C; b += kFastThreads) bin_start[b] = ndesc;
-  for (int i = 4 * ndesc + tid; i < 4 * (n + C - 1); i += kFastThreads) desc[i] = -1;
+  for (int i = kDescInts * ndesc + tid; i < kDescInts * (n + C - 1); i += kFastThreads) desc[i] = -1;
   if (tid == 0) { header[0] = T; header[1] = B; header[2] = nbins; header[3] = ndesc; }
 }
 
@@ -244,11 +249,12 @@ assign_generic_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int
   const int p0 = min(n, (int)threadIdx.x * per);
   const int p1 = min(n, p0 + per);
 
-  int* header = ws;
-  int* bin_start = ws + 8;
-  int* desc = bin_start + (C + 1);
-  int* chunk_start = desc + 4 * (max_pairs + C);
-  int* num_chunks = chunk_start + max_pairs;
+  const hp_decode::TaskMap<int> tm(ws, C, max_pairs);
+  int* header = tm.header();
+  int* bin_start = tm.bin_start();
+  int* desc = tm.desc();
+  int* chunk_start = tm.chunk_start();
+  int* num_chunks = tm.num_chunks();
 
   // Pass 1: tiles per pair (p = h * batch + r) and their exclusive prefix. kv_lens is read from memory once
   // (cold after an L2 flush: the one long latency here); up to kCache pairs per thread stay in registers.
@@ -299,10 +305,10 @@ assign_generic_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int
           int b = b0 + c;
           int beg = max(ts, b * B), end = min(ts + t, (b + 1) * B);
           int d = cs + c;
-          desc[4 * d + 0] = r;
-          desc[4 * d + 1] = h;
-          desc[4 * d + 2] = beg - ts;
-          desc[4 * d + 3] = end - ts;
+          desc[kDescInts * d + 0] = r;
+          desc[kDescInts * d + 1] = h;
+          desc[kDescInts * d + 2] = beg - ts;
+          desc[kDescInts * d + 3] = end - ts;
           if (beg == b * B) bin_start[b] = d;
         }
       }
@@ -314,7 +320,7 @@ assign_generic_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int
   }
   // Padding and the tail of bin_start.
   for (int b = nbins + (int)threadIdx.x; b <= C; b += kAssignThreads) bin_start[b] = ndesc;
-  for (int i = 4 * ndesc + (int)threadIdx.x; i < 4 * (max_pairs + C); i += kAssignThreads) desc[i] = -1;
+  for (int i = kDescInts * ndesc + (int)threadIdx.x; i < kDescInts * tm.desc_capacity(); i += kAssignThreads) desc[i] = -1;
   for (int p = n + (int)threadIdx.x; p < max_pairs; p += kAssignThreads) {
     chunk_start[p] = -1;
     num_chunks[p] = -1;

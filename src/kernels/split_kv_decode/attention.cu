@@ -3,48 +3,44 @@
 // What: for each task descriptor (request r, kv head h, tiles [tb, te) of 64 tokens) computes softmax(Q K^T) V
 //   for all query rows of the GQA group (ratio heads x q_len tokens, causal among the q_len draft tokens).
 //   A pair (h, r) with one chunk writes bf16 output directly; otherwise an fp32 partial (normalized by its own
-//   sum) + natural-log LSE to its slot, merged by combine_kernel.
-// Launch: attention grid (C, G) with C persistent CTAs (bin b = blockIdx.x, from the assign workspace) or, in the
-//   static modes, (H * batch * splits, G) with one descriptor per CTA computed from blockIdx; G = ceil(rows / 16)
-//   row groups (rows > 16 re-read the KV once per extra group, mostly from L2 as the groups run together).
-//   128 threads = 4 warps, 2 CTAs per SM (so the default C = 2 x SMs); in each 64-token tile warp w owns tokens
-//   [16w, 16w + 16).
-// Memory: KV read once per row group via a STAGES-deep (FP8 3, BF16 2; x2 CTAs per SM) cp.async pipeline
-//   (16 B, zero-fill past kv_len: a NaN-poisoned slot is never read);
-//   FP8: 16 KB of KV per tile, BF16: 32 KB; Q of a descriptor travels in the stage of its first tile.
-// Math: mma.sync m16n8k16 with fp32 accumulation. FP8: e4m3 -> f16 is exact, so Q/K/V are converted to f16 and
-//   the scales stay in fp32 (q_scale * k_scale * sm_scale on the scores, v_scale on the output); P is rounded to
-//   f16. BF16: bf16 operands, P rounded to bf16. S = Q K^T uses a permutation of head_dim inside the dot product
-//   (thread (g, t) feeds dims 32t .. 32t+31) so K fragments are contiguous 16 B smem loads; V is transposed by
-//   ldmatrix.trans (BF16 straight from the tile, FP8 after a per-warp f16 conversion buffer).
-//   Each warp keeps its own online-softmax state; the 4 states are merged through smem per descriptor.
-// Measured (H200, graph replay, cold L2, attention + combine, 8q/1kv d128 page 64): FP8 64x4K 38.1 us, 1x128K+31x4K
-//   39.5 us (49.7 before the chunk-parallel combine); BF16 54.6 / 54.9 us (BF16 64x4K reaches ~91% of the copy
-//   ceiling measured in the same run). FP8 is not limited by the e4m3 -> f16 cvt: an exact 3-integer-op conversion
-//   (prmt with sign replication, shift, mask; 2^-8 folded into the scales) measured no faster (notes:
-//   docs/notes/split_kv_decode.md). One CTA per SM instead of two: FP8 64x4K 43.1 us.
-// Variants (template V2; hp_decode_attention = v1, hp_decode_attention_v2 = v2, same arguments and outputs):
-//   v1 is the kernel described above. v2 changes only shared-memory layouts and the V fragment path, from the ncu
-//   finding of 36-45% excess shared wavefronts (bank conflicts) in v1: FP8 V B-fragments are built in registers from
-//   16 B LDS of 4 tokens + prmt (no f16 staging buffer, ldmatrix or __syncwarp; output dims permuted as 16n + j and
-//   undone in the merge); FP8 K/V/Q rows are XOR-swizzled instead of padded, and the freed 17 KB + 2 KB buy a 4th
-//   FP8 stage (3 tiles in flight per CTA, still 2 CTAs per SM); BF16 K/Q reads use a conflict-free head_dim
-//   permutation; the end-of-descriptor merge buffer is XOR-swizzled and read out as 16 B per lane, contiguous per
-//   row, which also makes the bf16 output / fp32 partial stores full-sector. Same math and reduction order as v1
-//   except the BF16 QK dot-product order (FP8 v2 is expected bit-identical to v1; unverified on a GPU so far).
+//   sum) + natural-log LSE to its slot, merged by combine_kernel (or, v3 fused merge, by the pair's last CTA).
+// One kernel template, attention_kernel<Traits>, in two product layouts (docs/notes/split_kv_decode.md has the
+// measurements that chose each):
+//   - row layout (Traits::TRANSPOSED = false; variant "v2", FP8 and BF16): S = Q K^T and O += P V on m16n8k16
+//     f16/bf16 MMAs with the 16 query rows of a row group as m. FP8 K/Q are converted to f16 (exact); V
+//     B-fragments are built in registers from 16 B loads of 4 tokens + prmt; FP8 K/V/Q rows are XOR-swizzled
+//     (unit u of row t at u ^ (t & 7)), BF16 rows padded by 16 B; the end-of-descriptor merge buffer is
+//     XOR-swizzled so writes and the 16 B read-out are conflict-free and the stores full-sector.
+//   - transposed layout (TRANSPOSED = true; "v3" and its stage / CTAs-per-SM configurations, FP8 only): at GQA
+//     8:1 a row group has 8 rows, so the m16 side of the row layout is half padding; v3 computes S^T = K Q^T on the
+//     FP8 MMA (m16n8k32 e4m3, no conversion of K or Q) and O^T += V^T P^T, turning P^T into PV's B operand with two
+//     movmatrix.trans. Optional fused merge (fuse_max) and fuse-all (no combine launch).
+// Launch: grid (C, G) with C persistent CTAs (bin b = blockIdx.x, from the assign workspace, task_map.cuh) or, in
+//   the static modes, (H * batch * splits, G) with one descriptor per CTA computed from blockIdx; G row groups
+//   (rows beyond one group re-read the KV once per extra group, mostly from L2 as the groups run together).
+//   128 threads = 4 warps; in each 64-token tile warp w owns tokens [16w, 16w + 16); each warp keeps its own
+//   online-softmax state and the 4 states are merged through smem per descriptor.
+// Memory: KV read once per row group via a Traits::kStages-deep cp.async pipeline (16 B, zero-fill past kv_len: a
+//   NaN-poisoned slot is never read); Q of a descriptor travels in the stage of its first tile.
+// Math: fp32 accumulation; FP8 scales stay in fp32 (q_scale * k_scale * sm_scale on the scores, v_scale on the
+//   output); P is rounded to f16 (FP8 KV) or bf16 (BF16 KV), as the emulation in hotpaths.reference does.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "common/launch.cuh"
+#include "ptx.cuh"
+#include "task_map.cuh"
+
 namespace {
+
+using namespace hp_decode;
 
 constexpr int kD = 128;           // head_dim
 constexpr int kTile = 64;         // tokens per tile
 constexpr int kThreads = 128;     // 4 warps
-constexpr int kRowsPerGroup = 16; // one m16 tile of query rows
 constexpr int kDescCache = 32;    // descriptors of a bin cached in smem (more: read from global)
-constexpr int kCtasPerSm = 2;     // smem sized so two CTAs share an SM (8 warps hide the tile-loop latency)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -59,102 +55,77 @@ struct Params {
   int mode, splits, chunk_tiles;
   int* counters;  // v3: per (pair, row group) arrival counters of the fused merge (self-resetting), or null
   int fuse_max;   // v3: pairs with 2..fuse_max chunks are merged by their last-arriving CTA (0: all by combine)
+
+  // The dynamic task map in the workspace (task_map.cuh).
+  __device__ __forceinline__ TaskMap<const int> task_map() const { return TaskMap<const int>(ws, C, max_pairs); }
+  // Row of q / q_scale / out ([batch, q_len, q_heads]) for request r, kv head h, draft token qi, head hl of the group.
+  __device__ __forceinline__ size_t head_row(int r, int h, int qi, int hl) const {
+    return ((size_t)r * q_len + qi) * q_heads + h * ratio + hl;
+  }
+  // Row of part_o / part_lse ([slots, R]) for partial slot `slot`, query row rr of the group.
+  __device__ __forceinline__ size_t part_row(int slot, int rr) const { return (size_t)slot * R + rr; }
+  // Token row of the KV cache ([num_pages * page_size, H]) for cache slot `slot`, kv head h.
+  __device__ __forceinline__ size_t kv_row(size_t slot, int h) const { return slot * H + h; }
 };
 
-// V2 = false: the original kernel (v1). V2 = true (v2): see the v2 notes above; FP8 rows are XOR-swizzled instead of
-// padded (16 B unit u of row t stored at unit u ^ (t & 7)), which frees the room for a 4th stage.
-template <bool FP8, bool V2 = false> struct Cfg {
-  static constexpr int ES = FP8 ? 1 : 2;                 // bytes per element
-  static constexpr bool SWZ = V2 && FP8;                 // XOR-swizzled unpadded K/V/Q rows
-  static constexpr int ROWB = SWZ ? kD * ES : kD * ES + 16;  // padded smem row (bank spread) unless swizzled
-  static constexpr int STAGES = FP8 ? (V2 ? 4 : 3) : 2;     // x2 CTAs per SM
-  static constexpr int KV_BYTES = kTile * ROWB;          // one of K or V
+// Traits of one attention kernel: everything a variant changes. Product layout (see the file comment), KV dtype,
+// pipeline depth, CTAs per SM (the __launch_bounds__ occupancy and the persistent grid size) and, in the transposed
+// layout, NT n-tiles of 8 query rows per row group (NT = 2: 9..16 rows). Shared memory per CTA:
+// STAGES x (K tile + V tile + Q rows + Q row scales) + the per-warp merge buffer + the descriptor cache.
+template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1> struct Traits {
+  static constexpr bool FP8 = FP8_;
+  static constexpr bool TRANSPOSED = TRANSPOSED_;
+  static constexpr int STAGES = STAGES_;
+  static constexpr int CPS = CPS_;
+  static constexpr int NT = NT_;
+  static_assert(!TRANSPOSED || FP8, "the transposed layout uses the e4m3 MMA: FP8 KV only");
+  static_assert(TRANSPOSED || NT == 1, "the row layout has one m16 tile of query rows");
+  static_assert(STAGES >= 2, "the pipeline waits for STAGES - 2 groups");
+  static constexpr int MROWS = TRANSPOSED ? 8 * NT : 16;     // query rows per row group
+  static constexpr int ES = FP8 ? 1 : 2;                     // bytes per element
+  static constexpr bool SWZ = FP8;                           // FP8 rows XOR-swizzled; BF16 rows padded by 16 B
+  static constexpr int ROWB = SWZ ? kD * ES : kD * ES + 16;  // smem bytes per K / V row
+  static_assert(!FP8 || ROWB == kD, "load_v_tokens reads unpadded FP8 rows of kD bytes");
+  static constexpr int KV_BYTES = kTile * ROWB;              // one of K or V
   static constexpr int QROWB = kD * ES;
-  static constexpr int STAGE_BYTES = 2 * KV_BYTES + kRowsPerGroup * QROWB + kRowsPerGroup * 4;
-  static constexpr int VCONV_ROWB = kD * 2 + 16;         // f16 row of the FP8 V conversion buffer
-  static constexpr int VCONV_BYTES = (FP8 && !V2) ? 4 * 16 * VCONV_ROWB : 0;  // v2 builds V fragments in registers
-  static constexpr int MERGE_O = kD;                     // floats per merge row (once per descriptor: no pad)
-  static constexpr int MERGE_BYTES = 4 * 16 * MERGE_O * 4 + 2 * 4 * 16 * 4;
+  static constexpr int STAGE_BYTES = 2 * KV_BYTES + MROWS * QROWB + MROWS * 4;
+  static constexpr int MERGE_BYTES = 4 * MROWS * kD * 4 + 2 * 4 * MROWS * 4;
   static constexpr int DESC_BYTES = kDescCache * 8 * 4;
-  static constexpr int SMEM = STAGES * STAGE_BYTES + VCONV_BYTES + MERGE_BYTES + DESC_BYTES;
+  static constexpr int SMEM = STAGES * STAGE_BYTES + MERGE_BYTES + DESC_BYTES;
 };
+
+// The configurations that run. Row layout: FP8 4 stages (XOR-swizzled rows leave room for a 4th), BF16 2 (3 do not
+// fit two CTAs per SM). Transposed (FP8): {stages, CTAs per SM} 4/2 ("v3"), 3/3, 5/2, 2/4; 9..16 rows always 4/2.
+using RowFp8 = Traits<true, false, 4, 2>;
+using RowBf16 = Traits<false, false, 2, 2>;
+template <int STAGES, int CPS, int NT = 1> using Transposed = Traits<true, true, STAGES, CPS, NT>;
 
 struct Desc { int r, h, tb, te, slot, nch, kvlen; };
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
-  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  int sz = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(sz));
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool pred) {
-  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  int sz = pred ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(sz));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-// two e4m3 (low 16 bits of x) -> f16x2 (exact)
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
-  uint32_t r;
-  asm("{ .reg .b16 lo; mov.b32 {lo, _}, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }\n" : "=r"(r) : "r"(x));
-  return r;
-}
-__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t x) {
-  uint32_t r;
-  asm("{ .reg .b16 hi; mov.b32 {_, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, hi; }\n" : "=r"(r) : "r"(x));
-  return r;
+// FP8 V, both layouts: 16 B (dims 16g..16g+15) of each of the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9
+// of the warp's 16 (the k slots of P's fragment), from the XOR-swizzled rows; the caller pairs their bytes with prmt.
+__device__ __forceinline__ void load_v_tokens(const uint8_t* sV, int warp, int g, int tig, uint32_t (&a4)[4],
+                                              uint32_t (&b4)[4], uint32_t (&c4)[4], uint32_t (&d4)[4]) {
+  constexpr int ROWB = kD;  // FP8 rows are unpadded
+  const int t0 = warp * 16 + 2 * tig;
+  auto ldv = [&](int t) { return *reinterpret_cast<const uint4*>(sV + t * ROWB + ((g ^ (t & 7)) * 16)); };
+  const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
+  a4[0] = va.x; a4[1] = va.y; a4[2] = va.z; a4[3] = va.w;
+  b4[0] = vb.x; b4[1] = vb.y; b4[2] = vb.z; b4[3] = vb.w;
+  c4[0] = vc.x; c4[1] = vc.y; c4[2] = vc.z; c4[3] = vc.w;
+  d4[0] = vd.x; d4[1] = vd.y; d4[2] = vd.z; d4[3] = vd.w;
 }
 
-template <bool FP8>
-__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  if constexpr (FP8) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* smem) {
-  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-
-template <bool FP8> __device__ __forceinline__ uint32_t pack_p(float lo, float hi) {
-  if constexpr (FP8) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-         ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
-}
-
-// v2: 16 B unit of a Q/K row that thread tig reads as its i-th load (the head_dim permutation inside the dot
-// product; Q and K use the same map, so any bijection is exact). FP8: units 2tig + i (= v1's), stored XOR-swizzled
+// Row layout: 16 B unit of a Q/K row that thread tig reads as its i-th load (the head_dim permutation inside the dot
+// product; Q and K use the same map, so any bijection is exact). FP8: units 2tig + i, stored XOR-swizzled
 // by row & 7 (the two rows of a quarter warp land on disjoint banks). BF16: units 2tig, 2tig+1, 2tig+8, 2tig+9 on
-// the 17-unit padded rows: conflict-free, where v1's 4tig..4tig+3 puts tig 0/2 and 1/3 on the same banks (2-way).
+// the 17-unit padded rows: conflict-free, where units 4tig..4tig+3 would put tig 0/2 and 1/3 on the same banks.
 template <bool FP8> __device__ __forceinline__ int kq_unit(int i, int tig, int row) {
   if constexpr (FP8) return (2 * tig + i) ^ (row & 7);
   else return 2 * tig + (i & 1) + 8 * (i >> 1);
 }
 
-// v2 merge buffer: 16 B unit u (0..31) of merge row r is stored at u ^ ((u >> 3) & 3) ^ ((r & 1) << 2), so the FP8
+// Row-layout merge buffer: 16 B unit u (0..31) of merge row r is stored at u ^ ((u >> 3) & 3) ^ ((r & 1) << 2), so the FP8
 // writes (8 lanes: 2 rows x 4 tig, same low unit bits) and the read-out (8 lanes: 1 row, 8 segments) never share
 // a bank group.
 __device__ __forceinline__ int merge_swz(int r, int u) { return u ^ (((u >> 3) & 3) ^ ((r & 1) << 2)); }
@@ -177,16 +148,298 @@ __device__ bool static_desc(const Params& P, Desc& d) {
   return d.tb < d.te;
 }
 
-template <bool FP8, bool V2>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const Params P) {
-  using CF = Cfg<FP8, V2>;
+// Static modes: the CTA's one descriptor (from blockIdx) into descriptor-cache slot 0; returns the CTA's descriptor
+// count (0 or 1).
+__device__ __forceinline__ int cache_static_desc(const Params& P, int* dcache, int tid) {
+  Desc sd;
+  if (!static_desc(P, sd)) return 0;
+  if (tid == 0) {
+    int* e = dcache;
+    e[0] = sd.r; e[1] = sd.h; e[2] = sd.tb; e[3] = sd.te; e[4] = sd.slot; e[5] = sd.nch; e[6] = sd.kvlen;
+  }
+  return 1;
+}
+
+// Descriptor d straight from the task map in global memory (bins with more descriptors than the smem cache holds,
+// only with very large budgets).
+__device__ __forceinline__ Desc global_desc(const Params& P, int d) {
+  const TaskMap<const int> tm = P.task_map();
+  const int* desc = tm.desc();
+  const int* nchunks = tm.num_chunks();
+  Desc o;
+  o.r = desc[kDescInts * d]; o.h = desc[kDescInts * d + 1];
+  o.tb = desc[kDescInts * d + 2]; o.te = desc[kDescInts * d + 3];
+  o.slot = d; o.nch = nchunks[o.h * P.batch + o.r]; o.kvlen = max(P.kv_lens[o.r], 0);
+  return o;
+}
+
+// Descriptor start: Q fragments of rows g and g + 8 (index half), their score scales and causal limits, fresh state.
+template <class CF>
+__device__ __forceinline__ void rows_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg,
+                                                      int g, int tig, float kscale, int kv_cap, uint32_t (&qa)[8][4],
+                                                      float (&o)[16][4], float (&m_)[2], float (&l_)[2],
+                                                      float (&sc)[2], int (&lim_)[2]) {
+  constexpr bool FP8 = CF::FP8;
+  constexpr int kRowsPerGroup = CF::MROWS;
+  const uint8_t* sQ = sV + CF::KV_BYTES;
+  const float* sQs = reinterpret_cast<const float*>(sQ + kRowsPerGroup * CF::QROWB);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = g + 8 * half;
+    uint32_t w[8 * CF::ES];
+#pragma unroll
+    for (int i = 0; i < 2 * CF::ES; ++i) {
+      const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * CF::QROWB + kq_unit<FP8>(i, tig, row) * 16);
+      w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
+    }
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      if constexpr (FP8) {
+        qa[ks][half] = e4m3x2_to_f16x2(w[ks]);
+        qa[ks][half + 2] = e4m3x2_hi_to_f16x2(w[ks]);
+      } else {
+        qa[ks][half] = w[2 * ks];
+        qa[ks][half + 2] = w[2 * ks + 1];
+      }
+    }
+    const int rr = rg * kRowsPerGroup + row;
+    const int qi = rr < P.R ? rr / P.ratio : 0;
+    float s = P.sm_scale * kLog2e;
+    if (FP8) s *= sQs[row] * kscale;
+    sc[half] = s;
+    lim_[half] = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
+    m_[half] = -INFINITY;
+    l_[half] = 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+}
+
+// S = Q K^T for the warp's 16 tokens: s[nt][e] is row g + 8 (e >> 1), token 8nt + 2tig + (e & 1) of the warp's.
+template <class CF>
+__device__ __forceinline__ void rows_qk(const uint8_t* sK, const uint32_t (&qa)[8][4], int warp, int g, int tig,
+                                        float (&s)[2][4]) {
+  constexpr bool FP8 = CF::FP8;
+  float s2[2][4];  // two accumulation chains per n-tile (even / odd k-steps) halve the mma latency chain
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    s2[nt][0] = s2[nt][1] = s2[nt][2] = s2[nt][3] = 0.f;
+    uint32_t w[8 * CF::ES];
+#pragma unroll
+    for (int i = 0; i < 2 * CF::ES; ++i) {
+      const uint4 u = *reinterpret_cast<const uint4*>(sK + (warp * 16 + nt * 8 + g) * CF::ROWB +
+                                                      kq_unit<FP8>(i, tig, g) * 16);
+      w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
+    }
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      float* acc = (ks & 1) ? s2[nt] : s[nt];
+      if constexpr (FP8) {
+        mma16816<FP8>(acc, qa[ks], e4m3x2_to_f16x2(w[ks]), e4m3x2_hi_to_f16x2(w[ks]));
+      } else {
+        mma16816<FP8>(acc, qa[ks], w[2 * ks], w[2 * ks + 1]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] += s2[nt][e];
+  }
+}
+
+// Online softmax update (log2 domain) of rows g, g + 8 over the tile's scores: masks tokens past each row's causal
+// limit, rescales O when the running max moves, and packs P as the A fragment of the PV product.
+template <class CF>
+__device__ __forceinline__ void rows_softmax_update(float (&s)[2][4], const float (&sc)[2], const int (&lim_)[2],
+                                                    int tok0, int tig, float (&m_)[2], float (&l_)[2],
+                                                    float (&o)[16][4], uint32_t (&pa)[4]) {
+  constexpr bool FP8 = CF::FP8;
+  float mloc[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int half = e >> 1;
+      const int tok = tok0 + nt * 8 + tig * 2 + (e & 1);
+      float v = s[nt][e] * sc[half];
+      v = tok < lim_[half] ? v : -INFINITY;
+      s[nt][e] = v;
+      mloc[half] = fmaxf(mloc[half], v);
+    }
+  float alpha[2], muse[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mx = mloc[half];
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mnew = fmaxf(m_[half], mx);
+    muse[half] = (mnew == -INFINITY) ? 0.f : mnew;
+    alpha[half] = exp2f(m_[half] - muse[half]);
+    m_[half] = mnew;
+  }
+  float rs[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2f(s[nt][e] - muse[e >> 1]);
+      s[nt][e] = p;
+      rs[e >> 1] += p;
+    }
+  l_[0] = l_[0] * alpha[0] + rs[0];
+  l_[1] = l_[1] * alpha[1] + rs[1];
+  if (alpha[0] != 1.f || alpha[1] != 1.f) {  // the running max rarely moves after the first tiles
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+    }
+  }
+  pa[0] = pack_p<FP8>(s[0][0], s[0][1]);
+  pa[1] = pack_p<FP8>(s[0][2], s[0][3]);
+  pa[2] = pack_p<FP8>(s[1][0], s[1][1]);
+  pa[3] = pack_p<FP8>(s[1][2], s[1][3]);
+}
+
+// O += P V for the warp's 16 tokens.
+template <class CF>
+__device__ __forceinline__ void rows_pv(const uint8_t* sV, const uint32_t (&pa)[4], int warp, int lane, int g, int tig,
+                                        float (&o)[16][4]) {
+  constexpr bool FP8 = CF::FP8;
+  if constexpr (FP8) {
+    // B fragments straight from the fp8 tile (no f16 staging buffer, no ldmatrix). n-tile j, column n holds
+    // dim 16n + j, so this thread (n = g) reads 16 B (dims 16g..16g+15) of its 4 tokens 2tig, 2tig+1, 2tig+8,
+    // 2tig+9 (the k slots of P's A fragment) and pairs the bytes of two tokens with prmt: exact e4m3 -> f16.
+    // Its accumulators then hold dims 32tig + j (c0/c2) and 32tig + 16 + j (c1/c3): see the merge.
+    uint32_t a4[4], b4[4], c4[4], d4[4];
+    load_v_tokens(sV, warp, g, tig, a4, b4, c4, d4);
+#pragma unroll
+    for (int wi = 0; wi < 4; ++wi) {
+      const uint32_t ab01 = __byte_perm(a4[wi], b4[wi], 0x5140), ab23 = __byte_perm(a4[wi], b4[wi], 0x7362);
+      const uint32_t cd01 = __byte_perm(c4[wi], d4[wi], 0x5140), cd23 = __byte_perm(c4[wi], d4[wi], 0x7362);
+      mma16816<FP8>(o[4 * wi], pa, e4m3x2_to_f16x2(ab01), e4m3x2_to_f16x2(cd01));
+      mma16816<FP8>(o[4 * wi + 1], pa, e4m3x2_hi_to_f16x2(ab01), e4m3x2_hi_to_f16x2(cd01));
+      mma16816<FP8>(o[4 * wi + 2], pa, e4m3x2_to_f16x2(ab23), e4m3x2_to_f16x2(cd23));
+      mma16816<FP8>(o[4 * wi + 3], pa, e4m3x2_hi_to_f16x2(ab23), e4m3x2_hi_to_f16x2(cd23));
+    }
+  } else {  // BF16: ldmatrix.trans straight from the tile
+    const uint8_t* vsrc = sV + warp * 16 * CF::ROWB;
+    const int trow = (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int dsel = (lane >> 4) * 8;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vsrc + trow * CF::ROWB + (jj * 16 + dsel) * 2);
+      mma16816<FP8>(o[2 * jj], pa, b[0], b[1]);
+      mma16816<FP8>(o[2 * jj + 1], pa, b[2], b[3]);
+    }
+  }
+}
+
+// End of a descriptor, step 1: the warp's running max, row sums and O rows into the merge buffer.
+template <class CF>
+__device__ __forceinline__ void rows_stage_merge(const float (&m_)[2], const float (&l_)[2], const float (&o)[16][4],
+                                                 float* merge_o, float* merge_m, float* merge_l, int warp, int g,
+                                                 int tig) {
+  constexpr bool FP8 = CF::FP8;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float l = l_[half];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (tig == 0) {
+      merge_m[warp * 16 + g + 8 * half] = m_[half];
+      merge_l[warp * 16 + g + 8 * half] = l;
+    }
+  }
+  {
+    // XOR-swizzled merge rows (merge_swz): conflict-free float4 writes (FP8) and float4 reads.
+    const int r0 = warp * 16 + g;
+    if constexpr (FP8) {  // accumulator e holds row g + 8 (e >> 1), dims 32tig + 16 (e & 1) + j
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+#pragma unroll
+        for (int jq = 0; jq < 4; ++jq) {
+          const int r = r0 + 8 * (e >> 1), u = 8 * tig + 4 * (e & 1) + jq;
+          *reinterpret_cast<float4*>(merge_o + r * kD + (merge_swz(r, u) << 2)) =
+              make_float4(o[4 * jq][e], o[4 * jq + 1][e], o[4 * jq + 2][e], o[4 * jq + 3][e]);
+        }
+    } else {  // ldmatrix layout: n-tile j holds dims 8j + 2tig + {0, 1}
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = r0 + 8 * hr, u = 2 * j + (tig >> 1);
+          *reinterpret_cast<float2*>(merge_o + r * kD + (merge_swz(r, u) << 2) + 2 * (tig & 1)) =
+              make_float2(o[j][2 * hr], o[j][2 * hr + 1]);
+        }
+    }
+  }
+}
+
+// End of a descriptor, step 2 (after a barrier): merge the 4 warps' states per row and store the bf16 output (a
+// pair with one chunk) or the normalized fp32 partial and its natural-log LSE.
+template <class CF>
+__device__ __forceinline__ void rows_store(const Params& P, const float* merge_o, const float* merge_m,
+                                           const float* merge_l, const Desc& cdd, int rg, int tid, float vscale) {
+  constexpr int kRowsPerGroup = CF::MROWS;
+  // 16 rows x 8 segments: segment seg = dims 32i + 4seg + {0..3}, i = 0..3, so
+  // 8 lanes of a row cover 128 contiguous bytes of fp32 partial / 64 of bf16 output per store (coalesced).
+  const int row = tid >> 3, seg = tid & 7;
+  const int rr = rg * kRowsPerGroup + row;
+  if (rr < P.R) {
+    float mw[4], M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * 16 + row]; M = fmaxf(M, mw[w]); }
+    float acc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+    float L = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float f = exp2f(mw[w] - M);
+        L += merge_l[w * 16 + row] * f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * 16 + row) * kD +
+                                                            (merge_swz(w * 16 + row, 8 * i + seg) << 2));
+          acc[4 * i] += f * x.x; acc[4 * i + 1] += f * x.y; acc[4 * i + 2] += f * x.z; acc[4 * i + 3] += f * x.w;
+        }
+      }
+    }
+    const float inv = (L > 0.f) ? vscale / L : 0.f;
+    const int qi = rr / P.ratio, hl = rr % P.ratio;
+    if (cdd.nch == 1) {
+      const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
+      __nv_bfloat162 pk[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) pk[i] = __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<uint2*>(P.out + orow * kD + 32 * i + 4 * seg) =
+            make_uint2(*reinterpret_cast<uint32_t*>(&pk[2 * i]), *reinterpret_cast<uint32_t*>(&pk[2 * i + 1]));
+    } else {
+      const size_t prow = P.part_row(cdd.slot, rr);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<float4*>(P.part_o + prow * kD + 32 * i + 4 * seg) =
+            make_float4(acc[4 * i] * inv, acc[4 * i + 1] * inv, acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
+      if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+// Row layout (Traits::TRANSPOSED = false): one m16 tile of query rows, FP8 or BF16 KV.
+template <class CF>
+__device__ __forceinline__ void attention_rows(const Params& P) {
+  constexpr bool FP8 = CF::FP8;
+  constexpr int kRowsPerGroup = CF::MROWS;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* stages = smem;
-  __half* vconv = reinterpret_cast<__half*>(smem + CF::STAGES * CF::STAGE_BYTES);
-  float* merge_o = reinterpret_cast<float*>(smem + CF::STAGES * CF::STAGE_BYTES + CF::VCONV_BYTES);
-  float* merge_m = merge_o + 4 * 16 * CF::MERGE_O;
+  float* merge_o = reinterpret_cast<float*>(smem + CF::STAGES * CF::STAGE_BYTES);
+  float* merge_m = merge_o + 4 * 16 * kD;
   float* merge_l = merge_m + 4 * 16;
-  int* dcache = reinterpret_cast<int*>(smem + CF::STAGES * CF::STAGE_BYTES + CF::VCONV_BYTES + CF::MERGE_BYTES);
+  int* dcache = reinterpret_cast<int*>(smem + CF::STAGES * CF::STAGE_BYTES + CF::MERGE_BYTES);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tig = lane & 3;
@@ -198,27 +451,21 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
   const int kv_cap = P.max_pages * P.page_size;  // never index the block table past its width
   int d_begin = 0, d_end = 0;
   if (P.mode == kDynamic) {
-    const int* bin_start = P.ws + 8;
+    const TaskMap<const int> tm = P.task_map();
+    const int* bin_start = tm.bin_start();
     d_begin = bin_start[blockIdx.x];
     d_end = bin_start[blockIdx.x + 1];
-    const int* desc = P.ws + 8 + (P.C + 1);
-    const int* nchunks = desc + 4 * (P.max_pairs + P.C) + P.max_pairs;
+    const int* desc = tm.desc();
+    const int* nchunks = tm.num_chunks();
     for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
       int d = d_begin + i;
-      int r = desc[4 * d], h = desc[4 * d + 1];
+      int r = desc[kDescInts * d], h = desc[kDescInts * d + 1];
       int* e = dcache + 8 * i;
-      e[0] = r; e[1] = h; e[2] = desc[4 * d + 2]; e[3] = desc[4 * d + 3];
+      e[0] = r; e[1] = h; e[2] = desc[kDescInts * d + 2]; e[3] = desc[kDescInts * d + 3];
       e[4] = d; e[5] = nchunks[h * P.batch + r]; e[6] = max(P.kv_lens[r], 0);
     }
   } else {
-    Desc sd;
-    if (static_desc(P, sd)) {
-      d_end = 1;
-      if (tid == 0) {
-        int* e = dcache;
-        e[0] = sd.r; e[1] = sd.h; e[2] = sd.tb; e[3] = sd.te; e[4] = sd.slot; e[5] = sd.nch; e[6] = sd.kvlen;
-      }
-    }
+    d_end = cache_static_desc(P, dcache, tid);
   }
   __syncthreads();
   if (d_begin >= d_end) return;
@@ -230,10 +477,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
       const int* e = dcache + 8 * i;
       o.r = e[0]; o.h = e[1]; o.tb = e[2]; o.te = e[3]; o.slot = e[4]; o.nch = e[5]; o.kvlen = e[6];
     } else {  // bins with more than kDescCache descriptors (only with very large budgets)
-      const int* desc = P.ws + 8 + (P.C + 1);
-      const int* nchunks = desc + 4 * (P.max_pairs + P.C) + P.max_pairs;
-      o.r = desc[4 * d]; o.h = desc[4 * d + 1]; o.tb = desc[4 * d + 2]; o.te = desc[4 * d + 3];
-      o.slot = d; o.nch = nchunks[o.h * P.batch + o.r]; o.kvlen = max(P.kv_lens[o.r], 0);
+      o = global_desc(P, d);
     }
     return o;
   };
@@ -258,8 +502,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
       if (ok) page = __ldg(P.block_table + (size_t)d.r * P.max_pages + (tok >> P.page_shift));
       ok = ok && page >= 0 && page < P.num_pages;
       const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
-      const size_t off = ok ? ((slot * P.H + d.h) * kD) * CF::ES + ch * 16
-                            : 0;
+      const size_t off = ok ? (P.kv_row(slot, d.h) * kD) * CF::ES + ch * 16 : 0;
       const int dcol = CF::SWZ ? ((ch ^ (tl & 7)) * 16) : ch * 16;
       cp_async16(sK + tl * CF::ROWB + dcol, kbase + off, ok);
       cp_async16(sV + tl * CF::ROWB + dcol, vbase + off, ok);
@@ -275,6 +518,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
         const int rr = rg * kRowsPerGroup + row;
         const bool ok = rr < P.R;
         const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
+        // written out rather than P.head_row(): the accessor changes how nvcc folds the `ok` selects here
         const size_t qrow = (size_t)d.r * P.q_len + qi;
         const size_t off = ok ? ((qrow * P.q_heads + d.h * P.ratio + hl) * kD) * CF::ES + ch * 16 : 0;
         cp_async16(sQ + row * CF::QROWB + (CF::SWZ ? (ch ^ (row & 7)) : ch) * 16, qbase + off, ok);
@@ -283,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
         const int rr = rg * kRowsPerGroup + tid;
         const bool ok = rr < P.R;
         const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
-        const size_t idx = ok ? ((size_t)d.r * P.q_len + qi) * P.q_heads + d.h * P.ratio + hl : 0;
+        const size_t idx = ok ? P.head_row(d.r, d.h, qi, hl) : 0;
         cp_async4(sQs + tid, P.q_scale + idx, ok);
       }
     }
@@ -328,290 +572,25 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
     const uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     const uint8_t* sV = sK + CF::KV_BYTES;
 
-    if (ct == cdd.tb) {  // descriptor start: Q fragments, row scales and causal limits
-      const uint8_t* sQ = sV + CF::KV_BYTES;
-      const float* sQs = reinterpret_cast<const float*>(sQ + kRowsPerGroup * CF::QROWB);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = g + 8 * half;
-        const uint4* src = reinterpret_cast<const uint4*>(sQ + row * CF::QROWB + tig * 32 * CF::ES);
-        uint32_t w[8 * CF::ES];
-#pragma unroll
-        for (int i = 0; i < 2 * CF::ES; ++i) {
-          uint4 u;
-          if constexpr (V2) u = *reinterpret_cast<const uint4*>(sQ + row * CF::QROWB + kq_unit<FP8>(i, tig, row) * 16);
-          else u = src[i];
-          w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
-        }
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
-          if constexpr (FP8) {
-            qa[ks][half] = e4m3x2_to_f16x2(w[ks]);
-            qa[ks][half + 2] = e4m3x2_hi_to_f16x2(w[ks]);
-          } else {
-            qa[ks][half] = w[2 * ks];
-            qa[ks][half + 2] = w[2 * ks + 1];
-          }
-        }
-        const int rr = rg * kRowsPerGroup + row;
-        const int qi = rr < P.R ? rr / P.ratio : 0;
-        float s = P.sm_scale * kLog2e;
-        if (FP8) s *= sQs[row] * kscale;
-        sc[half] = s;
-        lim_[half] = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
-        m_[half] = -INFINITY;
-        l_[half] = 0.f;
-      }
-#pragma unroll
-      for (int j = 0; j < 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    }
+    if (ct == cdd.tb)
+      rows_begin_descriptor<CF>(P, sV, cdd, rg, g, tig, kscale, kv_cap, qa, o, m_, l_, sc, lim_);
 
     // ---- S = Q K^T for this warp's 16 tokens ----
-    float s[2][4], s2[2][4];  // two accumulation chains per n-tile (even / odd k-steps) halve the mma latency chain
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-      s2[nt][0] = s2[nt][1] = s2[nt][2] = s2[nt][3] = 0.f;
-      const uint4* src = reinterpret_cast<const uint4*>(sK + (warp * 16 + nt * 8 + g) * CF::ROWB + tig * 32 * CF::ES);
-      uint32_t w[8 * CF::ES];
-#pragma unroll
-      for (int i = 0; i < 2 * CF::ES; ++i) {
-        uint4 u;
-        if constexpr (V2) u = *reinterpret_cast<const uint4*>(sK + (warp * 16 + nt * 8 + g) * CF::ROWB +
-                                                              kq_unit<FP8>(i, tig, g) * 16);
-        else u = src[i];
-        w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
-      }
-#pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        float* acc = (ks & 1) ? s2[nt] : s[nt];
-        if constexpr (FP8) {
-          mma16816<FP8>(acc, qa[ks], e4m3x2_to_f16x2(w[ks]), e4m3x2_hi_to_f16x2(w[ks]));
-        } else {
-          mma16816<FP8>(acc, qa[ks], w[2 * ks], w[2 * ks + 1]);
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] += s2[nt][e];
-    }
+    float s[2][4];
+    rows_qk<CF>(sK, qa, warp, g, tig, s);
 
     // ---- online softmax (log2 domain) ----
-    const int tok0 = ct * kTile + warp * 16;
-    float mloc[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int half = e >> 1;
-        const int tok = tok0 + nt * 8 + tig * 2 + (e & 1);
-        float v = s[nt][e] * sc[half];
-        v = tok < lim_[half] ? v : -INFINITY;
-        s[nt][e] = v;
-        mloc[half] = fmaxf(mloc[half], v);
-      }
-    float alpha[2], muse[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float mx = mloc[half];
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mnew = fmaxf(m_[half], mx);
-      muse[half] = (mnew == -INFINITY) ? 0.f : mnew;
-      alpha[half] = exp2f(m_[half] - muse[half]);
-      m_[half] = mnew;
-    }
-    float rs[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[nt][e] - muse[e >> 1]);
-        s[nt][e] = p;
-        rs[e >> 1] += p;
-      }
-    l_[0] = l_[0] * alpha[0] + rs[0];
-    l_[1] = l_[1] * alpha[1] + rs[1];
-    if (alpha[0] != 1.f || alpha[1] != 1.f) {  // the running max rarely moves after the first tiles
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
-        o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
-      }
-    }
     uint32_t pa[4];
-    pa[0] = pack_p<FP8>(s[0][0], s[0][1]);
-    pa[1] = pack_p<FP8>(s[0][2], s[0][3]);
-    pa[2] = pack_p<FP8>(s[1][0], s[1][1]);
-    pa[3] = pack_p<FP8>(s[1][2], s[1][3]);
+    rows_softmax_update<CF>(s, sc, lim_, ct * kTile + warp * 16, tig, m_, l_, o, pa);
 
     // ---- O += P V ----
-    if constexpr (V2 && FP8) {
-      // v2: B fragments straight from the fp8 tile (no f16 staging buffer, no ldmatrix). n-tile j, column n holds
-      // dim 16n + j, so this thread (n = g) reads 16 B (dims 16g..16g+15) of its 4 tokens 2tig, 2tig+1, 2tig+8,
-      // 2tig+9 (the k slots of P's A fragment) and pairs the bytes of two tokens with prmt: exact e4m3 -> f16.
-      // Its accumulators then hold dims 32tig + j (c0/c2) and 32tig + 16 + j (c1/c3): see the v2 merge.
-      const int t0 = warp * 16 + 2 * tig;
-      auto ldv = [&](int t) {
-        return *reinterpret_cast<const uint4*>(sV + t * CF::ROWB + ((g ^ (t & 7)) * 16));
-      };
-      const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
-      const uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
-      const uint32_t c4[4] = {vc.x, vc.y, vc.z, vc.w}, d4[4] = {vd.x, vd.y, vd.z, vd.w};
-#pragma unroll
-      for (int wi = 0; wi < 4; ++wi) {
-        const uint32_t ab01 = __byte_perm(a4[wi], b4[wi], 0x5140), ab23 = __byte_perm(a4[wi], b4[wi], 0x7362);
-        const uint32_t cd01 = __byte_perm(c4[wi], d4[wi], 0x5140), cd23 = __byte_perm(c4[wi], d4[wi], 0x7362);
-        mma16816<FP8>(o[4 * wi], pa, e4m3x2_to_f16x2(ab01), e4m3x2_to_f16x2(cd01));
-        mma16816<FP8>(o[4 * wi + 1], pa, e4m3x2_hi_to_f16x2(ab01), e4m3x2_hi_to_f16x2(cd01));
-        mma16816<FP8>(o[4 * wi + 2], pa, e4m3x2_to_f16x2(ab23), e4m3x2_to_f16x2(cd23));
-        mma16816<FP8>(o[4 * wi + 3], pa, e4m3x2_hi_to_f16x2(ab23), e4m3x2_hi_to_f16x2(cd23));
-      }
-    } else {
-      const uint8_t* vsrc;
-      int vrowb;
-      if constexpr (FP8) {
-        // convert this warp's 16 fp8 V rows to f16 (exact) so ldmatrix.trans can transpose them
-        __half* buf = vconv + warp * 16 * (CF::VCONV_ROWB / 2);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int c = lane + 32 * i;
-          const int t = c >> 3, ch = c & 7;
-          const uint4 u = *reinterpret_cast<const uint4*>(sV + (warp * 16 + t) * CF::ROWB + ch * 16);
-          uint4 a, b;
-          a.x = e4m3x2_to_f16x2(u.x); a.y = e4m3x2_hi_to_f16x2(u.x);
-          a.z = e4m3x2_to_f16x2(u.y); a.w = e4m3x2_hi_to_f16x2(u.y);
-          b.x = e4m3x2_to_f16x2(u.z); b.y = e4m3x2_hi_to_f16x2(u.z);
-          b.z = e4m3x2_to_f16x2(u.w); b.w = e4m3x2_hi_to_f16x2(u.w);
-          uint4* dst = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(buf) + t * CF::VCONV_ROWB + ch * 32);
-          dst[0] = a;
-          dst[1] = b;
-        }
-        __syncwarp();
-        vsrc = reinterpret_cast<const uint8_t*>(buf);
-        vrowb = CF::VCONV_ROWB;
-      } else {
-        vsrc = sV + warp * 16 * CF::ROWB;
-        vrowb = CF::ROWB;
-      }
-      {
-        const int trow = (lane & 7) + ((lane >> 3) & 1) * 8;
-        const int dsel = (lane >> 4) * 8;
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, vsrc + trow * vrowb + (jj * 16 + dsel) * 2);
-          mma16816<FP8>(o[2 * jj], pa, b[0], b[1]);
-          mma16816<FP8>(o[2 * jj + 1], pa, b[2], b[3]);
-        }
-      }
-      if constexpr (FP8) __syncwarp();  // the conversion buffer is rewritten next tile
-    }
+    rows_pv<CF>(sV, pa, warp, lane, g, tig, o);
 
     // ---- advance; epilogue at the end of a descriptor ----
     if (++ct >= cdd.te) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float l = l_[half];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (tig == 0) {
-          merge_m[warp * 16 + g + 8 * half] = m_[half];
-          merge_l[warp * 16 + g + 8 * half] = l;
-        }
-      }
-      if constexpr (V2) {
-        // v2: XOR-swizzled merge rows (merge_swz): conflict-free float4 writes (FP8) and float4 reads.
-        const int r0 = warp * 16 + g;
-        if constexpr (FP8) {  // accumulator e holds row g + 8 (e >> 1), dims 32tig + 16 (e & 1) + j
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-#pragma unroll
-            for (int jq = 0; jq < 4; ++jq) {
-              const int r = r0 + 8 * (e >> 1), u = 8 * tig + 4 * (e & 1) + jq;
-              *reinterpret_cast<float4*>(merge_o + r * kD + (merge_swz(r, u) << 2)) =
-                  make_float4(o[4 * jq][e], o[4 * jq + 1][e], o[4 * jq + 2][e], o[4 * jq + 3][e]);
-            }
-        } else {  // ldmatrix layout: n-tile j holds dims 8j + 2tig + {0, 1}
-#pragma unroll
-          for (int j = 0; j < 16; ++j)
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              const int r = r0 + 8 * hr, u = 2 * j + (tig >> 1);
-              *reinterpret_cast<float2*>(merge_o + r * kD + (merge_swz(r, u) << 2) + 2 * (tig & 1)) =
-                  make_float2(o[j][2 * hr], o[j][2 * hr + 1]);
-            }
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          float* r0 = merge_o + (warp * 16 + g) * CF::MERGE_O + j * 8 + tig * 2;
-          float* r1 = r0 + 8 * CF::MERGE_O;
-          *reinterpret_cast<float2*>(r0) = make_float2(o[j][0], o[j][1]);
-          *reinterpret_cast<float2*>(r1) = make_float2(o[j][2], o[j][3]);
-        }
-      }
+      rows_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
       __syncthreads();
-      {
-        // 16 rows x 8 segments: v1 segment seg = dims 16seg..16seg+15; v2 = dims 32i + 4seg + {0..3}, i = 0..3, so
-        // 8 lanes of a row cover 128 contiguous bytes of fp32 partial / 64 of bf16 output per store (coalesced).
-        const int row = tid >> 3, seg = tid & 7;
-        const int rr = rg * kRowsPerGroup + row;
-        if (rr < P.R) {
-          float mw[4], M = -INFINITY;
-#pragma unroll
-          for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * 16 + row]; M = fmaxf(M, mw[w]); }
-          float acc[16];
-#pragma unroll
-          for (int i = 0; i < 16; ++i) acc[i] = 0.f;
-          float L = 0.f;
-          if (M != -INFINITY) {
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-              const float f = exp2f(mw[w] - M);
-              L += merge_l[w * 16 + row] * f;
-              const float4* src = reinterpret_cast<const float4*>(merge_o + (w * 16 + row) * CF::MERGE_O + seg * 16);
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                float4 x;
-                if constexpr (V2)
-                  x = *reinterpret_cast<const float4*>(merge_o + (w * 16 + row) * kD +
-                                                       (merge_swz(w * 16 + row, 8 * i + seg) << 2));
-                else x = src[i];
-                acc[4 * i] += f * x.x; acc[4 * i + 1] += f * x.y; acc[4 * i + 2] += f * x.z; acc[4 * i + 3] += f * x.w;
-              }
-            }
-          }
-          const float inv = (L > 0.f) ? vscale / L : 0.f;
-          const int qi = rr / P.ratio, hl = rr % P.ratio;
-          if (cdd.nch == 1) {
-            const size_t orow = ((size_t)cdd.r * P.q_len + qi) * P.q_heads + cdd.h * P.ratio + hl;
-            __nv_bfloat162 pk[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) pk[i] = __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
-            if constexpr (V2) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i)
-                *reinterpret_cast<uint2*>(P.out + orow * kD + 32 * i + 4 * seg) =
-                    make_uint2(*reinterpret_cast<uint32_t*>(&pk[2 * i]), *reinterpret_cast<uint32_t*>(&pk[2 * i + 1]));
-            } else {
-              uint4* dst = reinterpret_cast<uint4*>(P.out + orow * kD + seg * 16);
-              dst[0] = *reinterpret_cast<uint4*>(&pk[0]);
-              dst[1] = *reinterpret_cast<uint4*>(&pk[4]);
-            }
-          } else {
-            const size_t prow = (size_t)cdd.slot * P.R + rr;
-            float4* dst = reinterpret_cast<float4*>(P.part_o + prow * kD + seg * 16);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const float4 val =
-                  make_float4(acc[4 * i] * inv, acc[4 * i + 1] * inv, acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
-              if constexpr (V2) *reinterpret_cast<float4*>(P.part_o + prow * kD + 32 * i + 4 * seg) = val;
-              else dst[i] = val;
-            }
-            if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
-          }
-        }
-      }
+      rows_store<CF>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale);
       if (++cd >= d_end) break;
       cdd = fetch(cd);
       ct = cdd.tb;
@@ -621,50 +600,29 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) attention_kernel(const P
 }
 
 // ================================================================================================================
-// v3 (FP8 KV only; BF16 runs the v2 kernel): the same task map, partial layout, combine and API as v1/v2, with the
-// products transposed so that the 64-token tile, not the query rows, fills the MMA's 16-row side.
+// Transposed layout (Traits::TRANSPOSED, variant "v3" and its configurations; FP8 KV only, BF16 runs the row
+// layout): the same task map, partial layout and API, with the products transposed so that the 64-token tile, not
+// the query rows, fills the MMA's 16-row side.
 //
-// Why: at the published GQA 8:1 and q_len 1 a row group has R = 8 query rows, so v1/v2's m16 tiles of query rows
+// Why: at the published GQA 8:1 and q_len 1 a row group has R = 8 query rows, so the row layout's m16 tiles of query rows
 // are half padding: half of every QK and PV product is wasted, and the fragments, accumulators (64 fp32 O values per
-// thread) and conversions are sized for 16 rows. v3 computes S^T = K Q^T (m = 16 tokens of the warp, n = 8 query
+// thread) and conversions are sized for 16 rows. It computes S^T = K Q^T (m = 16 tokens of the warp, n = 8 query
 // rows, k = head_dim) and O^T += V^T P^T (m = 16 head dims, n = 8 rows, k = 16 tokens):
 //  - QK uses the FP8 tensor-core instruction directly (mma.m16n8k32 e4m3 x e4m3 -> fp32): K and Q are fed as the
-//    bytes in shared memory, no e4m3 -> f16 conversion; 4 MMAs per warp-tile (v2: 16 f16 MMAs + 16 conversions).
+//    bytes in shared memory, no e4m3 -> f16 conversion; 4 MMAs per warp-tile (row layout: 16 f16 MMAs + 16
+//    conversions).
 //  - S^T's accumulator holds (token, row); P^T must be PV's B operand (row = column n, token = k): two
 //    movmatrix.trans (8 x 8 b16 register transposes) turn the f16-packed P into exactly that fragment.
 //  - PV: A = V^T built in registers from 16 B smem loads of the thread's 4 tokens + prmt + exact e4m3 -> f16 (as
-//    v2), 8 MMAs per warp-tile (v2: 16); O^T is 32 fp32 per thread (v2: 64).
-//  P stays f16 (same numerics as v1/v2 and the emulation). NT = 2 (R = 9..16 rows per group) doubles n.
+//    the row layout), 8 MMAs per warp-tile (row layout: 16); O^T is 32 fp32 per thread (row layout: 64).
+//  P stays f16 (same numerics as the row layout and the emulation). NT = 2 (R = 9..16 rows per group) doubles n.
 // Head-dim maps: QK: thread (g, t) feeds dims 32t..32t+31 (k slots 4t.. / 16+4t.. of each k32 step, the same map on
 // the A (K) and B (Q) side). PV: m-tile j, row g <-> dim 16g + j, row g + 8 <-> dim 16g + 8 + j (thread g loads dims
 // 16g..16g+15 of each of its tokens); the merge stores by real dim.
-// Loads: as v2 (cp.async 16 B, K/V/Q rows XOR-swizzled by row & 7), with the block-table lookup done once per
+// Loads: as the FP8 row layout (cp.async 16 B, K/V/Q rows XOR-swizzled by row & 7), with the block-table lookup done once per
 // thread and tile when a page holds whole tiles (page_size >= 64), instead of once per 16 B copy.
-// Configurations (STAGES, CTAS per SM): see hp_decode_v3_config; the plan sizes the persistent grid from
-// hp_decode_v3_ctas_per_sm.
-template <int NT, int STAGES> struct Cfg3 {
-  static constexpr int ROWB = kD;                            // fp8 rows, swizzled, unpadded
-  static constexpr int KV_BYTES = kTile * ROWB;
-  static constexpr int MROWS = 8 * NT;                       // query rows per row group
-  static constexpr int STAGE_BYTES = 2 * KV_BYTES + MROWS * kD + MROWS * 4;
-  static constexpr int MERGE_BYTES = 4 * MROWS * kD * 4 + 2 * 4 * MROWS * 4;
-  static constexpr int DESC_BYTES = kDescCache * 8 * 4;
-  static constexpr int SMEM = STAGES * STAGE_BYTES + MERGE_BYTES + DESC_BYTES;
-};
-
-__device__ __forceinline__ void mma_e4m3_16832(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
-  uint32_t r;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
-  return r;
-}
+// Configurations (STAGES, CTAs per SM): see kConfigCps; the plan sizes the persistent grid from
+// hp_decode_ctas_per_sm.
 
 // merge buffer of v3: 16 B unit u of row r stored at u ^ ((r >> 1) & 3): the float4 writes (8 lanes: rows 2t + c,
 // units 4g + q) and the read-out (8 lanes of one row, consecutive units) are conflict-free.
@@ -675,10 +633,306 @@ constexpr int kMaxRowGroups = 8;  // v3 fused merge: counters per pair (R <= 64 
 // the attention kernel also writes the zero rows of empty pairs (kv_len 0), which the combine writes otherwise.
 constexpr int kFuseAll = 1 << 20;
 
-template <int NT, int STAGES, int CPS>
-__global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Params P) {
-  using CF = Cfg3<NT, STAGES>;
+// Descriptor start: B fragments of Q (rows 8nt + g), the score scale and causal limit of rows 8nt + 2tig + c, fresh
+// online-softmax state and O^T.
+template <class CF>
+__device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg,
+                                                    int g, int tig, float kscale, int kv_cap,
+                                                    uint32_t (&qb)[CF::NT][8], float (&o)[CF::NT][8][4],
+                                                    float (&m_)[CF::NT][2], float (&l_)[CF::NT][2],
+                                                    float (&sc)[CF::NT][2], int (&lim_)[CF::NT][2]) {
+  constexpr int NT = CF::NT, MROWS = CF::MROWS;
+  const uint8_t* sQ = sV + CF::KV_BYTES;
+  const float* sQs = reinterpret_cast<const float*>(sQ + MROWS * kD);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int row = 8 * nt + g;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ (row & 7)) * 16));
+      qb[nt][4 * i] = u.x; qb[nt][4 * i + 1] = u.y; qb[nt][4 * i + 2] = u.z; qb[nt][4 * i + 3] = u.w;
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int rowc = 8 * nt + 2 * tig + c;
+      const int rr = rg * MROWS + rowc;
+      const int qi = rr < P.R ? rr / P.ratio : 0;
+      sc[nt][c] = P.sm_scale * kLog2e * sQs[rowc] * kscale;
+      lim_[nt][c] = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
+      m_[nt][c] = -INFINITY;
+      l_[nt][c] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[nt][j][0] = o[nt][j][1] = o[nt][j][2] = o[nt][j][3] = 0.f;
+  }
+}
+
+// S^T = K Q^T on the e4m3 MMA: A = K rows (tokens 16w + g, 16w + g + 8), 32 B each (units 2tig, 2tig + 1); s[nt]
+// holds (token g | g + 8, rows 8nt + 2tig + {0, 1}).
+template <class CF>
+__device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF::NT][8], int warp, int g, int tig,
+                                      float (&s)[CF::NT][4]) {
+  constexpr int NT = CF::NT;
+  uint32_t ka[2][8];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int t = warp * 16 + g + 8 * h;  // t & 7 == g
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4 u = *reinterpret_cast<const uint4*>(sK + t * CF::ROWB + (((2 * tig + i) ^ g) * 16));
+      ka[h][4 * i] = u.x; ka[h][4 * i + 1] = u.y; ka[h][4 * i + 2] = u.z; ka[h][4 * i + 3] = u.w;
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float s2[4] = {0.f, 0.f, 0.f, 0.f};  // two accumulation chains (even / odd k32 steps)
+    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint32_t a[4] = {ka[0][2 * ks], ka[1][2 * ks], ka[0][2 * ks + 1], ka[1][2 * ks + 1]};
+      mma_e4m3_16832((ks & 1) ? s2 : s[nt], a, qb[nt][2 * ks], qb[nt][2 * ks + 1]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] += s2[e];
+  }
+}
+
+// Online softmax update per row (a column of S^T; max over the warp's 16 tokens = lanes of equal tig), O^T
+// rescaled when the running max moves, and P^T as PV's B operand (two movmatrix.trans).
+template <class CF>
+__device__ __forceinline__ void tr_softmax_update(float (&s)[CF::NT][4], const float (&sc)[CF::NT][2],
+                                                  const int (&lim_)[CF::NT][2], int tok0, float (&m_)[CF::NT][2],
+                                                  float (&l_)[CF::NT][2], float (&o)[CF::NT][8][4],
+                                                  uint32_t (&pb)[CF::NT][2]) {
+  constexpr int NT = CF::NT;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float alpha[2], muse[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float v0 = s[nt][c] * sc[nt][c], v1 = s[nt][c + 2] * sc[nt][c];
+      v0 = tok0 < lim_[nt][c] ? v0 : -INFINITY;
+      v1 = tok0 + 8 < lim_[nt][c] ? v1 : -INFINITY;
+      float mx = fmaxf(v0, v1);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float mnew = fmaxf(m_[nt][c], mx);
+      muse[c] = (mnew == -INFINITY) ? 0.f : mnew;
+      alpha[c] = exp2f(m_[nt][c] - muse[c]);
+      m_[nt][c] = mnew;
+      v0 = exp2f(v0 - muse[c]);
+      v1 = exp2f(v1 - muse[c]);
+      l_[nt][c] = l_[nt][c] * alpha[c] + (v0 + v1);  // per-thread partial sum (its 2 tokens), reduced at the end
+      s[nt][c] = v0;
+      s[nt][c + 2] = v1;
+    }
+    if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        o[nt][j][0] *= alpha[0]; o[nt][j][1] *= alpha[1];
+        o[nt][j][2] *= alpha[0]; o[nt][j][3] *= alpha[1];
+      }
+    }
+    // (token g | g + 8, rows 2tig, 2tig + 1) as f16x2 -> transpose -> (row g, tokens 2tig, 2tig + 1 | + 8)
+    pb[nt][0] = movmatrix_trans(pack_p<true>(s[nt][0], s[nt][1]));
+    pb[nt][1] = movmatrix_trans(pack_p<true>(s[nt][2], s[nt][3]));
+  }
+}
+
+// O^T += V^T P^T: A = V^T built in registers from the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9 (dims
+// 16g..16g+15; prmt + exact e4m3 -> f16).
+template <class CF>
+__device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF::NT][2], int warp, int g, int tig,
+                                      float (&o)[CF::NT][8][4]) {
+  constexpr int NT = CF::NT;
+  {
+    uint32_t a4[4], b4[4], c4[4], d4[4];
+    load_v_tokens(sV, warp, g, tig, a4, b4, c4, d4);
+#pragma unroll
+    for (int wq = 0; wq < 2; ++wq) {  // word wq: dims 16g + 4wq.. (rows g), word 2 + wq: dims 16g + 8 + 4wq..
+      const uint32_t ab_lo = __byte_perm(a4[wq], b4[wq], 0x5140), ab_hi = __byte_perm(a4[wq], b4[wq], 0x7362);
+      const uint32_t cd_lo = __byte_perm(c4[wq], d4[wq], 0x5140), cd_hi = __byte_perm(c4[wq], d4[wq], 0x7362);
+      const uint32_t AB_lo = __byte_perm(a4[wq + 2], b4[wq + 2], 0x5140);
+      const uint32_t AB_hi = __byte_perm(a4[wq + 2], b4[wq + 2], 0x7362);
+      const uint32_t CD_lo = __byte_perm(c4[wq + 2], d4[wq + 2], 0x5140);
+      const uint32_t CD_hi = __byte_perm(c4[wq + 2], d4[wq + 2], 0x7362);
+      uint32_t a[4][4];  // m-tiles j = 4wq + 0..3
+      a[0][0] = e4m3x2_to_f16x2(ab_lo); a[0][1] = e4m3x2_to_f16x2(AB_lo);
+      a[0][2] = e4m3x2_to_f16x2(cd_lo); a[0][3] = e4m3x2_to_f16x2(CD_lo);
+      a[1][0] = e4m3x2_hi_to_f16x2(ab_lo); a[1][1] = e4m3x2_hi_to_f16x2(AB_lo);
+      a[1][2] = e4m3x2_hi_to_f16x2(cd_lo); a[1][3] = e4m3x2_hi_to_f16x2(CD_lo);
+      a[2][0] = e4m3x2_to_f16x2(ab_hi); a[2][1] = e4m3x2_to_f16x2(AB_hi);
+      a[2][2] = e4m3x2_to_f16x2(cd_hi); a[2][3] = e4m3x2_to_f16x2(CD_hi);
+      a[3][0] = e4m3x2_hi_to_f16x2(ab_hi); a[3][1] = e4m3x2_hi_to_f16x2(AB_hi);
+      a[3][2] = e4m3x2_hi_to_f16x2(cd_hi); a[3][3] = e4m3x2_hi_to_f16x2(CD_hi);
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma16816<true>(o[nt][4 * wq + b], a[b], pb[nt][0], pb[nt][1]);
+    }
+  }
+}
+
+// End of a descriptor, step 1: the warp's running max, row sums (reduced over the lanes of equal tig) and O^T rows,
+// stored by real dim, into the merge buffer.
+template <class CF>
+__device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], const float (&l_)[CF::NT][2],
+                                               const float (&o)[CF::NT][8][4], float* merge_o, float* merge_m,
+                                               float* merge_l, int warp, int g, int tig) {
+  constexpr int NT = CF::NT, MROWS = CF::MROWS;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float l = l_[nt][c];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      const int r = 8 * nt + 2 * tig + c;
+      if (g == 0) {
+        merge_m[warp * MROWS + r] = m_[nt][c];
+        merge_l[warp * MROWS + r] = l;
+      }
+      // units 4g + q of row r: q = 0, 1: dims 16g + 4q + i (c-slot c); q = 2, 3: dims 16g + 8 + 4(q-2) + i (c + 2)
+      float* mrow = merge_o + (warp * MROWS + r) * kD;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int jb = 4 * (q & 1), e = c + 2 * (q >> 1);
+        *reinterpret_cast<float4*>(mrow + (merge3_swz(r, 4 * g + q) << 2)) =
+            make_float4(o[nt][jb][e], o[nt][jb + 1][e], o[nt][jb + 2][e], o[nt][jb + 3][e]);
+      }
+    }
+}
+
+// End of a descriptor, step 2 (after a barrier): merge the 4 warps' states per row and store the bf16 output (a
+// pair with one chunk: nch() == 1) or the normalized fp32 partial and its natural-log LSE.
+template <class CF, class Nch>
+__device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, const float* merge_m,
+                                         const float* merge_l, const Desc& cdd, int rg, int tid, float vscale,
+                                         Nch nch_of_cd) {
   constexpr int MROWS = CF::MROWS;
+  constexpr int TPR = kThreads / MROWS;  // threads per row
+  constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
+  const int row = tid / TPR, seg = tid % TPR;
+  const int rr = rg * MROWS + row;
+  if (rr < P.R) {
+    float mw[4], M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * MROWS + row]; M = fmaxf(M, mw[w]); }
+    float acc[UPT][4];
+#pragma unroll
+    for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    float L = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float f = exp2f(mw[w] - M);
+        L += merge_l[w * MROWS + row] * f;
+        const float* mrow = merge_o + (w * MROWS + row) * kD;
+#pragma unroll
+        for (int i = 0; i < UPT; ++i) {
+          const float4 x = *reinterpret_cast<const float4*>(mrow + (merge3_swz(row, seg + TPR * i) << 2));
+          acc[i][0] += f * x.x; acc[i][1] += f * x.y; acc[i][2] += f * x.z; acc[i][3] += f * x.w;
+        }
+      }
+    }
+    const float inv = (L > 0.f) ? vscale / L : 0.f;
+    const int qi = rr / P.ratio, hl = rr % P.ratio;
+    if (nch_of_cd() == 1) {
+      const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
+#pragma unroll
+      for (int i = 0; i < UPT; ++i)
+        *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
+            make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
+    } else {
+      const size_t prow = P.part_row(cdd.slot, rr);
+#pragma unroll
+      for (int i = 0; i < UPT; ++i)
+        *reinterpret_cast<float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)) =
+            make_float4(acc[i][0] * inv, acc[i][1] * inv, acc[i][2] * inv, acc[i][3] * inv);
+      if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+// End of a descriptor, step 3 (fused merge, fuse_max > 0): the CTA that writes the last chunk of a pair with
+// 2..fuse_max chunks merges the pair's partials into the bf16 output.
+template <class CF, class Nch, class FirstSlot>
+__device__ __forceinline__ void tr_fused_merge(const Params& P, const Desc& cdd, int rg, int tid, int& s_last,
+                                               Nch nch_of_cd, FirstSlot first_slot) {
+  constexpr int MROWS = CF::MROWS;
+  constexpr int TPR = kThreads / MROWS;  // threads per row
+  constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
+  const int row = tid / TPR, seg = tid % TPR;
+  const int rr = rg * MROWS + row;
+  // Fused merge: the CTA that writes the last of a pair's 2..fuse_max chunks (for this row group) merges
+  // them, so no combine work is left for the pair. Arrival: every writer fences its stores, one atomic per
+  // CTA; the last arriver resets the counter for the next launch and reads the partials from L2.
+  const int nch = nch_of_cd();
+  if (nch > 1 && nch <= P.fuse_max) {
+    __threadfence();
+    __syncthreads();
+    int* ctr = P.counters + (size_t)(cdd.h * P.batch + cdd.r) * kMaxRowGroups + rg;
+    if (tid == 0) {
+      const int last = atomicAdd(ctr, 1) == nch - 1;
+      if (last) *ctr = 0;
+      s_last = last;
+    }
+    __syncthreads();
+    if (s_last) {
+      __threadfence();
+      if (rr < P.R) {
+        const int first = first_slot();
+        float m = -INFINITY, L = 0.f, acc[UPT][4];
+#pragma unroll
+        for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+        for (int c0 = 0; c0 < nch; c0 += 4) {  // 4 chunks' LSE + rows in flight, online max (as combine_kernel<true>)
+          float lv[4];
+          float4 x[4][UPT];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const bool ok = c0 + u < nch;
+            const size_t prow = P.part_row(first + c0 + u, rr);
+            lv[u] = ok ? __ldcg(P.part_lse + prow) : -INFINITY;
+#pragma unroll
+            for (int i = 0; i < UPT; ++i)
+              x[u][i] = ok ? __ldcg(reinterpret_cast<const float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)))
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
+          const float mnew = fmaxf(m, fmaxf(fmaxf(lv[0], lv[1]), fmaxf(lv[2], lv[3])));
+          if (mnew == -INFINITY) continue;
+          const float f = expf(m - mnew);
+          L *= f;
+#pragma unroll
+          for (int i = 0; i < UPT; ++i) { acc[i][0] *= f; acc[i][1] *= f; acc[i][2] *= f; acc[i][3] *= f; }
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const float w = expf(lv[u] - mnew);
+            L += w;
+#pragma unroll
+            for (int i = 0; i < UPT; ++i) {
+              acc[i][0] += w * x[u][i].x; acc[i][1] += w * x[u][i].y;
+              acc[i][2] += w * x[u][i].z; acc[i][3] += w * x[u][i].w;
+            }
+          }
+          m = mnew;
+        }
+        const float inv = (L > 0.f) ? 1.f / L : 0.f;
+        const int qi = rr / P.ratio, hl = rr % P.ratio;
+        const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
+#pragma unroll
+        for (int i = 0; i < UPT; ++i)
+          *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
+              make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
+      }
+    }
+  }
+}
+
+template <class CF>
+__device__ __forceinline__ void attention_transposed(const Params& P) {
+  constexpr int NT = CF::NT, STAGES = CF::STAGES, MROWS = CF::MROWS;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* stages = smem;
   float* merge_o = reinterpret_cast<float*>(smem + STAGES * CF::STAGE_BYTES);
@@ -703,44 +957,39 @@ __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Param
     // descriptor reads), so it is fetched beside the bin bounds; num_chunks (needed only at a descriptor's end)
     // arrives by cp.async with the first stage's group instead of blocking.
     __shared__ int s_len[kLenCache];
-    const int* bin_start = P.ws + 8;
+    const TaskMap<const int> tm = P.task_map();
+    const int* bin_start = tm.bin_start();
     d_begin = bin_start[blockIdx.x];
     d_end = bin_start[blockIdx.x + 1];
     const bool lens_cached = P.batch <= kLenCache;
     if (lens_cached)
       for (int i = tid; i < P.batch; i += kThreads) s_len[i] = max(P.kv_lens[i], 0);
     __syncthreads();
-    const int* desc = P.ws + 8 + (P.C + 1);
-    const int* nchunks = desc + 4 * (P.max_pairs + P.C) + P.max_pairs;
+    const int* desc = tm.desc();
+    const int* nchunks = tm.num_chunks();
     for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
       int d = d_begin + i;
-      const int4 dd = make_int4(desc[4 * d], desc[4 * d + 1], desc[4 * d + 2], desc[4 * d + 3]);  // 4 B aligned only
+      const int* dp = desc + kDescInts * d;
+      const int4 dd = make_int4(dp[0], dp[1], dp[2], dp[3]);  // 4 B aligned only: four loads
       int* e = dcache + 8 * i;
       e[0] = dd.x; e[1] = dd.y; e[2] = dd.z; e[3] = dd.w;
       e[4] = d; e[6] = lens_cached ? s_len[dd.x] : max(P.kv_lens[dd.x], 0);
       cp_async4(e + 5, nchunks + dd.y * P.batch + dd.x, true);  // completes with the first stage's group
-      cp_async4(e + 7, nchunks - P.max_pairs + dd.y * P.batch + dd.x, true);  // chunk_start (fused merge)
+      cp_async4(e + 7, tm.chunk_start() + dd.y * P.batch + dd.x, true);  // chunk_start (fused merge)
     }
   } else {
-    Desc sd;
-    if (static_desc(P, sd)) {
-      d_end = 1;
-      if (tid == 0) {
-        int* e = dcache;
-        e[0] = sd.r; e[1] = sd.h; e[2] = sd.tb; e[3] = sd.te; e[4] = sd.slot; e[5] = sd.nch; e[6] = sd.kvlen;
-      }
-    }
+    d_end = cache_static_desc(P, dcache, tid);
   }
   __syncthreads();
   if (P.mode == kDynamic && P.fuse_max >= kFuseAll) {  // fuse-all: zero rows of empty pairs (see kFuseAll)
-    const int* nchunks = P.ws + 8 + (P.C + 1) + 4 * (P.max_pairs + P.C) + P.max_pairs;  // [h * batch + r]
+    const int* nchunks = P.task_map().num_chunks();  // [h * batch + r]
     const int r0 = rg * MROWS, r1 = min(r0 + MROWS, P.R);
     for (int p = blockIdx.x; p < P.batch * P.H; p += gridDim.x) {
       if (nchunks[p] != 0) continue;  // the same for every thread of the CTA
       const int r = p % P.batch, h = p / P.batch;
       for (int i = tid; i < (r1 - r0) * (kD / 8); i += kThreads) {
         const int rr = r0 + i / (kD / 8), qi = rr / P.ratio, hl = rr % P.ratio;
-        const size_t orow = ((size_t)r * P.q_len + qi) * P.q_heads + h * P.ratio + hl;
+        const size_t orow = P.head_row(r, h, qi, hl);
         reinterpret_cast<uint4*>(P.out + orow * kD)[i % (kD / 8)] = make_uint4(0u, 0u, 0u, 0u);
       }
     }
@@ -755,10 +1004,7 @@ __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Param
       o.r = e[0]; o.h = e[1]; o.tb = e[2]; o.te = e[3]; o.slot = e[4]; o.kvlen = e[6];
       o.nch = (P.mode == kDynamic) ? -1 : e[5];  // dynamic: e[5] may still be in flight (cp.async): nch_of()
     } else {
-      const int* desc = P.ws + 8 + (P.C + 1);
-      const int* nchunks = desc + 4 * (P.max_pairs + P.C) + P.max_pairs;
-      o.r = desc[4 * d]; o.h = desc[4 * d + 1]; o.tb = desc[4 * d + 2]; o.te = desc[4 * d + 3];
-      o.slot = d; o.nch = nchunks[o.h * P.batch + o.r]; o.kvlen = max(P.kv_lens[o.r], 0);
+      o = global_desc(P, d);
     }
     return o;
   };
@@ -773,8 +1019,7 @@ __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Param
     if (P.mode != kDynamic) return (dd.h * P.batch + dd.r) * P.splits;
     const int i = d - d_begin;
     if (i < kDescCache) return dcache[8 * i + 7];
-    const int* cs = P.ws + 8 + (P.C + 1) + 4 * (P.max_pairs + P.C);
-    return cs[dd.h * P.batch + dd.r];
+    return P.task_map().chunk_start()[dd.h * P.batch + dd.r];
   };
   __shared__ int s_last;
 
@@ -800,7 +1045,7 @@ __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Param
       if (!whole_pages && ok) page = __ldg(bt + (tok >> P.page_shift));
       ok = ok && page >= 0 && page < P.num_pages;
       const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
-      const size_t off = ok ? (slot * P.H + d.h) * kD + ch * 16 : 0;
+      const size_t off = ok ? P.kv_row(slot, d.h) * kD + ch * 16 : 0;
       const int dcol = (ch ^ (tl & 7)) * 16;
       cp_async16(sK + tl * CF::ROWB + dcol, kbase + off, ok);
       cp_async16(sV + tl * CF::ROWB + dcol, vbase + off, ok);
@@ -814,7 +1059,7 @@ __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Param
         const int rr = rg * MROWS + row;
         const bool ok = rr < P.R;
         const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
-        const size_t qrow = (size_t)d.r * P.q_len + qi;
+        const size_t qrow = (size_t)d.r * P.q_len + qi;  // not P.head_row(): see the row layout's Q load
         const size_t off = ok ? (qrow * P.q_heads + d.h * P.ratio + hl) * kD + u * 16 : 0;
         cp_async16(sQ + row * kD + ((u ^ (row & 7)) * 16), qbase + off, ok);
       }
@@ -822,7 +1067,7 @@ __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Param
         const int rr = rg * MROWS + tid;
         const bool ok = rr < P.R;
         const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
-        const size_t idx = ok ? ((size_t)d.r * P.q_len + qi) * P.q_heads + d.h * P.ratio + hl : 0;
+        const size_t idx = ok ? P.head_row(d.r, d.h, qi, hl) : 0;
         cp_async4(sQs + tid, P.q_scale + idx, ok);
       }
     }
@@ -865,258 +1110,27 @@ __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Param
     const uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     const uint8_t* sV = sK + CF::KV_BYTES;
 
-    if (ct == cdd.tb) {  // descriptor start: Q fragments, per-row scales and causal limits, fresh state
-      const uint8_t* sQ = sV + CF::KV_BYTES;
-      const float* sQs = reinterpret_cast<const float*>(sQ + MROWS * kD);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int row = 8 * nt + g;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ (row & 7)) * 16));
-          qb[nt][4 * i] = u.x; qb[nt][4 * i + 1] = u.y; qb[nt][4 * i + 2] = u.z; qb[nt][4 * i + 3] = u.w;
-        }
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int rowc = 8 * nt + 2 * tig + c;
-          const int rr = rg * MROWS + rowc;
-          const int qi = rr < P.R ? rr / P.ratio : 0;
-          sc[nt][c] = P.sm_scale * kLog2e * sQs[rowc] * kscale;
-          lim_[nt][c] = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
-          m_[nt][c] = -INFINITY;
-          l_[nt][c] = 0.f;
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) o[nt][j][0] = o[nt][j][1] = o[nt][j][2] = o[nt][j][3] = 0.f;
-      }
-    }
+    if (ct == cdd.tb)
+      tr_begin_descriptor<CF>(P, sV, cdd, rg, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
 
-    // ---- S^T = K Q^T: A = K rows (tokens 16w + g, 16w + g + 8), 32 B each (units 2tig, 2tig + 1) ----
-    uint32_t ka[2][8];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int t = warp * 16 + g + 8 * h;  // t & 7 == g
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint4 u = *reinterpret_cast<const uint4*>(sK + t * CF::ROWB + (((2 * tig + i) ^ g) * 16));
-        ka[h][4 * i] = u.x; ka[h][4 * i + 1] = u.y; ka[h][4 * i + 2] = u.z; ka[h][4 * i + 3] = u.w;
-      }
-    }
+    // ---- S^T = K Q^T ----
     float s[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      float s2[4] = {0.f, 0.f, 0.f, 0.f};  // two accumulation chains (even / odd k32 steps)
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const uint32_t a[4] = {ka[0][2 * ks], ka[1][2 * ks], ka[0][2 * ks + 1], ka[1][2 * ks + 1]};
-        mma_e4m3_16832((ks & 1) ? s2 : s[nt], a, qb[nt][2 * ks], qb[nt][2 * ks + 1]);
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] += s2[e];
-    }
+    tr_qk<CF>(sK, qb, warp, g, tig, s);
 
-    // ---- online softmax per row (column of S^T): max over the warp's 16 tokens (lanes of equal tig) ----
-    const int tok0 = ct * kTile + warp * 16 + g;
+    // ---- online softmax per row ----
     uint32_t pb[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      float alpha[2], muse[2];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float v0 = s[nt][c] * sc[nt][c], v1 = s[nt][c + 2] * sc[nt][c];
-        v0 = tok0 < lim_[nt][c] ? v0 : -INFINITY;
-        v1 = tok0 + 8 < lim_[nt][c] ? v1 : -INFINITY;
-        float mx = fmaxf(v0, v1);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float mnew = fmaxf(m_[nt][c], mx);
-        muse[c] = (mnew == -INFINITY) ? 0.f : mnew;
-        alpha[c] = exp2f(m_[nt][c] - muse[c]);
-        m_[nt][c] = mnew;
-        v0 = exp2f(v0 - muse[c]);
-        v1 = exp2f(v1 - muse[c]);
-        l_[nt][c] = l_[nt][c] * alpha[c] + (v0 + v1);  // per-thread partial sum (its 2 tokens), reduced at the end
-        s[nt][c] = v0;
-        s[nt][c + 2] = v1;
-      }
-      if (alpha[0] != 1.f || alpha[1] != 1.f) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          o[nt][j][0] *= alpha[0]; o[nt][j][1] *= alpha[1];
-          o[nt][j][2] *= alpha[0]; o[nt][j][3] *= alpha[1];
-        }
-      }
-      // (token g | g + 8, rows 2tig, 2tig + 1) as f16x2 -> transpose -> (row g, tokens 2tig, 2tig + 1 | + 8)
-      pb[nt][0] = movmatrix_trans(pack_p<true>(s[nt][0], s[nt][1]));
-      pb[nt][1] = movmatrix_trans(pack_p<true>(s[nt][2], s[nt][3]));
-    }
+    tr_softmax_update<CF>(s, sc, lim_, ct * kTile + warp * 16 + g, m_, l_, o, pb);
 
-    // ---- O^T += V^T P^T: A = V^T from the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9, dims 16g.. ----
-    {
-      const int t0 = warp * 16 + 2 * tig;
-      auto ldv = [&](int t) {
-        return *reinterpret_cast<const uint4*>(sV + t * CF::ROWB + ((g ^ (t & 7)) * 16));
-      };
-      const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
-      const uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
-      const uint32_t c4[4] = {vc.x, vc.y, vc.z, vc.w}, d4[4] = {vd.x, vd.y, vd.z, vd.w};
-#pragma unroll
-      for (int wq = 0; wq < 2; ++wq) {  // word wq: dims 16g + 4wq.. (rows g), word 2 + wq: dims 16g + 8 + 4wq..
-        const uint32_t ab_lo = __byte_perm(a4[wq], b4[wq], 0x5140), ab_hi = __byte_perm(a4[wq], b4[wq], 0x7362);
-        const uint32_t cd_lo = __byte_perm(c4[wq], d4[wq], 0x5140), cd_hi = __byte_perm(c4[wq], d4[wq], 0x7362);
-        const uint32_t AB_lo = __byte_perm(a4[wq + 2], b4[wq + 2], 0x5140);
-        const uint32_t AB_hi = __byte_perm(a4[wq + 2], b4[wq + 2], 0x7362);
-        const uint32_t CD_lo = __byte_perm(c4[wq + 2], d4[wq + 2], 0x5140);
-        const uint32_t CD_hi = __byte_perm(c4[wq + 2], d4[wq + 2], 0x7362);
-        uint32_t a[4][4];  // m-tiles j = 4wq + 0..3
-        a[0][0] = e4m3x2_to_f16x2(ab_lo); a[0][1] = e4m3x2_to_f16x2(AB_lo);
-        a[0][2] = e4m3x2_to_f16x2(cd_lo); a[0][3] = e4m3x2_to_f16x2(CD_lo);
-        a[1][0] = e4m3x2_hi_to_f16x2(ab_lo); a[1][1] = e4m3x2_hi_to_f16x2(AB_lo);
-        a[1][2] = e4m3x2_hi_to_f16x2(cd_lo); a[1][3] = e4m3x2_hi_to_f16x2(CD_lo);
-        a[2][0] = e4m3x2_to_f16x2(ab_hi); a[2][1] = e4m3x2_to_f16x2(AB_hi);
-        a[2][2] = e4m3x2_to_f16x2(cd_hi); a[2][3] = e4m3x2_to_f16x2(CD_hi);
-        a[3][0] = e4m3x2_hi_to_f16x2(ab_hi); a[3][1] = e4m3x2_hi_to_f16x2(AB_hi);
-        a[3][2] = e4m3x2_hi_to_f16x2(cd_hi); a[3][3] = e4m3x2_hi_to_f16x2(CD_hi);
-#pragma unroll
-        for (int b = 0; b < 4; ++b)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma16816<true>(o[nt][4 * wq + b], a[b], pb[nt][0], pb[nt][1]);
-      }
-    }
+    // ---- O^T += V^T P^T ----
+    tr_pv<CF>(sV, pb, warp, g, tig, o);
 
     // ---- advance; epilogue at the end of a descriptor ----
     if (++ct >= cdd.te) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          float l = l_[nt][c];
-          l += __shfl_xor_sync(0xffffffffu, l, 4);
-          l += __shfl_xor_sync(0xffffffffu, l, 8);
-          l += __shfl_xor_sync(0xffffffffu, l, 16);
-          const int r = 8 * nt + 2 * tig + c;
-          if (g == 0) {
-            merge_m[warp * MROWS + r] = m_[nt][c];
-            merge_l[warp * MROWS + r] = l;
-          }
-          // units 4g + q of row r: q = 0, 1: dims 16g + 4q + i (c-slot c); q = 2, 3: dims 16g + 8 + 4(q-2) + i (c + 2)
-          float* mrow = merge_o + (warp * MROWS + r) * kD;
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int jb = 4 * (q & 1), e = c + 2 * (q >> 1);
-            *reinterpret_cast<float4*>(mrow + (merge3_swz(r, 4 * g + q) << 2)) =
-                make_float4(o[nt][jb][e], o[nt][jb + 1][e], o[nt][jb + 2][e], o[nt][jb + 3][e]);
-          }
-        }
+      tr_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
       __syncthreads();
-      {
-        constexpr int TPR = kThreads / MROWS;  // threads per row
-        constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
-        const int row = tid / TPR, seg = tid % TPR;
-        const int rr = rg * MROWS + row;
-        if (rr < P.R) {
-          float mw[4], M = -INFINITY;
-#pragma unroll
-          for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * MROWS + row]; M = fmaxf(M, mw[w]); }
-          float acc[UPT][4];
-#pragma unroll
-          for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-          float L = 0.f;
-          if (M != -INFINITY) {
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-              const float f = exp2f(mw[w] - M);
-              L += merge_l[w * MROWS + row] * f;
-              const float* mrow = merge_o + (w * MROWS + row) * kD;
-#pragma unroll
-              for (int i = 0; i < UPT; ++i) {
-                const float4 x = *reinterpret_cast<const float4*>(mrow + (merge3_swz(row, seg + TPR * i) << 2));
-                acc[i][0] += f * x.x; acc[i][1] += f * x.y; acc[i][2] += f * x.z; acc[i][3] += f * x.w;
-              }
-            }
-          }
-          const float inv = (L > 0.f) ? vscale / L : 0.f;
-          const int qi = rr / P.ratio, hl = rr % P.ratio;
-          if (nch_of(cd) == 1) {
-            const size_t orow = ((size_t)cdd.r * P.q_len + qi) * P.q_heads + cdd.h * P.ratio + hl;
-#pragma unroll
-            for (int i = 0; i < UPT; ++i)
-              *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
-                  make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
-          } else {
-            const size_t prow = (size_t)cdd.slot * P.R + rr;
-#pragma unroll
-            for (int i = 0; i < UPT; ++i)
-              *reinterpret_cast<float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)) =
-                  make_float4(acc[i][0] * inv, acc[i][1] * inv, acc[i][2] * inv, acc[i][3] * inv);
-            if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
-          }
-        }
-        // Fused merge: the CTA that writes the last of a pair's 2..fuse_max chunks (for this row group) merges
-        // them, so no combine work is left for the pair. Arrival: every writer fences its stores, one atomic per
-        // CTA; the last arriver resets the counter for the next launch and reads the partials from L2.
-        const int nch = nch_of(cd);
-        if (nch > 1 && nch <= P.fuse_max) {
-          __threadfence();
-          __syncthreads();
-          int* ctr = P.counters + (size_t)(cdd.h * P.batch + cdd.r) * kMaxRowGroups + rg;
-          if (tid == 0) {
-            const int last = atomicAdd(ctr, 1) == nch - 1;
-            if (last) *ctr = 0;
-            s_last = last;
-          }
-          __syncthreads();
-          if (s_last) {
-            __threadfence();
-            if (rr < P.R) {
-              const int first = first_slot_of(cd, cdd);
-              float m = -INFINITY, L = 0.f, acc[UPT][4];
-#pragma unroll
-              for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-              for (int c0 = 0; c0 < nch; c0 += 4) {  // 4 chunks' LSE + rows in flight, online max (as combine1)
-                float lv[4];
-                float4 x[4][UPT];
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                  const bool ok = c0 + u < nch;
-                  const size_t prow = (size_t)(first + c0 + u) * P.R + rr;
-                  lv[u] = ok ? __ldcg(P.part_lse + prow) : -INFINITY;
-#pragma unroll
-                  for (int i = 0; i < UPT; ++i)
-                    x[u][i] = ok ? __ldcg(reinterpret_cast<const float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)))
-                                 : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-                const float mnew = fmaxf(m, fmaxf(fmaxf(lv[0], lv[1]), fmaxf(lv[2], lv[3])));
-                if (mnew == -INFINITY) continue;
-                const float f = expf(m - mnew);
-                L *= f;
-#pragma unroll
-                for (int i = 0; i < UPT; ++i) { acc[i][0] *= f; acc[i][1] *= f; acc[i][2] *= f; acc[i][3] *= f; }
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                  const float w = expf(lv[u] - mnew);
-                  L += w;
-#pragma unroll
-                  for (int i = 0; i < UPT; ++i) {
-                    acc[i][0] += w * x[u][i].x; acc[i][1] += w * x[u][i].y;
-                    acc[i][2] += w * x[u][i].z; acc[i][3] += w * x[u][i].w;
-                  }
-                }
-                m = mnew;
-              }
-              const float inv = (L > 0.f) ? 1.f / L : 0.f;
-              const int qi = rr / P.ratio, hl = rr % P.ratio;
-              const size_t orow = ((size_t)cdd.r * P.q_len + qi) * P.q_heads + cdd.h * P.ratio + hl;
-#pragma unroll
-              for (int i = 0; i < UPT; ++i)
-                *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
-                    make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
-            }
-          }
-        }
-      }
+      auto nch_of_cd = [&]() { return nch_of(cd); };
+      tr_store<CF>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale, nch_of_cd);
+      tr_fused_merge<CF>(P, cdd, rg, tid, s_last, nch_of_cd, [&]() { return first_slot_of(cd, cdd); });
       if (++cd >= d_end) break;
       cdd = fetch(cd);
       ct = cdd.tb;
@@ -1125,26 +1139,31 @@ __global__ void __launch_bounds__(kThreads, CPS) attention_v3_kernel(const Param
   cp_wait<0>();
 }
 
+// The attention kernel: one template over Traits; the layout picks the body (both read the same task map and write
+// the same partial layout).
+template <class T>
+__global__ void __launch_bounds__(kThreads, T::CPS) attention_kernel(const Params P) {
+  if constexpr (T::TRANSPOSED) attention_transposed<T>(P);
+  else attention_rows<T>(P);
+}
+
 // combine: one CTA per (row, pair) (grid (R, pairs): a long pair's rows land on R different SMs), 8 warps split
 // the pair's chunks (warp w merges chunks w, w+8, ...; lanes own 4 dims, 16 B loads, 4 chunks in flight per warp)
 // and are merged through smem. A pair with one chunk returns at once (the attention kernel wrote it); 0 chunks
 // or a row that saw no key -> zeros. The merge order depends only on the pair's chunk count, so batch-invariant
-// mode stays bit-identical.
+// mode stays bit-identical. Two forms (ONLINE), one kernel template:
+//  - ONLINE = false (run after the row layout): block max of the chunks' LSE first, then the weighted partials.
+//  - ONLINE = true (run after the transposed layout): a warp loads its chunks' LSE and partial rows together and
+//    keeps an online max, so one dependent L2 round trip per 32 chunks instead of two or more; warps are merged
+//    through smem with their own maxima. Pairs with 2..fuse_max chunks were merged by the attention kernel.
 constexpr int kCombineWarps = 8;
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Params P) {
-  __shared__ float4 s_acc[kCombineWarps][32];
-  __shared__ float s_l[kCombineWarps], s_m[kCombineWarps];
-  cudaGridDependencySynchronize();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int rr = blockIdx.x;
-  const int p = blockIdx.y;
-  if (rr >= P.R || p >= P.batch * P.H) return;
-  const int r = p % P.batch, h = p / P.batch;
-  int n, first;
+
+// Chunk count and first partial slot of pair p = h * batch + r: the task map's (dynamic) or static_desc's.
+__device__ __forceinline__ void pair_chunks(const Params& P, int p, int r, int& n, int& first) {
   if (P.mode == kDynamic) {
-    const int* cs = P.ws + 8 + (P.C + 1) + 4 * (P.max_pairs + P.C);
-    n = cs[P.max_pairs + p];
-    first = cs[p];
+    const TaskMap<const int> tm = P.task_map();
+    n = tm.num_chunks()[p];
+    first = tm.chunk_start()[p];
   } else {
     const int kvlen = max(P.kv_lens[r], 0);
     const int tiles = (kvlen + kTile - 1) / kTile;
@@ -1152,10 +1171,12 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Param
     n = (tiles == 0 || ct <= 0) ? 0 : min((tiles + ct - 1) / ct, P.splits);
     first = p * P.splits;
   }
-  if (n == 1) return;  // written directly by the attention kernel
-  const int qi = rr / P.ratio, hl = rr % P.ratio;
-  const size_t orow = ((size_t)r * P.q_len + qi) * P.q_heads + h * P.ratio + hl;
-  const float* lse = P.part_lse + (size_t)first * P.R + rr;  // chunk i at lse[i * R]
+}
+
+// Two-pass merge: returns the warp's weighted sum of its chunks (weights relative to the block max M, which every
+// warp computes first); L gets the warp's sum of weights.
+__device__ __forceinline__ float4 combine_two_pass(const Params& P, const float* lse, int first, int rr, int n,
+                                                   int warp, int lane, float* s_m, float& L) {
   // block max of the chunks' LSE
   float M = -INFINITY;
   for (int i = threadIdx.x; i < n; i += kCombineWarps * 32) M = fmaxf(M, lse[(size_t)i * P.R]);
@@ -1167,9 +1188,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Param
 #pragma unroll
   for (int w = 1; w < kCombineWarps; ++w) M = fmaxf(M, s_m[w]);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float L = 0.f;
+  L = 0.f;
   if (M != -INFINITY) {  // n == 0 or every chunk empty for this row: zeros
-    const float4* po = reinterpret_cast<const float4*>(P.part_o + ((size_t)first * P.R + rr) * kD) + lane;
+    const float4* po = reinterpret_cast<const float4*>(P.part_o + P.part_row(first, rr) * kD) + lane;
     const size_t cstride = (size_t)P.R * kD / 4;  // float4s between chunks
     int i = warp;
     for (; i + 3 * kCombineWarps < n; i += 4 * kCombineWarps) {  // 4 independent loads in flight
@@ -1195,61 +1216,18 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Param
       acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
     }
   }
-  s_acc[warp][lane] = acc;
-  if (lane == 0) s_l[warp] = L;
-  __syncthreads();
-  if (warp != 0) return;
-  float4 t = s_acc[0][lane];
-  float Lt = s_l[0];
-#pragma unroll
-  for (int w = 1; w < kCombineWarps; ++w) {
-    const float4 y = s_acc[w][lane];
-    t.x += y.x; t.y += y.y; t.z += y.z; t.w += y.w;
-    Lt += s_l[w];
-  }
-  const float inv = (Lt > 0.f) ? 1.f / Lt : 0.f;
-  uint2 pk;
-  pk.x = pack_bf16(t.x * inv, t.y * inv);
-  pk.y = pack_bf16(t.z * inv, t.w * inv);
-  reinterpret_cast<uint2*>(P.out + orow * kD)[lane] = pk;
+  return acc;
 }
 
-// combine, one-round-trip form (used with the v3 attention variants): the same grid and warp split as combine_kernel,
-// but a warp loads its chunks' LSE and partial rows together (4 chunks in flight) and keeps an online max, instead
-// of first reducing the max over all LSEs and then loading the partials: one dependent L2 round trip per 32 chunks
-// instead of two or more. Pairs with 2..fuse_max chunks were merged by the v3 attention kernel and are skipped. Warps are merged through smem with their own maxima. The merge order
-// still depends only on the pair's chunk count (batch invariance kept).
-__global__ void __launch_bounds__(kCombineWarps * 32) combine1_kernel(const Params P) {
-  __shared__ float4 s_acc[kCombineWarps][32];
-  __shared__ float s_l[kCombineWarps], s_m[kCombineWarps];
-  cudaGridDependencySynchronize();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int rr = blockIdx.x;
-  const int p = blockIdx.y;
-  if (rr >= P.R || p >= P.batch * P.H) return;
-  const int r = p % P.batch, h = p / P.batch;
-  int n, first;
-  if (P.mode == kDynamic) {
-    const int* cs = P.ws + 8 + (P.C + 1) + 4 * (P.max_pairs + P.C);
-    n = cs[P.max_pairs + p];
-    first = cs[p];
-  } else {
-    const int kvlen = max(P.kv_lens[r], 0);
-    const int tiles = (kvlen + kTile - 1) / kTile;
-    const int ct = (P.mode == kStaticCount) ? (tiles + P.splits - 1) / P.splits : P.chunk_tiles;
-    n = (tiles == 0 || ct <= 0) ? 0 : min((tiles + ct - 1) / ct, P.splits);
-    first = p * P.splits;
-  }
-  if (n == 1 || (n > 1 && n <= P.fuse_max)) return;  // written by the attention kernel (directly / fused merge)
-  const int qi = rr / P.ratio, hl = rr % P.ratio;
-  const size_t orow = ((size_t)r * P.q_len + qi) * P.q_heads + h * P.ratio + hl;
-  const float* lse = P.part_lse + (size_t)first * P.R + rr;
-  const float4* po = reinterpret_cast<const float4*>(P.part_o + ((size_t)first * P.R + rr) * kD) + lane;
+// Online merge: returns the warp's sum of its chunks weighted relative to the warp's own max m.
+__device__ __forceinline__ float4 combine_online(const Params& P, const float* lse, const float4* po, int n,
+                                                 int warp, float& m, float& L) {
   const size_t cstride = (size_t)P.R * kD / 4;
-  float m = -INFINITY, L = 0.f;
+  m = -INFINITY;
+  L = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  // 4 chunks per warp in flight (n <= 32 in one round trip); 8 measured slower on the H200 (78 registers: fewer
-  // combine CTAs resident early beside the attention kernel).
+  // 4 chunks per warp in flight (n <= 32 in one round trip); 8 measured slower (78 registers: fewer combine CTAs
+  // resident early beside the attention kernel).
   for (int i = warp; i < n; i += 4 * kCombineWarps) {
     float lv[4];
     float4 x[4];
@@ -1272,29 +1250,77 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine1_kernel(const Para
     }
     m = mnew;
   }
-  s_acc[warp][lane] = acc;
-  if (lane == 0) { s_l[warp] = L; s_m[warp] = m; }
-  __syncthreads();
-  if (warp != 0) return;
-  float M = s_m[0];
-#pragma unroll
-  for (int w = 1; w < kCombineWarps; ++w) M = fmaxf(M, s_m[w]);
-  float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
-  float Lt = 0.f;
-  if (M != -INFINITY) {
-#pragma unroll
-    for (int w = 0; w < kCombineWarps; ++w) {
-      const float f = expf(s_m[w] - M);
-      const float4 y = s_acc[w][lane];
-      t.x += f * y.x; t.y += f * y.y; t.z += f * y.z; t.w += f * y.w;
-      Lt += f * s_l[w];
-    }
-  }
-  const float inv = (Lt > 0.f) ? 1.f / Lt : 0.f;  // n == 0 or no key seen: zeros
+  return acc;
+}
+
+// 4 dims of an output row (lane's 16 B of fp32 -> 8 B of bf16), scaled by inv.
+__device__ __forceinline__ void store_out4(const Params& P, size_t orow, int lane, float4 t, float inv) {
   uint2 pk;
   pk.x = pack_bf16(t.x * inv, t.y * inv);
   pk.y = pack_bf16(t.z * inv, t.w * inv);
   reinterpret_cast<uint2*>(P.out + orow * kD)[lane] = pk;
+}
+
+template <bool ONLINE>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Params P) {
+  __shared__ float4 s_acc[kCombineWarps][32];
+  __shared__ float s_l[kCombineWarps], s_m[kCombineWarps];
+  cudaGridDependencySynchronize();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rr = blockIdx.x;
+  const int p = blockIdx.y;
+  if (rr >= P.R || p >= P.batch * P.H) return;
+  const int r = p % P.batch, h = p / P.batch;
+  int n, first;
+  pair_chunks(P, p, r, n, first);
+  if constexpr (ONLINE) {
+    if (n == 1 || (n > 1 && n <= P.fuse_max)) return;  // written by the attention kernel (directly / fused merge)
+  } else {
+    if (n == 1) return;  // written directly by the attention kernel
+  }
+  const int qi = rr / P.ratio, hl = rr % P.ratio;
+  const size_t orow = P.head_row(r, h, qi, hl);
+  const float* lse = P.part_lse + P.part_row(first, rr);  // chunk i at lse[i * R]
+  if constexpr (ONLINE) {
+    const float4* po = reinterpret_cast<const float4*>(P.part_o + P.part_row(first, rr) * kD) + lane;
+    float m, L;
+    const float4 acc = combine_online(P, lse, po, n, warp, m, L);
+    s_acc[warp][lane] = acc;
+    if (lane == 0) { s_l[warp] = L; s_m[warp] = m; }
+    __syncthreads();
+    if (warp != 0) return;
+    float M = s_m[0];
+#pragma unroll
+    for (int w = 1; w < kCombineWarps; ++w) M = fmaxf(M, s_m[w]);
+    float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+    float Lt = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kCombineWarps; ++w) {
+        const float f = expf(s_m[w] - M);
+        const float4 y = s_acc[w][lane];
+        t.x += f * y.x; t.y += f * y.y; t.z += f * y.z; t.w += f * y.w;
+        Lt += f * s_l[w];
+      }
+    }
+    store_out4(P, orow, lane, t, (Lt > 0.f) ? 1.f / Lt : 0.f);  // n == 0 or no key seen: zeros
+  } else {
+    float L;
+    const float4 acc = combine_two_pass(P, lse, first, rr, n, warp, lane, s_m, L);
+    s_acc[warp][lane] = acc;
+    if (lane == 0) s_l[warp] = L;
+    __syncthreads();
+    if (warp != 0) return;
+    float4 t = s_acc[0][lane];
+    float Lt = s_l[0];
+#pragma unroll
+    for (int w = 1; w < kCombineWarps; ++w) {
+      const float4 y = s_acc[w][lane];
+      t.x += y.x; t.y += y.y; t.z += y.z; t.w += y.w;
+      Lt += s_l[w];
+    }
+    store_out4(P, orow, lane, t, (Lt > 0.f) ? 1.f / Lt : 0.f);
+  }
 }
 
 Params make_params(const void* q, const float* q_scale, const void* k, const void* v, const int* block_table,
@@ -1315,141 +1341,84 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
   return P;
 }
 
-template <typename K>
-int launch(K kernel, dim3 grid, dim3 block, int smem, bool pdl, cudaStream_t stream, const Params& P) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, P);
-  if (e != cudaSuccess) return (int)e;
-  return (int)cudaGetLastError();
+// Kernel configurations, by the id the Python loader passes (hotpaths.kernels.split_kv_decode.CONFIGS maps the
+// variant names): 0 = row layout ("v2"), 1..4 = transposed layout {stages, CTAs per SM} 4/2 ("v3"), 3/3 ("v3s3c3"),
+// 5/2 ("v3s5"), 2/4 ("v3s2c4"). BF16 KV always runs the row layout (the transposed products are FP8 only). Row
+// groups of 9-16 rows in the transposed layout run 4 stages / 2 CTAs per SM (their merge buffer is twice as large);
+// a config whose CTAs per SM is higher then runs its persistent grid in more than one wave (correct, slower).
+// spills-ok(TraitsILb1ELb1ELi2ELi4ELi1EE): transposed, 2 stages / 4 CTAs per SM caps the kernel at 128 registers and it spills 4
+// bytes; it is the configuration `auto` picks for batches without a dominant request, and the fastest there as
+// measured, spill included (docs/notes/split_kv_decode.md).
+constexpr int kNumConfigs = 5;
+constexpr int kConfigCps[kNumConfigs] = {RowFp8::CPS, Transposed<4, 2>::CPS, Transposed<3, 3>::CPS,
+                                         Transposed<5, 2>::CPS, Transposed<2, 4>::CPS};
+static_assert(RowFp8::CPS == RowBf16::CPS, "the row layout sizes its grid the same for both dtypes");
+
+template <class T>
+int launch_attention(const dim3 grid, bool pdl, cudaStream_t stream, const Params& P) {
+  hp::LaunchOptions opt;
+  opt.pdl = pdl;
+  return (int)hp::launch(attention_kernel<T>, grid, dim3(kThreads), T::SMEM, stream, opt, P);
+}
+
+bool valid_shape(int batch, int H, int q_heads, int q_len) {
+  return batch > 0 && H > 0 && q_heads % H == 0 && q_len > 0;
 }
 
 }  // namespace
 
-extern "C" int hp_decode_smem_bytes(int kv_fp8) { return kv_fp8 ? Cfg<true>::SMEM : Cfg<false>::SMEM; }
-extern "C" int hp_decode_smem_bytes_v2(int kv_fp8) {
-  return kv_fp8 ? Cfg<true, true>::SMEM : Cfg<false, true>::SMEM;
+// Resident CTAs per SM the configuration's kernel is sized for (the default persistent grid is this x SMs); -1 for
+// an unknown configuration.
+extern "C" int hp_decode_ctas_per_sm(int config) {
+  return (config >= 0 && config < kNumConfigs) ? kConfigCps[config] : -1;
 }
-extern "C" int hp_decode_ctas_per_sm() { return kCtasPerSm; }
 
-namespace {
-template <bool V2>
-int attention_entry(const void* q, const float* q_scale, const void* k, const void* v, const int* block_table,
-                    const int* kv_lens, const float* k_scale, const float* v_scale, void* out, float* part_o,
-                    float* part_lse, const int* ws, float sm_scale, int batch, int H, int q_heads, int q_len,
-                    int page_size, int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
-                    int chunk_tiles, int kv_fp8, int pdl, void* stream) {
-  if (batch <= 0 || H <= 0 || q_heads % H != 0 || q_len <= 0 || page_size <= 0 || (page_size & (page_size - 1)))
-    return (int)cudaErrorInvalidValue;  // page_size: a power of two (shift/mask addressing)
-  Params P = make_params(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
-                         sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode,
-                         splits, chunk_tiles);
-  const int G = (P.R + kRowsPerGroup - 1) / kRowsPerGroup;
-  dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
-  static int attr_done[2] = {0, 0};  // one per instantiation (v1 / v2)
-  if (kv_fp8) {
-    if (!attr_done[1]) {
-      cudaError_t e = cudaFuncSetAttribute(attention_kernel<true, V2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           Cfg<true, V2>::SMEM);
-      if (e != cudaSuccess) return (int)e;
-      attr_done[1] = 1;
-    }
-    return launch(attention_kernel<true, V2>, grid, dim3(kThreads), Cfg<true, V2>::SMEM, pdl,
-                  (cudaStream_t)stream, P);
+// Dynamic shared memory per CTA of the kernel `config` runs for this KV dtype (row groups of up to 8 rows); -1 for an
+// unknown configuration.
+extern "C" int hp_decode_smem_bytes(int config, int kv_fp8) {
+  if (config < 0 || config >= kNumConfigs) return -1;
+  if (!kv_fp8) return RowBf16::SMEM;
+  switch (config) {
+    case 0: return RowFp8::SMEM;
+    case 2: return Transposed<3, 3>::SMEM;
+    case 3: return Transposed<5, 2>::SMEM;
+    case 4: return Transposed<2, 4>::SMEM;
+    default: return Transposed<4, 2>::SMEM;
   }
-  if (!attr_done[0]) {
-    cudaError_t e = cudaFuncSetAttribute(attention_kernel<false, V2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Cfg<false, V2>::SMEM);
-    if (e != cudaSuccess) return (int)e;
-    attr_done[0] = 1;
-  }
-  return launch(attention_kernel<false, V2>, grid, dim3(kThreads), Cfg<false, V2>::SMEM, pdl, (cudaStream_t)stream,
-                P);
 }
-}  // namespace
 
-// mode: 0 dynamic (grid.x = C persistent CTAs reading ws), 1 static fixed split count, 2 static fixed chunk size
-// (grid.x = H * batch * splits). Row groups grid.y = ceil(q_heads / H * q_len / 16).
+// Int32 entries of the task-map workspace (task_map.cuh) for C CTAs and max_pairs pairs.
+extern "C" long long hp_decode_workspace_len(int num_ctas, int max_pairs) {
+  return hp_decode::task_map_len(num_ctas, max_pairs);
+}
+
+// Attention. mode: 0 dynamic (grid.x = C persistent CTAs reading ws), 1 static fixed split count, 2 static fixed
+// chunk size (grid.x = H * batch * splits). config: above. Fused merge (transposed layout only): counters
+// [max_pairs * 8] int32, zero before the first launch (each launch leaves them zero), and fuse_max (pairs with
+// 2..fuse_max chunks are merged by their last-arriving CTA; 0 disables; >= kFuseAll, dynamic mode only: all of them,
+// and the empty pairs' zero rows too, so the caller runs no combine). The row layout must be called with
+// fuse_max = 0. Returns a cudaError_t (cudaErrorInvalidValue for bad shapes / configurations).
 extern "C" int hp_decode_attention(const void* q, const float* q_scale, const void* k, const void* v,
                                    const int* block_table, const int* kv_lens, const float* k_scale,
                                    const float* v_scale, void* out, float* part_o, float* part_lse, const int* ws,
                                    float sm_scale, int batch, int H, int q_heads, int q_len, int page_size,
                                    int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
-                                   int chunk_tiles, int kv_fp8, int pdl, void* stream) {
-  return attention_entry<false>(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
-                                sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs,
-                                mode, splits, chunk_tiles, kv_fp8, pdl, stream);
-}
-
-// Same arguments and outputs as hp_decode_attention (same task map, partial layout and combine), v2 kernel.
-extern "C" int hp_decode_attention_v2(const void* q, const float* q_scale, const void* k, const void* v,
-                                      const int* block_table, const int* kv_lens, const float* k_scale,
-                                      const float* v_scale, void* out, float* part_o, float* part_lse, const int* ws,
-                                      float sm_scale, int batch, int H, int q_heads, int q_len, int page_size,
-                                      int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
-                                      int chunk_tiles, int kv_fp8, int pdl, void* stream) {
-  return attention_entry<true>(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
-                               sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs,
-                               mode, splits, chunk_tiles, kv_fp8, pdl, stream);
-}
-
-// spills-ok: v3 config 3 (2 stages, 4 CTAs per SM: a 128-register cap) spills 4 bytes; it is the config "auto"
-// picks for batches without a dominant request, and the fastest there as measured, spill included.
-// v3 configurations (FP8): {STAGES, CTAs per SM}. 0: 4 / 2 (default), 1: 3 / 3, 2: 5 / 2, 3: 2 / 4. Row groups of
-// 9-16 rows (NT = 2) always run 4 stages / 2 CTAs per SM (their merge buffer is twice as large); a config whose
-// CTAs-per-SM is higher then simply runs its persistent grid in more than one wave (correct, slower).
-namespace {
-constexpr int kV3Configs = 4;
-constexpr int kV3Cps[kV3Configs] = {2, 3, 2, 4};
-
-template <int NT, int STAGES, int CPS>
-int launch_v3(dim3 grid, bool pdl, cudaStream_t stream, const Params& P) {
-  static bool attr_done = false;
-  constexpr int smem = Cfg3<NT, STAGES>::SMEM;
-  if (!attr_done) {
-    cudaError_t e = cudaFuncSetAttribute(attention_v3_kernel<NT, STAGES, CPS>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return (int)e;
-    attr_done = true;
-  }
-  return launch(attention_v3_kernel<NT, STAGES, CPS>, grid, dim3(kThreads), smem, pdl, stream, P);
-}
-}  // namespace
-
-extern "C" int hp_decode_v3_ctas_per_sm(int config) {
-  return (config >= 0 && config < kV3Configs) ? kV3Cps[config] : -1;
-}
-
-// Same arguments and outputs as hp_decode_attention, plus config (above), and the fused merge: counters
-// [max_pairs * 8] int32, zero before the first launch (each launch leaves them zero), and fuse_max (pairs with
-// 2..fuse_max chunks are merged by their last-arriving CTA; 0 disables; >= kFuseAll, dynamic mode only: all of
-// them, and the empty pairs' zero rows too, so the caller runs no combine). FP8 KV runs the v3 kernel; BF16 KV runs the
-// v2 kernel (v3's transposed products are written for FP8 only) and must be called with fuse_max = 0.
-extern "C" int hp_decode_attention_v3(const void* q, const float* q_scale, const void* k, const void* v,
-                                      const int* block_table, const int* kv_lens, const float* k_scale,
-                                      const float* v_scale, void* out, float* part_o, float* part_lse, const int* ws,
-                                      float sm_scale, int batch, int H, int q_heads, int q_len, int page_size,
-                                      int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
-                                      int chunk_tiles, int kv_fp8, int pdl, void* stream, int config,
-                                      int* counters, int fuse_max) {
-  if (!kv_fp8)
-    return attention_entry<true>(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse,
-                                 ws, sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C,
-                                 max_pairs, mode, splits, chunk_tiles, kv_fp8, pdl, stream);
-  if (config < 0 || config >= kV3Configs) return (int)cudaErrorInvalidValue;
-  if (batch <= 0 || H <= 0 || q_heads % H != 0 || q_len <= 0 || page_size <= 0 || (page_size & (page_size - 1)))
-    return (int)cudaErrorInvalidValue;
+                                   int chunk_tiles, int kv_fp8, int pdl, void* stream, int config, int* counters,
+                                   int fuse_max) {
+  if (config < 0 || config >= kNumConfigs) return (int)cudaErrorInvalidValue;
+  if (!valid_shape(batch, H, q_heads, q_len) || page_size <= 0 || (page_size & (page_size - 1)))
+    return (int)cudaErrorInvalidValue;  // page_size: a power of two (shift/mask addressing)
   Params P = make_params(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
                          sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode,
                          splits, chunk_tiles);
+  const cudaStream_t s = (cudaStream_t)stream;
+  const bool transposed = kv_fp8 && config > 0;
+  if (!transposed) {
+    if (fuse_max != 0) return (int)cudaErrorInvalidValue;  // the fused merge is the transposed layout's
+    const int G = (P.R + RowFp8::MROWS - 1) / RowFp8::MROWS;
+    const dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
+    return kv_fp8 ? launch_attention<RowFp8>(grid, pdl, s, P) : launch_attention<RowBf16>(grid, pdl, s, P);
+  }
   if (fuse_max > 0 && (counters == nullptr || P.R > 8 * kMaxRowGroups)) return (int)cudaErrorInvalidValue;
   if (fuse_max >= kFuseAll && mode != kDynamic) return (int)cudaErrorInvalidValue;  // zero rows: dynamic map only
   P.counters = counters;
@@ -1457,37 +1426,32 @@ extern "C" int hp_decode_attention_v3(const void* q, const float* q_scale, const
   const int NT = P.R <= 8 ? 1 : 2;
   const int G = (P.R + 8 * NT - 1) / (8 * NT);
   const dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
-  cudaStream_t s = (cudaStream_t)stream;
-  if (NT == 2) return launch_v3<2, 4, 2>(grid, pdl, s, P);
+  if (NT == 2) return launch_attention<Transposed<4, 2, 2>>(grid, pdl, s, P);
   switch (config) {
-    case 1: return launch_v3<1, 3, 3>(grid, pdl, s, P);
-    case 2: return launch_v3<1, 5, 2>(grid, pdl, s, P);
-    case 3: return launch_v3<1, 2, 4>(grid, pdl, s, P);
-    default: return launch_v3<1, 4, 2>(grid, pdl, s, P);
+    case 2: return launch_attention<Transposed<3, 3>>(grid, pdl, s, P);
+    case 3: return launch_attention<Transposed<5, 2>>(grid, pdl, s, P);
+    case 4: return launch_attention<Transposed<2, 4>>(grid, pdl, s, P);
+    default: return launch_attention<Transposed<4, 2>>(grid, pdl, s, P);
   }
 }
 
+// Combine: merges the partials of pairs with more than one chunk into out. online: 0 the two-pass form (after the
+// row layout), 1 the online form (after the transposed layout), which also skips pairs of 2..fuse_max chunks (the
+// value given to hp_decode_attention). Returns a cudaError_t.
 extern "C" int hp_decode_combine(const int* kv_lens, void* out, const float* part_o, const float* part_lse,
                                  const int* ws, int batch, int H, int q_heads, int q_len, int C, int max_pairs,
-                                 int mode, int splits, int chunk_tiles, int pdl, void* stream) {
-  if (batch <= 0 || H <= 0 || q_heads % H != 0 || q_len <= 0) return (int)cudaErrorInvalidValue;
+                                 int mode, int splits, int chunk_tiles, int pdl, void* stream, int online,
+                                 int fuse_max) {
+  if (!valid_shape(batch, H, q_heads, q_len)) return (int)cudaErrorInvalidValue;
   Params P = make_params(nullptr, nullptr, nullptr, nullptr, nullptr, kv_lens, nullptr, nullptr, out,
                          const_cast<float*>(part_o), const_cast<float*>(part_lse), ws, 0.f, batch, H, q_heads,
                          q_len, 0, 0, 0, C, max_pairs, mode, splits, chunk_tiles);
-  dim3 grid(P.R, batch * H);
-  return launch(combine_kernel, grid, dim3(kCombineWarps * 32), 0, pdl, (cudaStream_t)stream, P);
-}
-
-// Same arguments and output as hp_decode_combine plus fuse_max (the value given to hp_decode_attention_v3): the
-// one-round-trip combine1_kernel, run with the v3 variants.
-extern "C" int hp_decode_combine1(const int* kv_lens, void* out, const float* part_o, const float* part_lse,
-                                  const int* ws, int batch, int H, int q_heads, int q_len, int C, int max_pairs,
-                                  int mode, int splits, int chunk_tiles, int pdl, void* stream, int fuse_max) {
-  if (batch <= 0 || H <= 0 || q_heads % H != 0 || q_len <= 0) return (int)cudaErrorInvalidValue;
-  Params P = make_params(nullptr, nullptr, nullptr, nullptr, nullptr, kv_lens, nullptr, nullptr, out,
-                         const_cast<float*>(part_o), const_cast<float*>(part_lse), ws, 0.f, batch, H, q_heads,
-                         q_len, 0, 0, 0, C, max_pairs, mode, splits, chunk_tiles);
-  P.fuse_max = fuse_max;
-  dim3 grid(P.R, batch * H);
-  return launch(combine1_kernel, grid, dim3(kCombineWarps * 32), 0, pdl, (cudaStream_t)stream, P);
+  P.fuse_max = online ? fuse_max : 0;
+  const dim3 grid(P.R, batch * H);
+  hp::LaunchOptions opt;
+  opt.pdl = pdl != 0;
+  return (int)(online ? hp::launch(combine_kernel<true>, grid, dim3(kCombineWarps * 32), 0, (cudaStream_t)stream,
+                                   opt, P)
+                      : hp::launch(combine_kernel<false>, grid, dim3(kCombineWarps * 32), 0, (cudaStream_t)stream,
+                                   opt, P));
 }
