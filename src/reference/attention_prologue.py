@@ -389,3 +389,41 @@ def written_mask(slot_mapping, num_pages: int, page_size: int) -> torch.Tensor:
     sm = slot_mapping.detach().cpu()
     m[sm[sm >= 0]] = True
     return m.view(num_pages, page_size)
+
+
+def measure_emulation_error(*, tokens: int = 64, seed: int = 0) -> dict:
+    """Worst emulation-vs-exact error per output path over both orders, both RoPE styles, head_dim 64/128/256 with
+    full and partial rotary, GQA 8:1 and 4:2: the measurement the tolerance rows (hotpaths.harness.tolerances,
+    op attention_prologue) are derived from. Returns {path: (rel_l2, max_abs)} with paths fp8_q / bf16_q (Q
+    dequantized vs exact) and fp8_kv / bf16_kv (K and V rows read back from the cache, dequantized, vs exact)."""
+    worst: dict = {}
+
+    def upd(path, got, want):
+        d = (got - want)
+        rel = float(d.norm() / want.norm())
+        mx = float(d.abs().max())
+        r0, m0 = worst.get(path, (0.0, 0.0))
+        worst[path] = (max(r0, rel), max(m0, mx))
+
+    for order in NORM_ORDERS:
+        for style in ROPE_STYLES:
+            for D, rot in ((64, 64), (64, 32), (128, 128), (128, 64), (256, 256), (256, 96)):
+                for hq, hk in ((8, 1), (4, 2)):
+                    for dt in ("fp8", "bf16"):
+                        inp = make_prologue_inputs(tokens, q_heads=hq, kv_heads=hk, head_dim=D, rotary_dim=rot,
+                                                   kv_dtype=dt, q_dtype=dt, norm_order=order, rope=style,
+                                                   seed=seed + D + rot)
+                        args = [inp[k] for k in ("qkv", "q_norm_weight", "k_norm_weight", "cos_sin", "positions",
+                                                 "slot_mapping", "k_cache", "v_cache")]
+                        kw = {k: inp[k] for k in ("eps", "norm_order", "rope", "rotary_dim", "q_dtype", "k_scale",
+                                                  "v_scale")}
+                        q, qs, kc, vc = attention_prologue_emulation(*args, **kw)
+                        qr, kr, vr = attention_prologue_ref(*args[:5], kv_heads=hk, eps=inp["eps"], norm_order=order,
+                                                            rope=style, rotary_dim=rot)
+                        qd = q.double() if qs is None else q.double() * qs.double()[..., None]
+                        upd(f"{dt}_q", qd, qr)
+                        sm = inp["slot_mapping"]
+                        for cache, want, s in ((kc, kr, inp["k_scale"]), (vc, vr, inp["v_scale"])):
+                            got = cache.view(-1, hk, D)[sm].double() * (1.0 if s is None else float(s))
+                            upd(f"{dt}_kv", got, want)
+    return worst
