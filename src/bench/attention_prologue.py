@@ -401,7 +401,7 @@ def chain_rows(cases, *, q_len: int = 1, q_heads: int = 8, kv_heads: int = 1, kv
 
 
 def register(subparsers) -> None:
-    from hotpaths.harness.shapes import int_list_arg
+    from hotpaths.harness.shapes import case_list_arg, int_list_arg
 
     p = subparsers.add_parser(
         "prologue", help="fused attention prologue (QK-Norm, RoPE, FP8 Q, paged K/V write): latency and error",
@@ -427,7 +427,7 @@ def register(subparsers) -> None:
                    help=f"token layout (auto: decode up to {DECODE_MAX} tokens)")
     p.add_argument("--impl", default=",".join(IMPLS), help=f"comma-separated impls among {', '.join(IMPLS)}")
     p.add_argument("--check", action="store_true", help="bit-exact comparison with the emulation")
-    p.add_argument("--chain", default=None, metavar="CASES",
+    p.add_argument("--chain", type=case_list_arg, default=None, metavar="CASES",
                    help="time prologue + decode attention for these decode cases (e.g. 64x0.5K,32x4K)")
     p.add_argument("--q-len", type=int, default=1, help="new tokens per request in --chain (1-4, default 1)")
     p.add_argument("--iters", type=int, default=100, help="timed replays per measurement (default 100)")
@@ -439,13 +439,11 @@ def register(subparsers) -> None:
 
 def _run(args) -> int:
     from hotpaths.harness import tables
-    from hotpaths.harness.shapes import case_list_arg
 
     if args.chain:
         if not 1 <= args.q_len <= 4:
             raise ValueError(f"--q-len: expected 1-4, got {args.q_len}")
-        cases = case_list_arg(args.chain)
-        rows = chain_rows(cases, q_len=args.q_len, q_heads=args.q_heads, kv_heads=args.kv_heads,
+        rows = chain_rows(args.chain, q_len=args.q_len, q_heads=args.q_heads, kv_heads=args.kv_heads,
                           kv_dtype=args.kv_dtype, iters=args.iters, seed=args.seed)
     else:
         impls = [s.strip() for s in args.impl.split(",") if s.strip()]
