@@ -206,12 +206,24 @@ def attention_prologue_ref(qkv, q_norm_weight, k_norm_weight, cos_sin, positions
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def quantize_fp8(x: torch.Tensor, scale) -> torch.Tensor:
-    """``e4m3(clamp(x / scale, -448, 448))``, round to nearest even, in fp32 (what cvt.rn.satfinite does).
+# Correctly rounded fp32 division and square root (what __fdiv_rn / __fsqrt_rn give), computed in fp64 and rounded
+# once: double rounding is harmless for /, sqrt, *, +, - from fp64 (53 >= 2*24 + 2 bits). Not torch's fp32 kernels:
+# torch's CPU fp32 sqrt is not correctly rounded (it differs from IEEE in ~18% of random inputs on an x86 build).
+def _div_rn(a, b) -> torch.Tensor:
+    return (a.double() / (b.double() if isinstance(b, torch.Tensor) else float(b))).float()
 
-    Shape/Dtype: x fp32 [...], scale fp32 broadcastable to x. Returns float8_e4m3fn of x's shape.
+
+def _sqrt_rn(a) -> torch.Tensor:
+    return torch.sqrt(a.double()).float()
+
+
+def quantize_fp8(x: torch.Tensor, scale) -> torch.Tensor:
+    """``e4m3(clamp(x / scale, -448, 448))`` with x / scale correctly rounded in fp32, then round to nearest even
+    (what __fdiv_rn + cvt.rn.satfinite do).
+
+    Shape/Dtype: x fp32 [...], scale fp32 tensor broadcastable to x (or a float). Returns float8_e4m3fn of x's shape.
     """
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return _div_rn(x.float(), scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 def _sum_squares_kernel_order(x: torch.Tensor) -> torch.Tensor:
@@ -235,7 +247,7 @@ def _norm_fp32(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     D = x.shape[-1]
     ss = _sum_squares_kernel_order(x)
     ms = ss * torch.tensor(1.0 / D, dtype=torch.float32)  # 1/D is exact (D a power of two)
-    inv = torch.tensor(1.0, dtype=torch.float32) / torch.sqrt(ms + torch.tensor(eps, dtype=torch.float32))
+    inv = _div_rn(torch.ones_like(ms), _sqrt_rn(ms + torch.tensor(eps, dtype=torch.float32)))
     return (x * inv[..., None]) * w.float()
 
 
@@ -276,7 +288,7 @@ def attention_prologue_emulation(qkv, q_norm_weight, k_norm_weight, cos_sin, pos
         q_out, q_scale = quantize_fp8(q, s), s.expand(T, Hq).clone()
     else:
         amax = q.abs().amax(-1) if T else torch.zeros(0, Hq)
-        q_scale = torch.where(amax > 0, amax / torch.tensor(FP8_MAX, dtype=torch.float32), torch.ones_like(amax))
+        q_scale = torch.where(amax > 0, _div_rn(amax, FP8_MAX), torch.ones_like(amax))
         q_out = quantize_fp8(q, q_scale[..., None])
     kc, vc = cpu(k_cache).clone(), cpu(v_cache).clone()
     if cfg.kv_fp8:
