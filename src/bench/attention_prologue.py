@@ -289,6 +289,28 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
     return rows
 
 
+def unfused_traffic(tokens: int, q_heads: int = 8, kv_heads: int = 1, head_dim: int = 128, *,
+                    kv_dtype: str = "fp8") -> list[dict]:
+    """HBM bytes of the prologue done as separate passes, each at its ideal (one read of its inputs, one write of its
+    outputs, fp32 intermediates as torch keeps them), against the one fused pass: what each fusion saves. A model,
+    not a measurement (eager torch runs several kernels per stage and moves more). Rows: stage, bytes, launches."""
+    E_qk = tokens * (q_heads + kv_heads) * head_dim
+    E_q, E_k, E_v = tokens * q_heads * head_dim, tokens * kv_heads * head_dim, tokens * kv_heads * head_dim
+    kvb = 1 if kv_dtype == "fp8" else 2
+    rows = [
+        {"stage": "RMSNorm Q, K (bf16 in, fp32 out)", "bytes": 2 * E_qk + 4 * E_qk, "launches": 1},
+        {"stage": "RoPE Q, K (fp32 in/out, cos/sin gathered)", "bytes": 8 * E_qk + tokens * 4 * head_dim, "launches": 1},
+        {"stage": "Q amax + scale + FP8 cast", "bytes": 4 * E_q + 4 * E_q + E_q + tokens * q_heads * 4, "launches": 2},
+        {"stage": "K, V cast + cache write", "bytes": 4 * E_k + 2 * E_v + kvb * (E_k + E_v) + 16 * tokens,
+         "launches": 2},
+    ]
+    rows.append({"stage": "unfused total", "bytes": sum(r["bytes"] for r in rows),
+                 "launches": sum(r["launches"] for r in rows)})
+    rows.append({"stage": "fused (one pass)", "bytes": ref.bytes(tokens, q_heads, kv_heads, head_dim, kv_dtype=kv_dtype,
+                                                                 q_dtype="fp8"), "launches": 1})
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # chain into decode attention
 
@@ -475,4 +497,5 @@ def stored_table(device_tag: str = "h200"):
 
 
 __all__ = ["IMPLS", "case_name", "mode_of", "request_layout", "make_bench_inputs", "make_fused", "prologue_rows",
-           "make_chain_inputs", "make_chain", "chain_rows", "register", "stored_table"]
+           "make_chain_inputs", "make_chain", "chain_rows", "register", "stored_table",
+           "unfused_traffic"]
