@@ -24,6 +24,8 @@ from hotpaths.reference import attention_prologue as ref
 OP = "attention_prologue"
 HEAD_DIMS = ref.HEAD_DIMS
 _Q_MODE = {"dynamic": 0, "static": 1, "bf16": 2}
+# tensors the kernel reads or writes with 16-byte accesses (the others need only their element alignment)
+_VECTOR_ARGS = ("qkv", "q_norm_weight", "k_norm_weight", "cos_sin", "k_cache", "v_cache", "q_out")
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,7 +64,7 @@ def _check_device(cfg, tensors: dict) -> torch.device:
             raise ValueError(f"{name}: expected a tensor on {dev} (where qkv is), got {t.device}")
         if not t.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor; call .contiguous() first")
-        if t.data_ptr() % 16:
+        if name in _VECTOR_ARGS and t.data_ptr() % 16:
             raise ValueError(f"{name}: expected a 16-byte aligned tensor (the kernel uses 16-byte accesses)")
     return dev
 
