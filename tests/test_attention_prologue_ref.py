@@ -198,8 +198,8 @@ def test_bad_input_raises_naming_the_argument():
         (dict(qkv=inp["qkv"].float()), TypeError, "qkv"),
         (dict(qkv=inp["qkv"][:, :-32]), ValueError, "qkv"),  # width does not split into heads
         (dict(qkv=inp["qkv"][:, :128]), ValueError, "qkv"),  # no room for a Q head
-        (dict(k_cache=torch.zeros(2, 16, 1, 96, dtype=ref.FP8_DTYPE), v_cache=torch.zeros(2, 16, 1, 96, dtype=ref.FP8_DTYPE)),
-         ValueError, "head_dim 96"),
+        (dict(k_cache=torch.zeros(2, 16, 1, 96, dtype=ref.FP8_DTYPE),
+              v_cache=torch.zeros(2, 16, 1, 96, dtype=ref.FP8_DTYPE)), ValueError, "head_dim 96"),
         (dict(v_cache=inp["v_cache"][:1]), ValueError, "v_cache"),
         (dict(q_norm_weight=inp["q_norm_weight"][:32]), ValueError, "q_norm_weight"),
         (dict(k_norm_weight=inp["k_norm_weight"].float()), TypeError, "k_norm_weight"),

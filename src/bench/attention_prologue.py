@@ -306,7 +306,8 @@ def unfused_traffic(tokens: int, q_heads: int = 8, kv_heads: int = 1, head_dim: 
     kvb = 1 if kv_dtype == "fp8" else 2
     rows = [
         {"stage": "RMSNorm Q, K (bf16 in, fp32 out)", "bytes": 2 * E_qk + 4 * E_qk, "launches": 1},
-        {"stage": "RoPE Q, K (fp32 in/out, cos/sin gathered)", "bytes": 8 * E_qk + tokens * 4 * head_dim, "launches": 1},
+        {"stage": "RoPE Q, K (fp32 in/out, cos/sin gathered)", "bytes": 8 * E_qk + tokens * 4 * head_dim,
+         "launches": 1},
         {"stage": "Q amax + scale + FP8 cast", "bytes": 4 * E_q + 4 * E_q + E_q + tokens * q_heads * 4, "launches": 2},
         {"stage": "K, V cast + cache write", "bytes": 4 * E_k + 2 * E_v + kvb * (E_k + E_v) + 16 * tokens,
          "launches": 2},
@@ -353,7 +354,8 @@ def make_chain_inputs(case: str, *, q_len: int = 1, q_heads: int = 8, kv_heads: 
     if kv_dtype == "fp8":
         pro["k_scale"], pro["v_scale"] = dec["k_scale"], dec["v_scale"]
     dev = torch.device(device)
-    mv = lambda d: {k: (v.to(dev).contiguous() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}  # noqa: E731
+    def mv(d):
+        return {k: (v.to(dev).contiguous() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
     dec, pro = mv(dec), mv(pro)
     pro["k_cache"], pro["v_cache"] = dec["k_cache"], dec["v_cache"]  # one cache, written then read
     if kv_dtype == "fp8":

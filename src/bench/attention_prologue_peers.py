@@ -264,7 +264,8 @@ def make_hpc_ops(inputs):
 
 def flashinfer_dir() -> Path:
     """$HOTPATHS_FLASHINFER_072_DIR or $HOTPATHS_FLASHINFER_DIR (the folder holding the unpacked 0.7.2
-    ``flashinfer`` package), else <repo>/.peers/flashinfer-0.7.2; $HOTPATHS_TVM_FFI_DIR (the tvm-ffi --target folder) is added to sys.path too."""
+    ``flashinfer`` package), else <repo>/.peers/flashinfer-0.7.2; $HOTPATHS_TVM_FFI_DIR (the tvm-ffi --target
+    folder) is added to sys.path too."""
     from hotpaths.harness.env import REPO_ROOT
 
     # HOTPATHS_FLASHINFER_072_DIR first: HOTPATHS_FLASHINFER_DIR may point at the 0.3.1 sdist the decode peer uses

@@ -100,7 +100,8 @@ def validate_inputs(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, slot_
         raise ValueError(f"eps: expected a positive float, got {eps!r}")
     expect_tensor(cos_sin, "cos_sin", dtype=torch.float32, ndim=2, layout="[max_pos, rotary_dim]")
     if cos_sin.shape[1] != rotary_dim or cos_sin.shape[0] < 1:
-        raise ValueError(f"cos_sin: expected [max_pos, {rotary_dim}] (cos half then sin half), got {tuple(cos_sin.shape)}")
+        raise ValueError(f"cos_sin: expected [max_pos, {rotary_dim}] (cos half then sin half), "
+                         f"got {tuple(cos_sin.shape)}")
     expect_tensor(positions, "positions", ndim=1, layout="[tokens]")
     if positions.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"positions: expected dtype int32 or int64, got {positions.dtype}")
