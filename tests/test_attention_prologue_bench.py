@@ -1,0 +1,136 @@
+"""CPU tests of the attention-prologue benchmark: the request layout, the table rows with the emulation fallback,
+the torch unfused peer against the emulation, and the ``hotpaths prologue`` command line (JSON rows, bad flags exit
+2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hotpaths.bench import attention_prologue as bap
+from hotpaths.bench import attention_prologue_peers as peers
+from hotpaths.harness.env import has_sm90
+from hotpaths.harness.tables import COLUMNS
+from hotpaths.reference import attention_prologue as ref
+
+cpu_only = pytest.mark.skipif(has_sm90(), reason="the emulation fallback is what a machine without SM90 runs")
+
+
+def _cli(*args):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__import__("hotpaths").__file__).parent.parent)] +
+                                        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    return subprocess.run([sys.executable, "-m", "hotpaths", "prologue", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+@pytest.mark.parametrize("mode,T,q_len", [("decode", 12, 1), ("decode", 12, 4), ("prefill", 200, 1)])
+def test_request_layout_is_consistent(mode, T, q_len):
+    lay = bap.request_layout(T, mode, 16, q_len=q_len, seed=1)
+    pos, slots, bt = lay["positions"], lay["slot_mapping"], lay["block_table"]
+    assert pos.shape == slots.shape == (T,)
+    assert len(set(slots.tolist())) == T and int(slots.min()) >= 0 and int(slots.max()) < lay["num_pages"] * 16
+    qi, lens = lay["q_indptr"].tolist(), lay["seq_lens"].tolist()
+    assert qi[-1] == T and len(qi) == len(lens) + 1
+    for r, L in enumerate(lens):
+        for i, t in enumerate(range(qi[r], qi[r + 1])):
+            p = L - (qi[r + 1] - qi[r]) + i
+            assert int(pos[t]) == p
+            assert int(slots[t]) == int(bt[r, p // 16]) * 16 + p % 16
+    assert lay["is_prefill"] == (mode == "prefill")
+
+
+def test_request_layout_rejects_bad_q_len():
+    with pytest.raises(ValueError, match="multiple of q_len"):
+        bap.request_layout(7, "decode", 64, q_len=2)
+
+
+@cpu_only
+def test_rows_fall_back_to_emulation_untimed():
+    rows = bap.prologue_rows([1, 300], check=True)
+    impls = {r["impl"] for r in rows}
+    assert impls == {"fused_emulation", "torch_unfused_emulation", "torch_unfused_graph_emulation", "hpc_ops",
+                     "flashinfer_fused"}
+    for r in rows:
+        assert r.get("median_us") is None
+        assert r["case"] == bap.case_name(8, 1, "decode" if r["tokens"] <= 256 else "prefill", r["tokens"])
+        if r["impl"].endswith("_emulation"):
+            assert r["rel_l2_err"] < 4e-2 and r["k_rel_l2_err"] < 4e-2
+        else:
+            assert "needs a CUDA GPU" in r["note"]
+    # the unfused torch sequence rounds differently (torch's reductions, rsqrt): the check counts it
+    tu = [r for r in rows if r["impl"] == "torch_unfused_emulation"]
+    assert all(isinstance(r["q_mismatch"], int) and r["cache_mismatch"] >= 0 for r in tu)
+
+
+def test_torch_unfused_peer_matches_emulation_closely():
+    inp = bap.make_bench_inputs(48, mode="decode", q_heads=8, kv_heads=2, head_dim=64, page_size=16,
+                                rope="interleaved", norm_order="rope_norm", rotary_dim=32)
+    want = ref.attention_prologue_emulation(*(inp[k] for k in bap.OP_ARGS), **{k: inp[k] for k in bap.OP_KW})
+    fn = peers.make_torch_unfused(inp, allow_cpu=True)
+    q, qs, kc, vc = fn()
+    assert torch.allclose(qs, want[1], rtol=1e-5)
+    qd, wd = q.float() * qs[..., None], want[0].float() * want[1][..., None]
+    assert float((qd - wd).norm() / wd.norm()) < 2e-2  # same math, other rounding: a few FP8 flips
+    written = ref.written_mask(inp["slot_mapping"], kc.shape[0], kc.shape[1])
+    assert (kc.view(torch.uint8)[~written] == 0x7F).all()  # untouched slots keep their poison
+    assert not (kc.view(torch.uint8)[written] == 0x7F).any()
+
+
+def test_gpu_peers_give_reasons_on_cpu():
+    inp = bap.make_bench_inputs(4)
+    for name in ("hpc_ops", "flashinfer_fused", "torch_unfused"):
+        fn, reason = peers.try_make(name, inp)
+        assert fn is None and ("needs a CUDA GPU" in reason or "inputs are on cpu" in reason)
+    fn, reason = peers.try_make("nope", inp)
+    assert fn is None and "unknown peer" in reason
+
+
+def test_cli_json_rows():
+    p = _cli("--tokens", "1,7", "--q-heads", "8", "--kv-heads", "1", "--head-dim", "128", "--page-size", "64",
+             "--norm-order", "rope_norm", "--rope", "interleaved", "--kv-dtype", "bf16", "--impl", "fused,hpc_ops",
+             "--check", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+    assert len(rows) == 4
+    assert list(rows[0])[:len(COLUMNS)] == COLUMNS
+    fused = [r for r in rows if r["impl"] == "fused_emulation"]
+    assert [r["case"] for r in fused] == ["8q1kv-decode-1", "8q1kv-decode-7"]
+    assert all(r["median_us"] is None and r["dtype"] == "q bf16, kv bf16" for r in fused)
+    assert all(r["rel_l2_err"] < 2.5e-3 for r in fused)  # bf16 Q: one rounding
+    assert all("--rope interleaved" in r["repro"] for r in rows)
+    hp = [r for r in rows if r["impl"] == "hpc_ops"]
+    assert all(r["note"] for r in hp)
+
+
+def test_cli_chain_without_gpu_says_why():
+    p = _cli("--chain", "64x0.5K", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+    assert rows and all("not run" in r["note"] for r in rows)
+
+
+@pytest.mark.parametrize("args,word", [
+    (["--rope", "gptj"], "--rope"),
+    (["--norm-order", "pre"], "--norm-order"),
+    (["--kv-dtype", "fp16"], "--kv-dtype"),
+    (["--tokens", "0"], "--tokens"),
+    (["--tokens", "a,b"], "--tokens"),
+    (["--head-dim", "96", "--tokens", "1"], "head_dim 96"),
+    (["--impl", "bogus", "--tokens", "1"], "impl"),
+    (["--q-heads", "6", "--kv-heads", "4", "--tokens", "1"], "multiple of kv_heads"),
+    (["--rotary-dim", "40", "--tokens", "1", "--impl", "fused"], "rotary_dim"),
+    (["--chain", "64y4", "--tokens", "1"], "64y4"),
+    (["--chain", "4x64", "--q-len", "9"], "--q-len"),
+])
+def test_cli_bad_flags_exit_2(args, word):
+    p = _cli(*args)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert word in p.stderr
