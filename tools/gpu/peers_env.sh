@@ -4,8 +4,8 @@
 # It unpacks what .carry/peers/ holds (prepared on a machine with internet, see docs/gpu.md) into $PEERS_DIR
 # (default /tmp/peers) and exports the variables the peer adapters read:
 #   HOTPATHS_HPC_OPS_DIR     HPC-Ops prebuilt sm_90a subset (hpc_ops_sm90a_*.tar.gz): the folder holding hpc/
-#   HOTPATHS_FLASHINFER_DIR  FlashInfer 0.7.2 (flashinfer-*.tar.xz, the wheel's flashinfer/ folder repacked)
-#   PYTHONPATH               + the peers' own wheels (apache-tvm-ffi, flag-gems, sqlalchemy, greenlet)
+#   HOTPATHS_FLASHINFER_072_DIR  FlashInfer 0.7.2 (flashinfer-*.tar.xz, the wheel's flashinfer/ folder repacked)
+#   PYTHONPATH, HOTPATHS_TVM_FFI_DIR  + the peers' own wheels (apache-tvm-ffi, flag-gems, sqlalchemy, greenlet)
 # A peer that is not carried is simply absent: its table rows say why.
 peers_src="${PEERS_SRC:-.carry/peers}"
 PEERS_DIR="${PEERS_DIR:-/tmp/peers}"
@@ -15,14 +15,14 @@ if compgen -G "$peers_src/hpc_ops_*.tar.gz" > /dev/null; then
 fi
 if compgen -G "$peers_src/flashinfer-*.tar.xz" > /dev/null; then
     mkdir -p "$PEERS_DIR/flashinfer" && tar xJf "$peers_src"/flashinfer-*.tar.xz -C "$PEERS_DIR/flashinfer" \
-        && export HOTPATHS_FLASHINFER_DIR="$PEERS_DIR/flashinfer"
+        && export HOTPATHS_FLASHINFER_072_DIR="$PEERS_DIR/flashinfer"
     export FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS="${MAX_JOBS:-16}" \
         FLASHINFER_WORKSPACE_BASE="$PEERS_DIR/fi_ws" TVM_FFI_CACHE_DIR="$PEERS_DIR/tvm_ffi_cache"
 fi
 if compgen -G "$peers_src/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$PEERS_DIR/site" \
-        "$peers_src"/*.whl && export PYTHONPATH="$PEERS_DIR/site${PYTHONPATH:+:$PYTHONPATH}"
+        "$peers_src"/*.whl && export PYTHONPATH="$PEERS_DIR/site${PYTHONPATH:+:$PYTHONPATH}" \
+        HOTPATHS_TVM_FFI_DIR="$PEERS_DIR/site"
 fi
-if [ -n "${HOTPATHS_FLASHINFER_DIR:-}" ]; then export PYTHONPATH="$HOTPATHS_FLASHINFER_DIR:$PYTHONPATH"; fi
-echo "[peers_env] hpc_ops=${HOTPATHS_HPC_OPS_DIR:-absent} flashinfer=${HOTPATHS_FLASHINFER_DIR:-absent}" \
+echo "[peers_env] hpc_ops=${HOTPATHS_HPC_OPS_DIR:-absent} flashinfer_0.7.2=${HOTPATHS_FLASHINFER_072_DIR:-absent}" \
      "site=$(ls "$PEERS_DIR/site" 2>/dev/null | tr '\n' ' ')"
