@@ -55,12 +55,24 @@ def sources(op: str) -> list[Path]:
     return cu
 
 
+def define_flags() -> list[str]:
+    """``-D`` flags from ``$HOTPATHS_NVCC_DEFINES`` (space-separated ``NAME`` or ``NAME=VALUE``): diagnostic builds,
+    e.g. ``HP_ROUTER_TRACE=1`` for the router's timeline trace. Part of the cache key, so such a build never replaces
+    the production library. Raises ValueError for an entry that is not a C identifier (with an optional value)."""
+    out = []
+    for d in os.environ.get("HOTPATHS_NVCC_DEFINES", "").split():
+        if not re.fullmatch(r"[A-Za-z_]\w*(=[\w.+-]*)?", d):
+            raise ValueError(f"HOTPATHS_NVCC_DEFINES: {d!r} is not NAME or NAME=VALUE")
+        out.append(f"-D{d}")
+    return out
+
+
 def _key(op: str) -> str:
     h = hashlib.sha256()
     for p in sorted((KERNELS_DIR / op).glob("*.cu*")) + sorted(COMMON_DIR.glob("*.cuh")):
         h.update(p.name.encode())
         h.update(p.read_bytes())
-    h.update(" ".join(NVCC_FLAGS).encode())
+    h.update(" ".join(NVCC_FLAGS + define_flags()).encode())
     return h.hexdigest()[:16]
 
 
@@ -75,7 +87,7 @@ def compile_op(op: str, *, force: bool = False) -> Path:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}.so")
-    cmd = [nvcc_path(), *NVCC_FLAGS, "--shared", "-cudart", "static", "-I", str(KERNELS_DIR / op),
+    cmd = [nvcc_path(), *NVCC_FLAGS, *define_flags(), "--shared", "-cudart", "static", "-I", str(KERNELS_DIR / op),
            "-I", str(KERNELS_DIR), "-o", str(tmp), *map(str, sources(op))]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     (out.parent / "ptxas.txt").write_text(proc.stdout + proc.stderr)
