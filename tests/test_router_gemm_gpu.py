@@ -451,31 +451,9 @@ def test_ws_global_reduction_counters_reset_and_back_to_back(rg, hy3, variant, s
 
 @pytest.fixture(scope="module")
 def trace_lib(rg):
-    """The router library built with HP_ROUTER_TRACE=1 (its own cached build, through HOTPATHS_NVCC_DEFINES): the
-    production build carries no trace code and no hp_router_set_trace."""
-    import ctypes
-    import os
-
-    from hotpaths.kernels import _build
-
-    prev = os.environ.get("HOTPATHS_NVCC_DEFINES")
-    os.environ["HOTPATHS_NVCC_DEFINES"] = "HP_ROUTER_TRACE=1"
-    try:
-        lib = ctypes.CDLL(str(_build.compile_op("router_gemm")))
-    finally:
-        if prev is None:
-            del os.environ["HOTPATHS_NVCC_DEFINES"]
-        else:
-            os.environ["HOTPATHS_NVCC_DEFINES"] = prev
-    prod = rg._lib()
-    vp, i = ctypes.c_void_p, ctypes.c_int
-    lib.hp_router_gemm_ex.argtypes = prod.hp_router_gemm_ex.argtypes
-    lib.hp_router_gemm_ex.restype = i
-    lib.hp_router_gemm_workspace_bytes.argtypes = [i, i, i, i, i]
-    lib.hp_router_gemm_workspace_bytes.restype = ctypes.c_longlong
-    lib.hp_router_set_trace.argtypes = [vp]
-    lib.hp_router_set_trace.restype = i
-    return lib
+    """The router library built with HP_ROUTER_TRACE=1 (its own cached build): the production build carries no
+    trace code and no hp_router_set_trace."""
+    return rg.load_traced_library()
 
 
 def test_production_build_has_no_trace(rg):

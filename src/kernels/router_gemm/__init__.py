@@ -87,6 +87,23 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
+def load_traced_library() -> ctypes.CDLL:
+    """The router library built with HP_ROUTER_TRACE=1: router_wgmma_ws_kernel records a per-CTA timeline into the
+    buffer set by ``hp_router_set_trace(void*)`` (kTraceWords = 9 int64 per CTA; see router_wgmma.cu). A separate
+    cached build, loaded beside (never instead of) the one the op runs; call its hp_router_gemm_ex directly.
+    Raises hotpaths.kernels._build.KernelBuildError if it cannot be built."""
+    from hotpaths.kernels import _build
+
+    lib = ctypes.CDLL(str(_build.compile_op(OP, defines=("HP_ROUTER_TRACE=1",))))
+    prod = _lib()
+    for name in ("hp_router_gemm_ex", "hp_router_gemm_workspace_bytes"):
+        getattr(lib, name).argtypes = getattr(prod, name).argtypes
+        getattr(lib, name).restype = getattr(prod, name).restype
+    lib.hp_router_set_trace.argtypes = [ctypes.c_void_p]
+    lib.hp_router_set_trace.restype = ctypes.c_int
+    return lib
+
+
 @dataclass(frozen=True)
 class VariantInfo:
     """One kernel variant as the library reports it (router_variants.cuh): id, name, family (FAMILIES), tile
@@ -684,6 +701,6 @@ def measure_crossover(shapes, ms=DEFAULT_MS, *, path: str | Path | None = None, 
 
 
 __all__ = ["IMPLS", "RouterWeights", "plan", "router_gemm", "choose_impl", "kernel_config", "benchmark_rows",
-           "variant_table", "VariantInfo",
+           "variant_table", "VariantInfo", "load_traced_library",
            "accuracy_failure", "measure_crossover", "kernel_candidates", "tuned_config", "dispatch_path",
            "reload_dispatch_table", "EMULATION_OF"]
