@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(WARPS * 32)
   // order. Pushed: every rank stores each element into its owner's recv (remote stores, fire-and-forget), one
   // cluster barrier (release / acquire), then each owner sums its slots from its own shared memory; nobody touches
   // another CTA's shared memory after that barrier, so no second one is needed. Pulling instead (one cluster sync,
-  // every owner loading its elements from the S ranks' shared memory, a second sync before exit) was 0.15-0.9 us
-  // slower at every decode M (docs/notes/router_gemm.md).
+  // every owner loading its elements from the S ranks' shared memory, a second sync before exit) is slower at
+  // every decode M: the second barrier waits for the slowest rank's reads.
   asm volatile("barrier.cluster.wait;\n" ::: "memory");  // every CTA of the cluster is running
   const int sl = (rows * TILE_N + cs - 1) / cs;           // slots per rank
   for (int e = threadIdx.x; e < rows * TILE_N; e += blockDim.x)

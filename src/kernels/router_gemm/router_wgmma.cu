@@ -99,6 +99,23 @@ __device__ __forceinline__ void partial_to_smem(float* red, const float (&acc0)[
     }
 }
 
+// The unsplit epilogue: acc0 + s1 * acc1 of this thread's accumulators (wgmma m64nBN layout, see partial_to_smem)
+// straight to out as float2, rows past M masked.
+template <int BN>
+__device__ __forceinline__ void store_combined(float* __restrict__ out, const float (&acc0)[BN / 2],
+                                               const float (&acc1)[BN / 2], float s1, int M, int N, int m_block,
+                                               int n_block, int row0, int col0) {
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m_block + row0 + 8 * h, e = 4 * j + 2 * h;
+      if (row < M)
+        *reinterpret_cast<float2*>(out + static_cast<size_t>(row) * N + n_block + 8 * j + col0) =
+            make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]);
+    }
+}
+
 // D[64 x 96] (fp32, 48 regs per thread) += A[64 x 16] * B[96 x 16]^T, both K-major in shared memory.
 __device__ __forceinline__ void wgmma_m64n96k16(float (&d)[48], uint64_t desc_a, uint64_t desc_b) {
   asm volatile(
@@ -266,15 +283,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   const int lane = tid & 31, warp = (tid >> 5) & 3;
   const int row0 = wg * 64 + warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
   if (splits == 1) {
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m_block + row0 + 8 * h, e = 4 * j + 2 * h;
-        if (row < M)
-          *reinterpret_cast<float2*>(out + static_cast<size_t>(row) * N + n_block + 8 * j + col0) =
-              make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]);
-      }
+    store_combined<BN>(out, acc0, acc1, s1, M, N, m_block, n_block, row0, col0);
     return;
   }
 
@@ -651,15 +660,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   const int row0 = wg * 64 + warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
   if (splits == 1) {
-#pragma unroll
-    for (int j = 0; j < kWsBN / 8; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m_block + row0 + 8 * h, e = 4 * j + 2 * h;
-        if (row < M)
-          *reinterpret_cast<float2*>(out + static_cast<size_t>(row) * N + n_block + 8 * j + col0) =
-              make_float2(acc0[e] + s1 * acc1[e], acc0[e + 1] + s1 * acc1[e + 1]);
-      }
+    store_combined<kWsBN>(out, acc0, acc1, s1, M, N, m_block, n_block, row0, col0);
     if (hang) mbar_hang_report(hang);  // here the accumulators are dead: no call inside the wgmma pipeline
     if (kTrace && trace && tid == 0) trace[3] = trace[4] = global_ns();
     return;
@@ -786,8 +787,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     __threadfence();  // acquire side: the other ranks' partials (read through L2 with ld.cg below)
     // Sum the S slots in rank order (this rank's own slot re-read from L2 too, so the order and the bits do not
     // depend on which rank arrived last). A slot's 48 float2 per thread are loaded together into acc1 (dead after
-    // the combine above): one L2 round trip per slot. (Looping q inside each element cost a round trip per
-    // element: ~0.25 us x 48 x (S - 1), measured 70-100 us in all.)
+    // the combine above): one L2 round trip per slot (looping q inside each element would cost a round trip per
+    // element, 48 x (S - 1) of them).
     for (int q = 0; q < splits; ++q) {
       const float2* src = slot0 + static_cast<size_t>(q) * P * kWsThreads + tid;
 #pragma unroll
