@@ -398,8 +398,8 @@ __device__ __forceinline__ void tma_load_2d_hint(uint32_t dst, const TmaMap* map
 // after its partial is published and at exit, then its SM id, whether it reduced the tile, its k-tile count, and
 // (reduce-scatter) when its wait for the other ranks ended.
 constexpr bool kTrace = HP_ROUTER_TRACE != 0;
-constexpr int kTraceWords = 9;
 #if HP_ROUTER_TRACE
+constexpr int kTraceWords = 9;
 __device__ unsigned long long* g_ws_trace = nullptr;
 __device__ __forceinline__ uint32_t sm_id() {
   uint32_t r;
