@@ -13,7 +13,7 @@ Each variant runs in its own subprocess under ``timeout 60`` (a hung kernel cann
 parent builds the library first, then prints a summary and the targets (hy3: M=4096 < 30 us, M=2048 < 33.4 us).
 
 Usage (repo root, hotpaths importable):   python scripts/gpu_check_router_wgmma.py [--iters 50] [--out DIR]
-                                           [--variants ws128n192,ws128n192m2]  (default: every WGMMA_TILES name,
+                                           [--variants ws128n192g,ws128n192r]  (default: every WGMMA_TILES name,
                                            the TMA + mbarrier ws* variants included)
 Output: one line per case
     <variant> s=<splits> m=<M> n=<N> k=<K> PASS|FAIL max_abs=<diff vs emulation> us=<median> old=<cfg> <us>

@@ -70,7 +70,7 @@ def main() -> None:
                 say(f"flashinfer {case}: {type(e).__name__}: {e}")
     g = torch.Generator().manual_seed(0)
     w = RG.plan((torch.randn(192, 4096, generator=g) * 0.02).cuda())
-    for m, variant, splits in ((2, "auto", 0), (48, "auto", 0), (4096, "auto", 0), (4096, "ws128n192", 4)):
+    for m, variant, splits in ((2, "auto", 0), (48, "auto", 0), (4096, "auto", 0), (4096, "ws128n192r", 4)):
         xm = torch.randn(m, 4096, generator=g).to(torch.bfloat16).cuda()
         om = torch.empty(m, 192, device="cuda")
         jobs[f"router m{m} {variant}/{splits}"] = (

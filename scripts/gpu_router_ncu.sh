@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Nsight Compute on router GEMM prefill configurations at M=4096, N=192, K=4096 (one launch each, after warm-up).
-# Usage (GPU machine, hotpaths importable): bash scripts/gpu_router_ncu.sh "ws128n192/4 wg128n96/2" [OUTDIR]
+# Usage (GPU machine, hotpaths importable): bash scripts/gpu_router_ncu.sh "ws128n192g/4 wg128n96/2" [OUTDIR]
 # Writes <OUTDIR>/router_ncu_<variant>_<splits>.txt (SpeedOfLight, LaunchStats, Occupancy, MemoryWorkloadAnalysis).
 set -uo pipefail
-cfgs="${1:-ws128n192/4 wg128n96/2}"
+cfgs="${1:-ws128n192g/4 wg128n96/2}"
 out="${2:-${OUT:-scratch}}"
 mkdir -p "$out"
 for c in $cfgs; do

@@ -5,7 +5,7 @@
 # Writes per configuration: ncu_src_<cfg>.details.txt (every section, with the stall-reason breakdown) and
 # ncu_src_<cfg>.sass.csv (per-SASS-instruction stall samples), from a --set full profile of one launch.
 set -uo pipefail
-cfgs="${1:-ws128n192g/4 ws128n192m2g/4 bf16_cublas}"
+cfgs="${1:-ws128n192g/4 ws128n192r/4 bf16_cublas}"
 out="${2:-${OUT:-scratch}}"
 mkdir -p "$out"
 for c in $cfgs; do

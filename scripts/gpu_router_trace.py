@@ -1,15 +1,16 @@
 """Where the time of the router GEMM prefill kernels goes (a per-CTA timeline), and a same-process A/B of
-configurations (this replaced scripts/gpu_router_prefill_ab.py, which wrote data/profiles/h200/router_prefill_ab.txt).
+configurations.
 
 Usage (GPU machine, hotpaths importable): python scripts/gpu_router_trace.py [--out DIR] [--configs v/s,...]
     [--ms 2048,4096] [--trace-configs v/s,...] [--no-trace]
-1. Timeline: router_wgmma_ws_kernel records %globaltimer per CTA (entry, first k-tile landed, last wgmma done,
-   partial published, exit; see hp_router_set_trace in router_wgmma.cu). Each configuration runs 7 times after an
+1. Timeline: in the HP_ROUTER_TRACE=1 build (rg.load_traced_library(): a separate cached build; production builds
+   carry no trace code) router_wgmma_ws_kernel records %globaltimer per CTA (entry, first k-tile landed, last wgmma
+   done, partial published, exit; see hp_router_set_trace in router_wgmma.cu). Each configuration runs 7 times after an
    L2 flush (eager launch); the run with the median span is summarised: entry spread, first-tile latency, time per
    k-tile in the main loop, publish, reduction tail of the last arriver (reduce-scatter: of every rank, split into
    the wait for the other ranks and the exchange's reads, sum and stores), span.
-2. A/B of configurations (--configs, --ms) in one process, each checked against the emulation on a NaN-poisoned
-   output first (experiments time their temporary switches here: see AB below).
+2. A/B of configurations (--configs, --ms) in one process with the production build, each checked against the
+   emulation on a NaN-poisoned output first (experiments time their temporary switches here: see AB below).
 Writes router_trace.txt / .json to --out.
 """
 
@@ -21,14 +22,12 @@ import json
 import os
 from pathlib import Path
 
-TRACE_CFGS = ("ws128n192g/4", "ws128n192p/4", "ws128n192r/4", "ws128n192t/4")
+TRACE_CFGS = ("ws128n192g/4", "ws128n192p/4", "ws128n192r/4")
 WORDS = 9  # trace words per CTA (kTraceWords in router_wgmma.cu)
-# A/B list (variant/splits). Experiments add a temporary switch (an environment variable or a kernel argument set
-# from the host) and time it here beside these, then remove it: the session-4 ones (no counter memset on a persistent
-# workspace; a PDL-overlapped zeroing kernel; the k-tile rotation) are in data/profiles/h200/router_trace_session4*.txt,
-# the session-5 ones (reduce-scatter variants, cache policies, the exchange through TMA bulk copies, an entry grid
-# barrier, where the trace pointer is loaded) in router_trace_session5*.txt.
-AB = ("ws128n192r/4", "ws128n192g/4", "ws128n192t/4", "ws128n192p/4", "ws128n192/4", "ws128n192r/8")
+# A/B list (variant/splits). Experiments add a temporary switch (a compile-time define passed through
+# HOTPATHS_NVCC_DEFINES, or a kernel argument set from the host) and time it here beside these, then remove it;
+# what was measured that way is in docs/notes/router_gemm.md.
+AB = ("ws128n192r/4", "ws128n192g/4", "ws128n192p/4", "ws128n192r/8")
 
 
 def main() -> None:
@@ -54,8 +53,7 @@ def main() -> None:
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     lib = rg._lib()
-    lib.hp_router_set_trace.argtypes = [ctypes.c_void_p]
-    lib.hp_router_set_trace.restype = ctypes.c_int
+    tlib = rg.load_traced_library() if not a.no_trace else None
 
     def parse(c: str) -> tuple[str, int]:  # "variant/splits"
         return c.split("/")[0], int(c.split("/")[1])
@@ -73,17 +71,22 @@ def main() -> None:
         out = torch.empty(m, 192, device="cuda")
         for c in a.trace_configs.split(","):
             v, s = parse(c)
-            cm = 2 if "m2" in v else 1
-            m_tiles = -(-m // 128)
-            ctas = -(-m_tiles // cm) * cm * s
+            ctas = -(-m // 128) * s
+            vid = rg.VARIANTS[v]
+            nws = tlib.hp_router_gemm_workspace_bytes(m, 192, 4096, vid, s)
+            ws = torch.zeros(max(nws, 256), dtype=torch.uint8, device="cuda")
             runs = []
             try:
                 for _ in range(7):
                     buf.zero_()
                     torch.cuda.synchronize()
-                    assert lib.hp_router_set_trace(ctypes.c_void_p(buf.data_ptr())) == 0
+                    assert tlib.hp_router_set_trace(ctypes.c_void_p(buf.data_ptr())) == 0
                     flush_l2()
-                    rg.router_gemm(x, w, impl="bf16x2_kernel", out=out, variant=v, splits=s)
+                    code = tlib.hp_router_gemm_ex(ptr(x), ptr(w.w_high), ptr(w.w_low), ptr(None), ptr(out), m, 192,
+                                                  4096, 2, 1 / 256, 1 / 256, vid, s, ptr(ws), max(nws, 0),
+                                                  stream_ptr())
+                    if code:
+                        raise RuntimeError(f"hp_router_gemm_ex returned {code}")
                     torch.cuda.synchronize()
                     t = buf[: ctas * WORDS].view(ctas, WORDS).cpu().numpy().astype(np.float64)
                     runs.append(t)
@@ -91,7 +94,7 @@ def main() -> None:
                 say(f"{m:5d} {c:16s} ERROR {type(e).__name__}: {e}")
                 continue
             finally:
-                assert lib.hp_router_set_trace(ctypes.c_void_p(0)) == 0
+                assert tlib.hp_router_set_trace(ctypes.c_void_p(0)) == 0
             spans = [r[:, 4].max() - r[:, 0].min() for r in runs]
             t = runs[int(np.argsort(spans)[len(spans) // 2])]
             t0 = t[:, 0].min()

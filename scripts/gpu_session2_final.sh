@@ -9,7 +9,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 mkdir -p /tmp/hp && ln -sfn "$PWD/src" /tmp/hp/hotpaths
 export PYTHONPATH=/tmp/site:/tmp/hp PYTHONUNBUFFERED=1
 if [ "${ROUTER:-1}" = 1 ]; then
-  timeout 150 python3 scripts/gpu_check_router_wgmma.py --variants ws128n192,ws128n192m2 --iters 30 --out "$out/wgmma" > "$out/router_wgmma.log" 2>&1
+  timeout 150 python3 scripts/gpu_check_router_wgmma.py --variants ws128n192g,ws128n192r --iters 30 --out "$out/wgmma" > "$out/router_wgmma.log" 2>&1
   echo "wgmma check rc=$?"; grep -E "SUMMARY|RESULT|TIMEOUT|CRASH" "$out/router_wgmma.log" | head -24
   timeout 90 python3 -m pytest -m gpu tests/test_router_gemm_gpu.py -q -p no:cacheprovider -rfE --tb=line --maxfail=10 > "$out/pytest_router.log" 2>&1
   rc=$?; echo "router pytest rc=$rc"; tail -4 "$out/pytest_router.log"

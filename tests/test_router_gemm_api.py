@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from hotpaths.reference import router_gemm as ref
 
 N, K = 64, 128
 no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="the emulation fallback is the no-GPU path")
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed: the library is not built")
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +140,7 @@ def test_benchmark_rows_fall_back_to_emulations():
 
 def test_kernel_candidates():
     c = rg.kernel_candidates(16, 192, 4096)
-    assert ("decode_n1", 0) in c and ("decode_n2", 0) in c and ("tiled64d", 8) in c and ("tiled128x", 1) in c
+    assert ("decode_n1", 0) in c and ("decode_n2", 0) in c and ("tiled64d", 8) in c and ("tiled128", 1) in c
     assert all(not v.startswith("decode") for v, _ in rg.kernel_candidates(65, 192, 4096))
     # big grids are not split further; every split keeps >= 4 k-steps
     assert ("tiled64", 8) not in rg.kernel_candidates(4096, 192, 4096)
@@ -150,7 +153,7 @@ def test_kernel_candidates():
 
 def test_every_decode_variant_is_a_candidate_only_at_decode_sizes():
     assert set(rg.DECODE_VARIANTS) == {v for v in rg.VARIANTS if v.startswith("decode")} - {"decode"}
-    assert sorted(rg.VARIANTS.values()) == list(range(len(rg.VARIANTS)))  # ids mirror enum Variant, no gaps
+    assert sorted(rg.VARIANTS.values()) == list(range(len(rg.VARIANTS)))  # ids are the list order, no gaps
     for m in (1, 3, 17, 48, 64):
         got = [v for v, s in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
         assert got == list(rg.DECODE_VARIANTS), m
@@ -158,54 +161,75 @@ def test_every_decode_variant_is_a_candidate_only_at_decode_sizes():
         assert not [v for v, _ in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
 
 
-def test_new_prefill_candidates_at_m2048():
+def test_tiled_candidates_at_m2048():
     c = rg.kernel_candidates(2048, 192, 4096)
-    for v in ("t64n96", "t64n96d3", "t128n96d3", "tiled128s3", "tiled128s6", "tiled64s6"):
-        bm, bn, _ = rg.TILED_TILES[v]
+    for v, (bm, bn, _) in rg.TILED_TILES.items():
         tiles = (2048 // bm) * (192 // bn)  # splits while the grid stays <= 4 CTAs per SM (528)
         assert {s for w, s in c if w == v} == {s for s in (1, 2, 4, 8) if s == 1 or tiles * s <= 528}, v
-    assert ("tiled64s6", 4) in c and ("tiled64s6", 8) not in c  # 96 tiles: 384 CTAs yes, 768 no
-    for v in ("t128n96d", "tiled128"):  # the two measured best at M = 2048 / 4096 stay, with 1, 2, 4 splits
-        assert {1, 2, 4} <= {s for w, s in c if w == v}, v
+    assert ("tiled64", 4) in c and ("tiled64", 8) not in c  # 96 tiles: 384 CTAs yes, 768 no
 
 
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed: the library is not built")
+# ---- the variant list: router_variants.cuh is the one source; the library reports it, Python reads the report ---
+
+VARIANTS_CUH = Path(rg.__file__).with_name("router_variants.cuh")
+FAMILY_OF = {"kAutoFamily": "auto", "kDecodeFamily": "decode", "kTiledFamily": "tiled", "kWgFamily": "wgmma",
+             "kWsFamily": "ws"}
+SPLITK_OF = {"kSplitCluster": "cluster", "kSplitGlobal": "global", "kSplitPair": "pair", "kSplitScatter": "scatter"}
+
+
+def parse_variant_list(text: str) -> list[tuple]:
+    """The X-macro entries of router_variants.cuh: (name, family, (bm, bn, bk), parts, splitk), in id order."""
+    body = text[text.index("#define HP_ROUTER_VARIANTS(X)"):]
+    body = body[:body.index("\n\n")]
+    rows = re.findall(r'X\((\w+), "(\w+)", (\w+), (\d+), (\d+), (\d+), (\d+), (\w+)[,)]', body)
+    assert len(rows) == body.count("X("), "every entry matches the column grammar"
+    return [(name, FAMILY_OF[fam], (int(bm), int(bn), int(bk)), int(parts), SPLITK_OF[sk])
+            for _, name, fam, bm, bn, bk, parts, sk in rows]
 
 
 @needs_nvcc
-def test_generalised_decode_configs_host_side():
+def test_python_view_is_the_variant_list():
+    """The loader's table (read from the compiled library's hp_router_variant_* query) is the X-macro list, entry
+    for entry; the derived views follow it."""
+    listed = parse_variant_list(VARIANTS_CUH.read_text())
+    got = [(v.name, v.family, v.tile, v.parts, v.splitk) for v in rg.variant_table().values()]
+    assert got == listed
+    assert [v.id for v in rg.variant_table().values()] == list(range(len(listed)))
+    assert set(rg.TILED_TILES) == {n for n, f, *_ in listed if f == "tiled"}
+    assert set(rg.WGMMA_TILES) == {n for n, f, *_ in listed if f in ("wgmma", "ws")}
+    assert set(rg.WGMMA_REDUCE_SCATTER) == set(rg.WGMMA_COOPERATIVE) == {n for n, *_, s in listed if s == "scatter"}
+    assert all(rg.VARIANT_PARTS[v] == 2 for v in rg.WGMMA_TILES)  # wgmma runs the two-part weight only
+
+
+def test_variant_list_keeps_what_the_dispatch_table_picks():
+    """Every variant the measured dispatch tables pick exists in the list, and every variant in the list is picked
+    by a table or is a baseline (the heuristic's kernels: decode and its forced-n8 forms, tiled64, tiled128; the
+    simplest wgmma kernel, wg128n96) - the rule that keeps the build small."""
+    listed = {name for name, *_ in parse_variant_list(VARIANTS_CUH.read_text())}
+    picked = set()
+    for path in rg.DISPATCH_DIR.glob(f"{rg.OP}_*.json"):
+        for shape in json.loads(path.read_text())["shapes"]:
+            picked |= {row["kernel"]["variant"] for row in shape["rows"]}
+    assert picked, "no dispatch table found"
+    assert picked <= listed, picked - listed
+    baselines = {"auto", "decode", "decode_n1", "decode_n2", "tiled64", "tiled128", "wg128n96"}
+    assert listed <= picked | baselines, listed - picked - baselines
+
+
+@needs_nvcc
+def test_decode_configs_host_side():
     """hp_router_gemm_config is host code: the C side knows every Python variant name (no GPU needed)."""
-    want = {"decode_c16": (16, 1), "decode_c16n2": (16, 2), "decode_w8": (8, 1), "decode_c16w8": (16, 1),
-            "decode_n32": (16, 1), "decode_n64": (16, 1)}
+    want = {"decode_c16": (16, 1), "decode_w8": (8, 1), "decode_c16w8": (16, 1)}
     for v, (cs, nt) in want.items():
         for m, mt in ((1, 1), (16, 1), (17, 2), (33, 3), (48, 3), (49, 4), (64, 4)):
             assert rg.kernel_config(m, 192, 4096, variant=v) == {"variant": v, "splits": cs, "mt": mt, "nt": nt}
         with pytest.raises(ValueError, match="decode needs M <= 64"):
             rg.kernel_config(65, 192, 4096, variant=v)
-    for v, (bm, bn, _) in rg.TILED_TILES.items():  # every tiled name resolves to itself, with a valid split
+    for v, nt in (("decode_n1", 1), ("decode_n2", 2)):  # the baseline's kernels, reported as "decode"
+        assert rg.kernel_config(48, 192, 4096, variant=v) == {"variant": "decode", "splits": 8, "mt": 3, "nt": nt}
+    for v in rg.TILED_TILES:  # every tiled name resolves to itself, with a valid split
         cfg = rg.kernel_config(2048, 192, 4096, variant=v)
         assert cfg["variant"] == v and cfg["splits"] in (1, 2, 4, 8), (v, cfg)
-        if bn > 64:
-            with pytest.raises(ValueError, match="multiple of their BN"):
-                rg.kernel_config(2048, 256, 4096, variant=v)
-
-
-def test_wide_n_candidates_only_where_bn_divides_n():
-    # every tiled variant has a tile entry and a C-side id; the wide-N tiles (BN 96 / 192) join the candidates
-    # exactly when N is a multiple of BN (N = 192, 384, 768: yes; 256, 64: no)
-    assert set(rg.TILED_TILES) | set(rg.WGMMA_TILES) == {v for v in rg.VARIANTS
-                                                         if v not in ("auto",) and not v.startswith("decode")}
-    assert not set(rg.TILED_TILES) & set(rg.WGMMA_TILES)
-    assert len(set(rg.VARIANTS.values())) == len(rg.VARIANTS)
-    wide = {v for v, (_, bn, _) in rg.TILED_TILES.items() if bn > 64}
-    assert wide == {"t128n96", "t128n96d", "t64n96d", "t64n192", "t64n192d", "t64n96", "t64n96d3", "t128n96d3"}
-    for n, k in ((192, 4096), (384, 3072), (768, 6144)):
-        got = {v for v, _ in rg.kernel_candidates(4096, n, k)}
-        assert wide <= got, (n, wide - got)
-        assert ("t128n96", 2) in rg.kernel_candidates(4096, n, k)  # N=192: 64 CTAs -> 128 with 2 K splits
-    for n in (64, 256, 320):
-        assert not wide & {v for v, _ in rg.kernel_candidates(4096, n, 4096)}, n
-    assert {v for v, _ in rg.kernel_candidates(4096, 128, 4096) if v in rg.TILED_TILES} == set(rg.TILED_TILES) - wide
 
 
 def test_benchmark_rows_reject_unknown_impl():
@@ -246,10 +270,9 @@ def test_wgmma_candidates_only_for_valid_shapes(n, k):
     def s_min(v):
         return 2 if v in rg.WGMMA_PAIR_SPLITK + rg.WGMMA_REDUCE_SCATTER else 1
 
-    def tiles(v, m, n):  # output tiles of the grid, M tiles padded to the cluster's pairs
+    def tiles(v, m, n):  # output tiles of the grid
         bm, bn, _ = rg.WGMMA_TILES[v]
-        cm = rg.WGMMA_CLUSTER_M.get(v, 1)
-        return -(-m // (bm * cm)) * cm * (n // bn)
+        return -(-m // bm) * (n // bn)
 
     for sms in (132, 78):
         for m in (1, 64, 65, 255, 256, 257, 1000, 2048, 4096):
@@ -268,22 +291,22 @@ def test_wgmma_candidates_only_for_valid_shapes(n, k):
 
 
 def test_wgmma_candidates_at_the_hy3_targets():
-    # M = 4096, N = 192: 128 x 96 with 2 splits and 128 x 192 with 4 fill ~128 of 132 SMs (one CTA each)
+    # M = 4096, N = 192: 128 x 96 with 2 splits fills 128 of 132 SMs (one CTA each)
     c = rg.kernel_candidates(4096, 192, 4096)
-    assert {("wg128n96", 2), ("wg128n192", 4), ("wg64n192", 2)} <= set(c)
+    assert {("wg128n96", 2), ("ws128n192g", 4), ("ws128n192p", 2)} <= set(c)
     assert not [v for v, _ in c if v == "wg128n128"]  # 192 % 128
     assert {v for v, _ in rg.kernel_candidates(4096, 256, 7168) if v in rg.WGMMA_TILES} == {"wg128n128"}
     assert not [v for v, _ in rg.kernel_candidates(64, 192, 4096) if v in rg.WGMMA_TILES]  # decode sizes
     assert ("ws128n192p", 8) in rg.kernel_candidates(208, 768, 6144)  # the LongCat Chat prefill of 208 rows
-    # the variant ids are the C enum's, contiguous after the mma.sync variants
-    assert sorted(rg.VARIANTS[v] for v in rg.WGMMA_TILES) == list(range(27, 27 + len(rg.WGMMA_TILES)))
 
 
-def test_wgmma_refuses_bf16x3_before_touching_a_device():
+def test_two_part_only_variants_refuse_bf16x3_before_touching_a_device():
     _, w = ref.make_router_inputs(1, 192, 256, seed=5)
     p3 = rg.plan(w, three_part=True)
     x = torch.randn(300, 256).to(torch.bfloat16)
-    for v in rg.WGMMA_TILES:
+    two_part = [v for v, parts in rg.VARIANT_PARTS.items() if parts == 2]
+    assert set(rg.WGMMA_TILES) <= set(two_part)
+    for v in two_part:
         with pytest.raises(ValueError, match="two-part"):
             rg.router_gemm(x, p3, impl="bf16x3_kernel", variant=v)
 
@@ -305,94 +328,50 @@ def test_wgmma_configs_host_side():
         assert rg.kernel_config(4096, 768, 4096, variant=v, splits=2)["splits"] == 2
         with pytest.raises(ValueError, match="multiple of their BN"):
             rg.kernel_config(2048, 64, 4096, variant=v)
-    assert rg.kernel_config(4096, 192, 4096, variant="wg128n192")["splits"] == 4  # 32 tiles -> 128 CTAs
     assert rg.kernel_config(4096, 192, 4096, variant="wg128n96")["splits"] == 2  # 64 tiles -> 128 CTAs
     lib = rg._lib()
-    fake = ctypes.c_void_p(256)  # never dereferenced: both requests are refused before any launch
-    for parts, n, v in ((3, 192, "wg128n96"), (2, 256, "wg128n96"), (2, 192, "wg128n128"), (3, 256, "wg128n128")):
-        code = lib.hp_router_gemm(fake, fake, fake, fake, fake, 300, n, 4096, parts, 1 / 256, 1 / 256,
-                                  rg.VARIANTS[v], 1, None)
+    fake = ctypes.c_void_p(256)  # never dereferenced: every request is refused before any launch
+    for parts, n, v in ((3, 192, "wg128n96"), (2, 256, "wg128n96"), (2, 192, "wg128n128"), (3, 256, "wg128n128"),
+                        (3, 192, "ws128n192g"), (2, 256, "ws128n192g"), (3, 192, "decode_c16"),
+                        (3, 192, "tiled64d")):
+        code = lib.hp_router_gemm(fake, fake, fake, fake, fake, 300 if "decode" not in v else 3, n, 4096, parts,
+                                  1 / 256, 1 / 256, rg.VARIANTS[v], 1 if "decode" not in v else 0, None)
         assert code == 1, (parts, n, v, code)
-
-
-# ---- TMA + mbarrier variants (ws128n192, ws128n192m2): candidates and host-side refusals -------------------------
-
-
-def test_ws_candidates_at_the_hy3_targets():
-    """Offered at M >= WGMMA_MIN_M where 192 divides N; the multicast pair keeps its cluster (2, 1, splits) <= 8
-    CTAs, so it never gets 8 splits; its grid counts M tiles padded to pairs."""
-    assert rg.VARIANTS["ws128n192"] == 31 and rg.VARIANTS["ws128n192m2"] == 32
-    assert rg.WGMMA_TILES["ws128n192"] == rg.WGMMA_TILES["ws128n192m2"] == (128, 192, 64)
-    c4096, c2048 = rg.kernel_candidates(4096, 192, 4096), rg.kernel_candidates(2048, 192, 4096)
-    assert {("ws128n192", 4), ("ws128n192m2", 4)} <= set(c4096)  # 32 tiles x 4 splits = 128 CTAs
-    assert {("ws128n192", 8), ("ws128n192m2", 4)} <= set(c2048)  # 16 tiles x 8 / x 4
-    for m in (65, 208, 256, 257, 1000, 2048, 4096):
-        for n, k in ((192, 4096), (384, 3072), (768, 6144)):
-            splits = {s for v, s in rg.kernel_candidates(m, n, k) if v == "ws128n192m2"}
-            assert splits and splits <= {1, 2, 4}, (m, n, k, splits)
-            pairs = -(-m // 256) * 2 * (n // 192)  # padded M tiles x N tiles
-            assert all(s == 1 or pairs * s <= 2 * 132 for s in splits), (m, n, splits)
-    for m, n, k in ((64, 192, 4096), (4096, 256, 7168), (4096, 128, 4096), (4096, 320, 4096)):
-        assert not {v for v, _ in rg.kernel_candidates(m, n, k)} & {"ws128n192", "ws128n192m2"}, (m, n, k)
 
 
 @needs_nvcc
 def test_ws_configs_host_side():
-    """The C side knows the names, picks splits that keep one wave (pairs counted padded) and cluster <= 8, and
-    refuses splits = 8 for the pair, N % 192, and parts = 3 (cudaErrorInvalidValue = 1) before any launch."""
+    """The TMA variants' splits and workspace sizes, and the refusals (cudaErrorInvalidValue = 1) before launch."""
     import ctypes
 
-    assert rg.kernel_config(4096, 192, 4096, variant="ws128n192") == {"variant": "ws128n192", "splits": 4,
-                                                                        "mt": 0, "nt": 0}
-    assert rg.kernel_config(4096, 192, 4096, variant="ws128n192m2")["splits"] == 4
-    assert rg.kernel_config(2048, 192, 4096, variant="ws128n192")["splits"] == 8
-    assert rg.kernel_config(2048, 192, 4096, variant="ws128n192m2")["splits"] == 4  # 2 x 4 = 8 CTAs per cluster
-    assert rg.kernel_config(257, 192, 4096, variant="ws128n192m2")["splits"] == 4
-    assert rg.kernel_config(4096, 768, 6144, variant="ws128n192m2", splits=2)["splits"] == 2
-    with pytest.raises(ValueError, match="splits <= 4"):
-        rg.kernel_config(2048, 192, 4096, variant="ws128n192m2", splits=8)
-    assert rg.kernel_config(2048, 192, 4096, variant="ws128n192", splits=8)["splits"] == 8
-    for v in ("ws128n192", "ws128n192m2"):
-        with pytest.raises(ValueError, match="multiple of their BN"):
-            rg.kernel_config(2048, 256, 4096, variant=v)
     lib = rg._lib()
-    fake = ctypes.c_void_p(256)  # never dereferenced: every request below is refused before any launch
-    for parts, n, v, s in ((3, 192, "ws128n192", 1), (2, 256, "ws128n192", 1), (3, 192, "ws128n192m2", 1),
-                           (2, 192, "ws128n192m2", 8), (2, 320, "ws128n192m2", 2)):
-        code = lib.hp_router_gemm(fake, fake, fake, fake, fake, 300, n, 4096, parts, 1 / 256, 1 / 256,
-                                  rg.VARIANTS[v], s, None)
-        assert code == 1, (parts, n, v, s, code)
-
+    fake = ctypes.c_void_p(256)
     # ws128n192g: split-K through a global workspace; its size is reported, and a launch without it is refused.
     g = rg.VARIANTS["ws128n192g"]
     assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, g, 1) == 0
-    assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, rg.VARIANTS["ws128n192"], 4) == 0
+    assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, rg.VARIANTS["wg128n96"], 4) == 0
     assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, g, 4) == 256 + 32 * 4 * 128 * 192 * 4
     assert lib.hp_router_gemm_workspace_bytes(300, 384, 4096, g, 8) == 256 + 3 * 2 * 8 * 128 * 192 * 4
     assert lib.hp_router_gemm_workspace_bytes(300, 100, 4096, g, 8) == -1  # refused shape
     assert rg.kernel_config(4096, 192, 4096, variant="ws128n192g") == {"variant": "ws128n192g", "splits": 4,
                                                                          "mt": 0, "nt": 0}
     assert rg.kernel_config(2048, 192, 4096, variant="ws128n192g", splits=8)["splits"] == 8
-    m2g = rg.VARIANTS["ws128n192m2g"]
-    assert rg.kernel_config(2048, 192, 4096, variant="ws128n192m2g", splits=8)["splits"] == 8  # cluster (2, 1, 1)
-    assert rg.kernel_config(4096, 192, 4096, variant="ws128n192m2g")["splits"] == 4
-    # 300 rows: 3 M tiles padded to 4 (the pair), x 2 N tiles, x 8 splits
-    assert lib.hp_router_gemm_workspace_bytes(300, 384, 4096, m2g, 8) == 256 + 4 * 2 * 8 * 128 * 192 * 4
-    assert set(s for v, s in rg.kernel_candidates(2048, 192, 4096) if v == "ws128n192m2g") == {1, 2, 4, 8}
-    # K pairs (ws128n192p, ws128n192m2p): cluster (CM, 1, 2); four counters per tile (ticket and stored count per
-    # 64-row half) and S / 2 pair sums per tile in the workspace; 2 splits need none (the pair's DSMEM sum is the
-    # result); 1 split refused.
-    p, m2p = rg.VARIANTS["ws128n192p"], rg.VARIANTS["ws128n192m2p"]
+    assert set(s for v, s in rg.kernel_candidates(2048, 192, 4096) if v == "ws128n192g") == {1, 2, 4, 8}
+    # K pairs (ws128n192p): cluster (1, 1, 2); four counters per tile (ticket and stored count per 64-row half) and
+    # S / 2 pair sums per tile in the workspace; 2 splits need none (the pair's DSMEM sum is the result); 1 refused.
+    p = rg.VARIANTS["ws128n192p"]
     assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, p, 2) == 0
     assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, p, 4) == 512 + 32 * 2 * 128 * 192 * 4
-    assert lib.hp_router_gemm_workspace_bytes(300, 384, 4096, m2p, 8) == 256 + 4 * 2 * 4 * 128 * 192 * 4
     assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, p, 1) == -1
     assert rg.kernel_config(4096, 192, 4096, variant="ws128n192p")["splits"] == 4
     assert rg.kernel_config(4096, 768, 6144, variant="ws128n192p")["splits"] == 2  # 4 x 32 tiles: 2 at least
-    assert rg.kernel_config(2048, 192, 4096, variant="ws128n192m2p", splits=8)["splits"] == 8  # cluster (2, 1, 2)
     with pytest.raises(ValueError, match="splits 0, 2, 4, 8"):
         rg.kernel_config(2048, 192, 4096, variant="ws128n192p", splits=1)
     assert set(s for v, s in rg.kernel_candidates(2048, 192, 4096) if v == "ws128n192p") == {2, 4, 8}
+    # Reduce-scatter (ws128n192r): no counters (a grid barrier), S partial tiles; 1 split refused.
+    r = rg.VARIANTS["ws128n192r"]
+    assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, r, 4) == 32 * 4 * 128 * 192 * 4
+    assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, r, 1) == -1
     for ws, nbytes in ((None, 0), (fake, 1024)):
         code = lib.hp_router_gemm_ex(fake, fake, fake, fake, fake, 4096, 192, 4096, 2, 1 / 256, 1 / 256, g, 4, ws,
                                      nbytes, None)
@@ -400,15 +379,24 @@ def test_ws_configs_host_side():
 
 
 def test_tuned_config_bf16x3_skips_two_part_only_variants():
-    """A row tuned to a wgmma variant (two parts only) gives BF16x3 the fastest measured non-wgmma candidate."""
+    """A row tuned to a two-part-only variant gives BF16x3 the fastest measured candidate that runs three parts;
+    a variant this build does not have gives None (the heuristic)."""
     table = {"shapes": [{"n": 192, "k": 4096, "rows": [
         {"m": 4096, "choice": "bf16x2_kernel", "kernel": {"variant": "wg128n96", "splits": 2},
-         "candidates_us": {"wg128n96/2": 40.1, "ws128n192/2": 41.0, "t128n96d/2": 55.8, "tiled128/1": 60.0}},
+         "candidates_us": {"wg128n96/2": 40.1, "ws128n192g/2": 41.0, "tiled64d/2": 50.0, "tiled128/2": 55.8,
+                           "tiled64/1": 60.0, "t128n96d/2": 30.0}},
         {"m": 8, "choice": "bf16x2_kernel", "kernel": {"variant": "wg128n96", "splits": 1},
-         "candidates_us": {"wg128n96/1": 9.0}}]}]}
+         "candidates_us": {"wg128n96/1": 9.0}},
+        {"m": 2, "choice": "bf16x2_kernel", "kernel": {"variant": "decode_c16", "splits": 0},
+         "candidates_us": {"decode_c16/0": 6.9, "decode_n2/0": 7.1, "decode_n1/0": 7.3}},
+        {"m": 32, "choice": "bf16x2_kernel", "kernel": {"variant": "t64n96d3", "splits": 2},
+         "candidates_us": {"t64n96d3/2": 20.0}}]}]}
     assert rg.tuned_config(4096, 192, 4096, table) == ("wg128n96", 2)
-    assert rg.tuned_config(4096, 192, 4096, table, parts=3) == ("t128n96d", 2)
-    assert rg.tuned_config(8, 192, 4096, table, parts=3) is None  # no non-wgmma candidate measured
+    assert rg.tuned_config(4096, 192, 4096, table, parts=3) == ("tiled128", 2)  # t128n96d: not in this build
+    assert rg.tuned_config(8, 192, 4096, table, parts=3) is None  # no three-part candidate measured
+    assert rg.tuned_config(2, 192, 4096, table) == ("decode_c16", 0)
+    assert rg.tuned_config(2, 192, 4096, table, parts=3) == ("decode_n2", 0)
+    assert rg.tuned_config(32, 192, 4096, table) is None
 
 
 def test_accuracy_gate_of_the_tuner():

@@ -59,27 +59,41 @@ def sources(op: str) -> list[Path]:
     return cu
 
 
-def _key(op: str) -> str:
+def define_flags(defines: tuple[str, ...] = ()) -> list[str]:
+    """``-D`` flags from ``$HOTPATHS_NVCC_DEFINES`` (space-separated ``NAME`` or ``NAME=VALUE``) and ``defines``:
+    diagnostic builds, e.g. ``HP_ROUTER_TRACE=1`` for the router's timeline trace. Part of the cache key, so such a
+    build never replaces the production library. Raises ValueError for an entry that is not a C identifier (with an
+    optional value)."""
+    out = []
+    for d in [*os.environ.get("HOTPATHS_NVCC_DEFINES", "").split(), *defines]:
+        if not re.fullmatch(r"[A-Za-z_]\w*(=[\w.+-]*)?", d):
+            raise ValueError(f"HOTPATHS_NVCC_DEFINES: {d!r} is not NAME or NAME=VALUE")
+        out.append(f"-D{d}")
+    return out
+
+
+def _key(op: str, defines: tuple[str, ...] = ()) -> str:
     h = hashlib.sha256()
     for p in sorted((KERNELS_DIR / op).glob("*.cu*")) + sorted(COMMON_DIR.glob("*.cuh")):
         h.update(p.name.encode())
         h.update(p.read_bytes())
-    h.update(" ".join(NVCC_FLAGS).encode())
+    h.update(" ".join(NVCC_FLAGS + define_flags(defines)).encode())
     return h.hexdigest()[:16]
 
 
-def library_path(op: str) -> Path:
-    return build_dir() / op / _key(op) / f"lib{op}.so"
+def library_path(op: str, defines: tuple[str, ...] = ()) -> Path:
+    return build_dir() / op / _key(op, defines) / f"lib{op}.so"
 
 
-def compile_op(op: str, *, force: bool = False) -> Path:
-    """Compile one op's sources to a shared library (cached by source hash). Returns the .so path."""
-    out = library_path(op)
+def compile_op(op: str, *, force: bool = False, defines: tuple[str, ...] = ()) -> Path:
+    """Compile one op's sources to a shared library (cached by source hash and -D flags, see define_flags).
+    Returns the .so path."""
+    out = library_path(op, defines)
     if out.exists() and not force:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}.so")
-    cmd = [nvcc_path(), *NVCC_FLAGS, "--shared", "-cudart", "static", "-I", str(KERNELS_DIR / op),
+    cmd = [nvcc_path(), *NVCC_FLAGS, *define_flags(defines), "--shared", "-cudart", "static", "-I", str(KERNELS_DIR / op),
            "-I", str(KERNELS_DIR), "-o", str(tmp), *map(str, sources(op))]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     (out.parent / "ptxas.txt").write_text(proc.stdout + proc.stderr)

@@ -17,6 +17,10 @@ struct LaunchOptions {
   bool pdl = false;          // programmatic stream serialization: the kernel may start before its predecessor ends
   int cluster = 1;           // thread-block cluster size along x (1 = no cluster attribute)
   bool cooperative = false;  // grid-wide barrier support (every CTA co-resident)
+  // Cluster extent along z (split-K ranks that reduce through distributed shared memory): 0 = none; >= 1 = the
+  // cluster is (cluster, 1, cluster_z), and the attribute is set even for a one-CTA cluster, so a kernel whose
+  // split count varies per call is launched the same way at every split count.
+  int cluster_z = 0;
 };
 
 // The device the calling thread launches on (cudaGetDevice); -1 if the runtime cannot say.
@@ -74,7 +78,8 @@ class FuncAttributeCache {
 template <typename... KArgs, typename... Args>
 cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream,
                    const LaunchOptions& opt, Args&&... args) {
-  cudaError_t err = FuncAttributeCache::instance().ensure(kernel, smem_bytes, opt.cluster);
+  const int cluster_size = opt.cluster * (opt.cluster_z > 0 ? opt.cluster_z : 1);
+  cudaError_t err = FuncAttributeCache::instance().ensure(kernel, smem_bytes, cluster_size);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -88,11 +93,11 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, int smem_byt
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
-  if (opt.cluster > 1) {
+  if (opt.cluster > 1 || opt.cluster_z > 0) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
     attr[n].val.clusterDim.x = static_cast<unsigned>(opt.cluster);
     attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
+    attr[n].val.clusterDim.z = static_cast<unsigned>(opt.cluster_z > 0 ? opt.cluster_z : 1);
     ++n;
   }
   if (opt.cooperative) {

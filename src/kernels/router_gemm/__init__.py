@@ -43,71 +43,18 @@ DTYPE_OF = {"bf16x2_kernel": "x bf16, w fp32 as 2x bf16 (hi + lo/256), out fp32"
             "fp32_cublas": "x bf16->fp32, w fp32, out fp32 (cuBLAS FP32)",
             "tf32_cublas": "x bf16->fp32, w fp32, out fp32 (cuBLAS TF32)",
             "bf16_cublas": "x bf16, w bf16 (RNE), out fp32 (cuBLAS BF16)"}
-# Kernel configurations: decode (split-K over a cluster, M <= 64; _n1/_n2 force 1 or 2 n8 tiles per warp), tiled
-# BM x 64 with BK = 32 and 4 stages ("tiled64", "tiled128"), BK = 64 and 4 stages ("tiled64d", "tiled128d"), BK = 64
-# and 6 / 5 stages ("tiled64x", "tiled128x"); wide-N tiles BM x BN (N must be a multiple of BN): "t128n96" (BK 32),
-# "t128n96d" (BK 64), "t64n96d" (BK 64), "t64n192" (BK 32), "t64n192d" (BK 64); "auto" = the built-in heuristic (a
-# tuned table wins).
-# Tuner-only candidates (router_gemm.cu, enum Variant): the generalised decode kernel "decode_c16" (cluster of 16
-# CTAs of 8 experts), "decode_c16n2" (16 CTAs of 16 experts), "decode_w8" (8 CTAs of 8 warps), "decode_c16w8"
-# (16 CTAs of 8 warps), "decode_n32" / "decode_n64" (16 CTAs of 32 / 64 experts: x re-read by fewer column
-# groups); tiled "t64n96" (BK 32, 4 stages), "t64n96d3" (BK 64, 3 stages: 2 CTAs per SM), "t128n96d3" (BK 64,
-# 3 stages), "tiled128s3" / "tiled128s6" (BK 32, 3 / 6 stages), "tiled64s6" (BK 32, 6 stages).
-# SM90 wgmma prefill variants (router_wgmma.cu; two parts only, offered to the tuner at M >= WGMMA_MIN_M):
-# "wg128n96" (2 warpgroups, 128 x 96, 4 stages), "wg128n192" (2 WG, 128 x 192, 3 stages), "wg64n192" (1 WG,
-# 64 x 192, 4 stages), "wg128n128" (2 WG, 128 x 128, 4 stages: the N = 256 shape); BK 64 for all. TMA + mbarrier
-# pipeline (router_wgmma_ws_kernel): "ws128n192" (128 x 192, 3 stages, all free slots in flight) and
-# "ws128n192m2" (the same with the W tiles multicast over a cluster pair of M tiles: K splits 1, 2, 4 only);
-# "ws128n192g" (ws128n192 with split-K through a global workspace and a per-tile arrival counter instead of a
-# cluster: a cluster of 4 such CTAs fits only 30 times on the H200, so 32 M tiles x 4 splits ran in two waves);
-# "ws128n192m2g" (the W multicast pair with that global split-K: K splits up to 8); "ws128n192p" / "ws128n192m2p"
-# (that global split-K with the K ranks paired in the cluster: each pair sums its partial tiles through distributed
-# shared memory, each CTA one 64-row half, so half the partials go through the workspace and the final sums are
-# spread over every pair; K splits 2, 4, 8); "ws128n192r" / "ws128n192t" (that global split-K as a reduce-scatter:
-# every rank of a tile publishes the rows it does not own, waits for the others, and sums its 128 / S rows over all
-# ranks; "r" is a cooperative launch, so its grid must fit in one wave; "t" takes its tile from a ticket; splits 2,
-# 4, 8).
-VARIANTS = {"auto": 0, "decode": 1, "tiled64": 2, "tiled128": 3, "tiled64d": 4, "tiled128d": 5, "tiled64x": 6,
-            "tiled128x": 7, "decode_n1": 8, "decode_n2": 9, "t128n96": 10, "t128n96d": 11, "t64n96d": 12,
-            "t64n192": 13, "t64n192d": 14, "decode_c16": 15, "decode_c16n2": 16, "decode_w8": 17,
-            "decode_c16w8": 18, "decode_n32": 19, "decode_n64": 20, "t64n96": 21, "t64n96d3": 22, "t128n96d3": 23,
-            "tiled128s3": 24, "tiled128s6": 25, "tiled64s6": 26, "wg128n96": 27, "wg128n192": 28, "wg64n192": 29,
-            "wg128n128": 30, "ws128n192": 31, "ws128n192m2": 32, "ws128n192g": 33, "ws128n192m2g": 34,
-            "ws128n192p": 35, "ws128n192m2p": 36, "ws128n192r": 37, "ws128n192t": 38}
-# Decode variants the tuner times at M <= 64 (every one needs M <= 64; the C side rejects larger M).
-DECODE_VARIANTS = ("decode_n1", "decode_n2", "decode_c16", "decode_c16n2", "decode_w8", "decode_c16w8",
-                   "decode_n32", "decode_n64")
-# Tiled variants: (BM, BN, BK) of the CTA tile, for the candidate list (mirrors tile_of() in router_gemm.cu).
-TILED_TILES = {"tiled64": (64, 64, 32), "tiled64d": (64, 64, 64), "tiled64x": (64, 64, 64),
-               "tiled128": (128, 64, 32), "tiled128d": (128, 64, 64), "tiled128x": (128, 64, 64),
-               "t128n96": (128, 96, 32), "t128n96d": (128, 96, 64), "t64n96d": (64, 96, 64),
-               "t64n192": (64, 192, 32), "t64n192d": (64, 192, 64), "t64n96": (64, 96, 32),
-               "t64n96d3": (64, 96, 64), "t128n96d3": (128, 96, 64), "tiled128s3": (128, 64, 32),
-               "tiled128s6": (128, 64, 32), "tiled64s6": (64, 64, 32)}
-# wgmma variants: (BM, BN, BK) of the CTA tile (mirrors wgmma_tile() in router_wgmma.cuh). BF16x2 only: the C side
-# refuses parts = 3 for them, so they are never candidates or tuned choices of impl="bf16x3_kernel".
-WGMMA_TILES = {"wg128n96": (128, 96, 64), "wg128n192": (128, 192, 64), "wg64n192": (64, 192, 64),
-               "wg128n128": (128, 128, 64), "ws128n192": (128, 192, 64), "ws128n192m2": (128, 192, 64),
-               "ws128n192g": (128, 192, 64), "ws128n192m2g": (128, 192, 64), "ws128n192p": (128, 192, 64),
-               "ws128n192m2p": (128, 192, 64), "ws128n192r": (128, 192, 64), "ws128n192t": (128, 192, 64)}
-# CTAs per cluster along M sharing (multicasting) the W tiles (mirrors wgmma_cluster_m() in router_wgmma.cuh): the
-# cluster is (CM, 1, splits) of at most 8 CTAs, and the M tiles are padded to a multiple of CM.
-WGMMA_CLUSTER_M = {"ws128n192m2": 2, "ws128n192m2g": 2, "ws128n192m2p": 2}
-# Split-K through a global workspace (mirrors wgmma_global_splitk()): the cluster is (CM, 1, 1), any split <= 8,
-# or (CM, 1, 2) for the K-pair variants (WGMMA_PAIR_SPLITK, mirrors wgmma_pair_splitk()), splits 2, 4, 8.
-WGMMA_GLOBAL_SPLITK = ("ws128n192g", "ws128n192m2g", "ws128n192p", "ws128n192m2p", "ws128n192r", "ws128n192t")
-WGMMA_PAIR_SPLITK = ("ws128n192p", "ws128n192m2p")
-# Reduce-scatter split-K (mirrors wgmma_reduce_scatter()): splits 2, 4, 8. WGMMA_COOPERATIVE: launched
-# cooperatively, so the grid (one CTA per SM) must not exceed the device's SM count.
-WGMMA_REDUCE_SCATTER = ("ws128n192r", "ws128n192t")
-WGMMA_COOPERATIVE = ("ws128n192r",)
-# From 65 rows up (every prefill size): with K split 8 ways even 1-2 row tiles of 128 fill 64-128 SMs, and the
-# session-3 table left LongCat Chat at M = 208 on an mma.sync tile level with TF32 cuBLAS (32.6 vs 32.1 us).
+# Kernel variants: router_variants.cuh (an X-macro list) is the one place that names them; the library reports it
+# through hp_router_variant_count / _name / _info, and the views below (VARIANTS, DECODE_VARIANTS, TILED_TILES,
+# WGMMA_TILES, WGMMA_GLOBAL_SPLITK, WGMMA_PAIR_SPLITK, WGMMA_REDUCE_SCATTER, WGMMA_COOPERATIVE, VARIANT_PARTS) are
+# built from that report when first used (module attributes resolved lazily: importing this module compiles
+# nothing). "auto" = the built-in heuristic (a tuned table wins).
+FAMILIES = ("auto", "decode", "tiled", "wgmma", "ws")  # index = hp_router::Family
+SPLITK_KINDS = ("cluster", "global", "pair", "scatter")  # index = hp_router::SplitK
+# From 65 rows up (every prefill size): with K split 8 ways even 1-2 row tiles of 128 fill 64-128 SMs.
 WGMMA_MIN_M = 65
 # The tuner's accuracy gate (the issue's bound): a configuration whose max abs error vs FP64 exceeds ERR_BOUND x the
 # BF16x2 emulation's on the gate input is not timed and cannot be chosen.
 ERR_BOUND = 1.5
-_VARIANT_NAMES = {v: k for k, v in VARIANTS.items()}
 _SCALE = 1.0 / 256.0
 DISPATCH_DIR = Path(__file__).resolve().parents[3] / "data" / "dispatch"
 DEFAULT_MS = (1, 2, 4, 8, 16, 48, 96, 208, 512, 1024, 2048, 4096)
@@ -131,25 +78,118 @@ def _lib() -> ctypes.CDLL:
     lib.hp_router_gemm_workspace_bytes.restype = ctypes.c_longlong
     lib.hp_router_gemm_config.argtypes = [i, i, i, i, i, ctypes.POINTER(ctypes.c_int)]
     lib.hp_router_gemm_config.restype = i
+    lib.hp_router_variant_count.argtypes = []
+    lib.hp_router_variant_count.restype = i
+    lib.hp_router_variant_name.argtypes = [i]
+    lib.hp_router_variant_name.restype = ctypes.c_char_p
+    lib.hp_router_variant_info.argtypes = [i, ctypes.POINTER(ctypes.c_int)]
+    lib.hp_router_variant_info.restype = i
     return lib
 
 
+def load_traced_library() -> ctypes.CDLL:
+    """The router library built with HP_ROUTER_TRACE=1: router_wgmma_ws_kernel records a per-CTA timeline into the
+    buffer set by ``hp_router_set_trace(void*)`` (kTraceWords = 9 int64 per CTA; see router_wgmma.cu). A separate
+    cached build, loaded beside (never instead of) the one the op runs; call its hp_router_gemm_ex directly.
+    Raises hotpaths.kernels._build.KernelBuildError if it cannot be built."""
+    from hotpaths.kernels import _build
+
+    lib = ctypes.CDLL(str(_build.compile_op(OP, defines=("HP_ROUTER_TRACE=1",))))
+    prod = _lib()
+    for name in ("hp_router_gemm_ex", "hp_router_gemm_workspace_bytes"):
+        getattr(lib, name).argtypes = getattr(prod, name).argtypes
+        getattr(lib, name).restype = getattr(prod, name).restype
+    lib.hp_router_set_trace.argtypes = [ctypes.c_void_p]
+    lib.hp_router_set_trace.restype = ctypes.c_int
+    return lib
+
+
+@dataclass(frozen=True)
+class VariantInfo:
+    """One kernel variant as the library reports it (router_variants.cuh): id, name, family (FAMILIES), tile
+    (BM, BN, BK; zeros for decode), parts (the most weight parts it runs: 2 or 3), splitk (SPLITK_KINDS)."""
+
+    id: int
+    name: str
+    family: str
+    tile: tuple[int, int, int]
+    parts: int
+    splitk: str
+
+
+@functools.lru_cache(maxsize=None)
+def variant_table() -> dict[str, VariantInfo]:
+    """Every kernel variant by name, in id order, read from the compiled library (compiles it on first use).
+    Raises hotpaths.kernels._build.KernelBuildError if it cannot be built, RuntimeError on a malformed report."""
+    lib = _lib()
+    out = {}
+    buf = (ctypes.c_int * 6)()
+    for vid in range(lib.hp_router_variant_count()):
+        name = lib.hp_router_variant_name(vid)
+        if name is None or lib.hp_router_variant_info(vid, buf):
+            raise RuntimeError(f"router GEMM library: no name / facts for variant id {vid}")
+        fam, bm, bn, bk, parts, splitk = list(buf)
+        out[name.decode()] = VariantInfo(vid, name.decode(), FAMILIES[fam], (bm, bn, bk), parts, SPLITK_KINDS[splitk])
+    return out
+
+
+def _views() -> dict:
+    t = variant_table()
+    wg = {v.name: v.tile for v in t.values() if v.family in ("wgmma", "ws")}
+    return {
+        "VARIANTS": {v.name: v.id for v in t.values()},
+        # the decode variants the tuner times at M <= 64 (each needs M <= 64; "decode" itself picks its n8 tiles by
+        # shape, and decode_n1 / decode_n2 time both of its choices)
+        "DECODE_VARIANTS": tuple(v.name for v in t.values() if v.family == "decode" and v.name != "decode"),
+        "TILED_TILES": {v.name: v.tile for v in t.values() if v.family == "tiled"},
+        # BF16x2 only: never candidates or tuned choices of impl="bf16x3_kernel"
+        "WGMMA_TILES": wg,
+        # split-K through a global workspace: a one-CTA cluster, or (1, 1, 2) for the K pairs
+        "WGMMA_GLOBAL_SPLITK": tuple(v for v in wg if t[v].splitk != "cluster"),
+        "WGMMA_PAIR_SPLITK": tuple(v for v in wg if t[v].splitk == "pair"),  # splits 2, 4, 8
+        "WGMMA_REDUCE_SCATTER": tuple(v for v in wg if t[v].splitk == "scatter"),  # splits 2, 4, 8
+        # launched cooperatively (the reduce-scatter's grid barrier): the grid must fit in one wave of the SMs
+        "WGMMA_COOPERATIVE": tuple(v for v in wg if t[v].splitk == "scatter"),
+        "VARIANT_PARTS": {v.name: v.parts for v in t.values()},
+    }
+
+
+_VIEW_NAMES = ("VARIANTS", "DECODE_VARIANTS", "TILED_TILES", "WGMMA_TILES", "WGMMA_GLOBAL_SPLITK",
+               "WGMMA_PAIR_SPLITK", "WGMMA_REDUCE_SCATTER", "WGMMA_COOPERATIVE", "VARIANT_PARTS")
+
+
+def __getattr__(name: str):
+    if name in _VIEW_NAMES:
+        return _views()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _variant_id(variant: str) -> int:
+    t = variant_table()
+    if variant not in t:
+        raise ValueError(f"variant: unknown {variant!r}; expected one of {list(t)}")
+    return t[variant].id
+
+
 def _tile(variant: str) -> tuple[int, int, int]:
-    return TILED_TILES.get(variant) or WGMMA_TILES.get(variant) or (0, 64, 0)
+    v = variant_table().get(variant)
+    return v.tile if v and v.tile[1] else (0, 64, 0)
 
 
 def kernel_config(m: int, n: int, k: int, *, variant: str = "auto", splits: int = 0) -> dict:
     """The launch configuration the kernel uses for [M, K] x [N, K]^T: variant (a VARIANTS name; decode, decode_n1
-    and decode_n2 report "decode"), K splits (CTAs of one cluster), m16 tiles and n8 tiles per warp (decode).
-    Raises ValueError if unsupported."""
+    and decode_n2 report "decode"), K splits (decode: CTAs of one cluster), m16 tiles and n8 tiles per warp
+    (decode). Raises ValueError if unsupported."""
     buf = (ctypes.c_int * 4)()
-    code = _lib().hp_router_gemm_config(m, n, k, VARIANTS[variant], splits, buf)
+    code = _lib().hp_router_gemm_config(m, n, k, _variant_id(variant), splits, buf)
     if code:
         raise ValueError(f"router GEMM kernel: no configuration for M={m}, N={n}, K={k}, variant={variant!r}, "
                          f"splits={splits} (N, K multiples of 64; decode needs M <= 64; the tiled variants need N "
-                         f"a multiple of their BN, {_tile(variant)[1]}; splits in 0, 1, 2, 4, 8; ws128n192m2: splits <= 4; "
-                         f"ws128n192p / ws128n192m2p / ws128n192r / ws128n192t: splits 0, 2, 4, 8)")
-    return {"variant": _VARIANT_NAMES[buf[0]], "splits": buf[1], "mt": buf[2], "nt": buf[3]}
+                         f"a multiple of their BN, {_tile(variant)[1]}; splits in 0, 1, 2, 4, 8; "
+                         f"{' / '.join(_views()['WGMMA_PAIR_SPLITK'] + _views()['WGMMA_REDUCE_SCATTER'])}: "
+                         f"splits 0, 2, 4, 8)")
+    names = {v.id: v.name for v in variant_table().values()}
+    return {"variant": names[buf[0]], "splits": buf[1], "mt": buf[2], "nt": buf[3]}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -249,17 +289,21 @@ def _nearest_row(m: int, n: int, k: int, table: dict | None):
 def tuned_config(m: int, n: int, k: int, table: dict | None = None, *, parts: int = 2) -> tuple[str, int] | None:
     """The kernel (variant, splits) measured fastest at the M nearest to m (log2) for (N, K), or None (no table,
     shape not measured, or the tuned variant cannot run this M: decode needs M <= 64).
-    parts=3 (BF16x3): the wgmma variants run two parts only, so the fastest measured non-wgmma candidate of that row
-    is returned instead (None when the row lists none)."""
+    parts=3 (BF16x3): when the tuned variant runs two parts only (VARIANT_PARTS), the fastest measured candidate
+    of that row that runs three is returned instead (None when the row lists none). A variant this build does not
+    have (a table written by another build) gives None."""
     row = _nearest_row(m, n, k, table)
     cfg = (row or {}).get("kernel")
     if not cfg:
         return None
     variant, splits = cfg["variant"], int(cfg["splits"])
-    if parts == 3 and variant in WGMMA_TILES:
+    info = variant_table()
+    if variant not in info:  # a table from a build with other variants: the heuristic runs instead
+        return None
+    if parts > info[variant].parts:
         cands = [(t, c.split("/")) for c, t in (row.get("candidates_us") or {}).items()]
         cands = [(t, v, int(sp)) for t, (v, sp) in cands
-                 if v not in WGMMA_TILES and v in VARIANTS and not (v.startswith("decode") and m > 64)]
+                 if v in info and info[v].parts >= parts and not (v.startswith("decode") and m > 64)]
         if not cands:
             return None
         _, variant, splits = min(cands)
@@ -329,9 +373,13 @@ def _validate(x, weights, impl, out):
 
 
 def _run_kernel(x, weights, out, *, parts, variant="auto", splits=0):
-    if parts == 3 and variant in WGMMA_TILES:
-        raise ValueError(f"variant={variant!r}: the wgmma variants run the two-part weight only "
-                         f"(impl='bf16x2_kernel'); for impl='bf16x3_kernel' pick one of {sorted(TILED_TILES)}")
+    info = variant_table()
+    if variant not in info:
+        raise ValueError(f"variant: unknown {variant!r}; expected one of {list(info)}")
+    if parts > info[variant].parts:
+        three = sorted(v for v, i in info.items() if i.parts >= 3 and v != "auto")
+        raise ValueError(f"variant={variant!r} runs the two-part weight only (impl='bf16x2_kernel'); for "
+                         f"impl='bf16x3_kernel' pick one of {three}")
     if x.device.type != "cuda":
         raise RuntimeError(f"the router GEMM kernel needs an SM90 CUDA device; x is on {x.device} (use the "
                            f"emulations in hotpaths.reference.router_gemm on CPU)")
@@ -346,22 +394,23 @@ def _run_kernel(x, weights, out, *, parts, variant="auto", splits=0):
         variant, splits = tuned_config(m, n, k, parts=parts) or ("auto", 0)
     # BF16x3: (high, mid, low) with the kernel's epilogue acc0 + (acc1 + acc2 / 256) / 256
     p1, p2 = (weights.w_mid, weights.w_low2) if parts == 3 else (weights.w_low, None)
-    if variant in WGMMA_COOPERATIVE:  # the whole grid must be resident at once (one CTA per SM)
+    if variant in _views()["WGMMA_COOPERATIVE"]:  # the whole grid must be resident at once (one CTA per SM)
         cfg = kernel_config(m, n, k, variant=variant, splits=splits)
-        cm = WGMMA_CLUSTER_M.get(variant, 1)
-        grid = -(-m // (WGMMA_TILES[variant][0] * cm)) * cm * (n // WGMMA_TILES[variant][1]) * cfg["splits"]
+        bm, bn, _ = info[variant].tile
+        grid = -(-m // bm) * (n // bn) * cfg["splits"]
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         if grid > sms:
             raise ValueError(f"variant={variant!r}: its cooperative grid of {grid} CTAs (M={m}, N={n}, splits="
                              f"{cfg['splits']}) exceeds one wave of {sms} SMs on {x.device}; use fewer splits or "
-                             f"'ws128n192t' (ticketed, any grid)")
-    # Global split-K variants (ws128n192g/m2g, ws128n192p/m2p) with K split: a per-call workspace from the caching
-    # allocator (a graph's private pool under capture), its counters zeroed by the launcher (a memset node).
-    nws = _lib().hp_router_gemm_workspace_bytes(m, n, k, VARIANTS[variant], splits)
+                             f"'ws128n192g' (any grid)")
+    # Global split-K variants (WGMMA_GLOBAL_SPLITK) with K split: a per-call workspace from the caching allocator
+    # (a graph's private pool under capture), its counters zeroed by the launcher (a memset node).
+    vid = info[variant].id
+    nws = _lib().hp_router_gemm_workspace_bytes(m, n, k, vid, splits)
     ws = torch.empty(nws, dtype=torch.uint8, device=x.device) if nws > 0 else None
     with torch.cuda.device(x.device):
         code = _lib().hp_router_gemm_ex(ptr(x), ptr(weights.w_high), ptr(p1), ptr(p2), ptr(out), m, n, k,
-                                        parts, _SCALE, _SCALE, VARIANTS[variant], splits,
+                                        parts, _SCALE, _SCALE, vid, splits,
                                         ptr(ws), max(nws, 0), stream_ptr(x.device))
     if code == 1:  # cudaErrorInvalidValue: a shape/config the C side refuses
         kernel_config(m, n, k, variant=variant, splits=splits)  # raises the descriptive ValueError
@@ -513,14 +562,14 @@ def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tu
     (DECODE_VARIANTS, M <= 64) and each tiled variant whose BN divides N, with K splits 1, 2, 4, 8 while the grid
     stays under ~4 CTAs per SM and each split keeps >= 4 k-steps; at M >= WGMMA_MIN_M also each wgmma variant whose
     BN divides N and BK divides K, with splits 1, 2, 4, 8 while the grid stays under ~2 CTAs per SM (they run one
-    CTA per SM) and each split keeps >= 4 k-tiles (ws128n192m2: its M tiles padded to pairs, splits * 2 <= 8, the
-    portable cluster size; the K-pair and reduce-scatter variants: splits 2, 4, 8, the smallest always; the
-    cooperative ws128n192r only while its grid fits in one wave of ``sm_count`` SMs).
+    CTA per SM) and each split keeps >= 4 k-tiles (the K-pair and reduce-scatter variants: splits 2, 4, 8, the
+    smallest always; the cooperative ones only while the grid fits in one wave of ``sm_count`` SMs).
     Raises ValueError for an unsupported shape (N, K not multiples of 64, M < 1)."""
     if n % 64 or k % 64 or m < 1:
         raise ValueError(f"kernel_candidates: unsupported M={m}, N={n}, K={k} (N, K multiples of 64, M >= 1)")
-    out = [(v, 0) for v in DECODE_VARIANTS] if m <= 64 else []
-    for v, (bm, bn, bk) in TILED_TILES.items():
+    views = _views()
+    out = [(v, 0) for v in views["DECODE_VARIANTS"]] if m <= 64 else []
+    for v, (bm, bn, bk) in views["TILED_TILES"].items():
         if n % bn:
             continue
         base = -(-m // bm) * (n // bn)
@@ -528,16 +577,16 @@ def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tu
             if (s == 1 or base * s <= 4 * 132) and (k // bk) // s >= 4:
                 out.append((v, s))
     if m >= WGMMA_MIN_M:
-        for v, (bm, bn, bk) in WGMMA_TILES.items():
+        two_ranks = views["WGMMA_PAIR_SPLITK"] + views["WGMMA_REDUCE_SCATTER"]
+        for v, (bm, bn, bk) in views["WGMMA_TILES"].items():
             if n % bn or k % bk:
                 continue
-            cm = WGMMA_CLUSTER_M.get(v, 1)
-            base = -(-m // (bm * cm)) * cm * (n // bn)
-            s_min = 2 if v in WGMMA_PAIR_SPLITK + WGMMA_REDUCE_SCATTER else 1  # the smallest split is always offered
+            base = -(-m // bm) * (n // bn)
+            s_min = 2 if v in two_ranks else 1  # the smallest split is always offered
             for s in (1, 2, 4, 8):
-                if s < s_min or (v in WGMMA_COOPERATIVE and base * s > sm_count):
+                if s < s_min or (v in views["WGMMA_COOPERATIVE"] and base * s > sm_count):
                     continue
-                csize = 2 * cm if v in WGMMA_PAIR_SPLITK else cm if v in WGMMA_GLOBAL_SPLITK else s * cm
+                csize = 2 if v in views["WGMMA_PAIR_SPLITK"] else 1 if v in views["WGMMA_GLOBAL_SPLITK"] else s
                 if (s == s_min or base * s <= 2 * 132) and (k // bk) // s >= 4 and csize <= 8:
                     out.append((v, s))
     return out
@@ -652,5 +701,6 @@ def measure_crossover(shapes, ms=DEFAULT_MS, *, path: str | Path | None = None, 
 
 
 __all__ = ["IMPLS", "RouterWeights", "plan", "router_gemm", "choose_impl", "kernel_config", "benchmark_rows",
+           "variant_table", "VariantInfo", "load_traced_library",
            "accuracy_failure", "measure_crossover", "kernel_candidates", "tuned_config", "dispatch_path",
            "reload_dispatch_table", "EMULATION_OF"]

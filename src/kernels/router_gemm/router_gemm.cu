@@ -3,55 +3,43 @@
 //
 // What runs: per CTA, each activation fragment is loaded once and fed to PARTS bf16 tensor-core products
 // (mma.sync m16n8k16, fp32 accumulate) into PARTS separate fp32 accumulators; the epilogue forms
-// acc0 + s1 * acc1 (or acc0 + s1 * (acc1 + s2 * acc2)) in fp32 and writes the scores once. Two kernels share that idea:
+// acc0 + s1 * acc1 (or acc0 + s1 * (acc1 + s2 * acc2)) in fp32 and writes the scores once. Two kernels share that
+// idea (the variants of each are listed in router_variants.cuh):
 //
-// 1. router_decode_kernel (M <= 64, memory bound: the weight read, 2 * N * K * 2 B = 3.1 MB at N=192, K=4096,
-//    is the whole cost). Launch: grid (8, N / (8 * NT)), cluster (8, 1, 1), 128 threads. Every warp owns an
-//    n8*NT slab of W and a strided set of 32-wide K chunks; the 8 CTAs of a cluster split K, so
-//    N/(8*NT) * 8 CTAs (192 at N=192) stream the weight from every SM. No shared-memory staging: a thread
-//    loads 16 contiguous bytes of one weight row and of one activation row, and both MMA operands use the same
-//    permutation of k inside the 32-chunk (the dot product does not care about k order), so global loads go
-//    straight into MMA fragments. Reduction: warps -> smem (fixed order), then across the cluster through
-//    distributed shared memory (each CTA sums a slice of the tile over the 8 ranks in rank order):
+// 1. router_decode_kernel (M <= 64, memory bound: the weight read is the whole cost). Launch: grid
+//    (CS, N / (8 * NT * WN)), cluster (CS, 1, 1). Every warp owns an n8 * NT slab of W and a strided set of
+//    32-wide K chunks; the CS CTAs of a cluster split K, so the weight streams from every SM. No shared-memory
+//    staging: a thread loads 16 contiguous bytes of one weight row and of one activation row, and both MMA
+//    operands use the same permutation of k inside the 32-chunk (the dot product does not care about k order), so
+//    global loads go straight into MMA fragments. Reduction: warps -> smem (fixed order), then across the cluster
+//    through distributed shared memory (each CTA sums a slice of the tile over the ranks in rank order):
 //    deterministic, no workspace, no atomics, no second kernel; CUDA-graph safe.
-//    Traffic: weight once from HBM; x (M*K*2 B) read by each of the N/(8*NT) column groups, mostly from L2.
-//    The same kernel, templated, gives the tuner's decode candidates: cluster of 8 or 16 (non-portable) CTAs, 4 or
-//    8 warps, CTAs of 8 to 64 experts (warps split over n as well as k), weight loads issued before the PDL wait.
+//    Traffic: weight once from HBM; x (M*K*2 B) read by each of the N/(8*NT*WN) column groups, mostly from L2.
 //
-// 2. router_tiled_kernel (prefill, M > 64): BM x 64 output tile per CTA (BM = 64 or 128), 256 threads,
-//    4-stage cp.async pipeline over BK = 32 or 64 with padded rows (80 / 144 B stride: ldmatrix conflict-free),
-//    ldmatrix.x4 fragments (the first H200 run showed ~0.6 us per k-step whatever the grid: the loop waits on
-//    memory round trips, so the BK = 64 variants keep twice the bytes in flight per stage); the x tile is staged once per k-step and multiplied by both weight tiles. When the grid has
-//    too few tiles for 132 SMs (M in the low hundreds), K is split over a cluster of S <= 8 CTAs
-//    (grid z = S) reduced through distributed shared memory, as in (1).
-//    Traffic: x once per N/64 column tile (L2 absorbs the repeats), W once per BM row tile.
-//    Wide-N tiles (BN = 96 or 192, N % BN == 0; warp tile 32 x 48 or 16 x 48): at N = 192 the BM x 64 tiles give
-//    only 96 CTAs at M = 4096 and stream ~200 MB from L2 ((BM + 2 * 64) * K * 2 B per CTA); a 128 x 96 tile split
-//    over 2 K halves gives 128 CTAs and ~170 MB, a 64 x 192 tile reads x exactly once, and the 32 x 48 warp tile
-//    issues 8 ldmatrix.x4 per 24 mma (BN = 64: 6 per 16 or 4 per 8). Which wins is measured by the tuner.
+// 2. router_tiled_kernel (prefill, M > 64): BM x BN output tile per CTA, 256 threads, a cp.async pipeline over
+//    BK = 32 or 64 with padded rows (80 / 144 B stride: ldmatrix conflict-free), ldmatrix.x4 fragments; the x tile
+//    is staged once per k-step and multiplied by every weight tile. The loop waits on memory round trips rather
+//    than on bandwidth, so the BK = 64 variant keeps twice the bytes in flight per stage. When the grid has too
+//    few tiles for the SMs (M in the low hundreds), K is split over a cluster of S <= 8 CTAs (grid z = S) reduced
+//    through distributed shared memory (hp_router::cluster_splitk_reduce).
 //
-// 3. router_wgmma_kernel (router_wgmma.cu; variants wg128n96, wg128n192, wg64n192, wg128n128, two parts only):
-//    the same two-accumulator prefill tile on wgmma (m64nBNk16, shared-memory descriptors over 128-byte-swizzled
-//    cp.async tiles), for the compute-bound M in the thousands where mma.sync tops out; see that file's header.
-//    router_wgmma_ws_kernel (same file; ws128n192, ws128n192m2, ws128n192g, ws128n192m2g, ws128n192p,
-//    ws128n192m2p, ws128n192r, ws128n192t): TMA + mbarrier pipeline, optional W multicast over an M pair of CTAs,
-//    split-K through the cluster, a global workspace (one last arrival sums, or a reduce-scatter over the ranks),
-//    or K pairs in the cluster and then the workspace.
+// 3. router_wgmma.cu: the same two-accumulator prefill tile on wgmma, for the compute-bound M in the thousands
+//    where mma.sync tops out (two parts only); see that file's header.
 //
-// Numerics measured on H200 (run 2): against the cuBLAS-SGEMM emulation of the same two products, the kernel
-// differs by rel L2 ~4.4e-6 (max abs 2.5e-5, logits of std ~1) when one CTA accumulates all of K = 4096 in the
-// MMA accumulators (splits = 1), ~2.1e-6 with 2 splits and below 2e-6 with 8: the tensor core's FP32
-// accumulation is not IEEE round-to-nearest, so error grows with the length of the accumulation chain. The
-// BF16x2 representation error itself is ~5e-6 rel L2; in the run-2 tests the kernel's error vs FP64 stayed
-// within 1.5x of the emulation's at every M tested up to 1000 (M = 4096 not re-checked on the device).
-// A promotion step (fresh accumulators per few k-steps added into FP32 registers) would remove it; not done.
+// Numerics: the tensor core's FP32 accumulation is not IEEE round-to-nearest, so the error against the
+// emulation of the same two products grows with the length of one accumulation chain (one split over all of K);
+// splitting K shortens the chains. The dispatch tuner's accuracy gate (ERR_BOUND in __init__.py) rejects a
+// configuration whose error exceeds the bound; docs/notes/router_gemm.md has the measurements.
 //
-// Entry points (C ABI, return cudaError_t): hp_router_gemm (auto config, or forced variant/splits for
-// experiments), hp_router_gemm_config (reports the config the auto path picks).
+// Entry points (C ABI, return cudaError_t): hp_router_gemm / hp_router_gemm_ex (auto config, or a forced
+// variant/splits), hp_router_gemm_config (the config a request resolves to), hp_router_gemm_workspace_bytes, and
+// the variant query hp_router_variant_count / _name / _info (the Python loader's view of router_variants.cuh).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include "common/launch.cuh"
 #include "router_gemm.cuh"
+#include "router_variants.cuh"
 #include "router_wgmma.cuh"
 
 namespace cg = cooperative_groups;
@@ -65,8 +53,7 @@ using hp_router::mma_bf16_16816;
 
 namespace {
 
-constexpr int kClusterK = 8;      // decode: CTAs per cluster splitting K (portable cluster size limit)
-constexpr int kDecodeWarps = 4;   // decode: warps per CTA (all split K)
+constexpr int kTargetCtas = 132;  // H100/H200 SXM SM count: enough CTAs to read from every SM
 
 template <int PARTS>
 __device__ __forceinline__ float combine(const float (&acc)[PARTS][4], int i, float s1, float s2) {
@@ -208,8 +195,8 @@ __global__ void __launch_bounds__(WARPS * 32)
   // order. Pushed: every rank stores each element into its owner's recv (remote stores, fire-and-forget), one
   // cluster barrier (release / acquire), then each owner sums its slots from its own shared memory; nobody touches
   // another CTA's shared memory after that barrier, so no second one is needed. Pulling instead (one cluster sync,
-  // every owner loading its elements from the S ranks' shared memory, a second sync before exit) was 0.15-0.9 us
-  // slower at M = 1-16 and 1.0-1.5 us at M = 48 (data/profiles/h200/router_small_m_session5.txt).
+  // every owner loading its elements from the S ranks' shared memory, a second sync before exit) is slower at
+  // every decode M: the second barrier waits for the slowest rank's reads.
   asm volatile("barrier.cluster.wait;\n" ::: "memory");  // every CTA of the cluster is running
   const int sl = (rows * TILE_N + cs - 1) / cs;           // slots per rank
   for (int e = threadIdx.x; e < rows * TILE_N; e += blockDim.x)
@@ -226,8 +213,6 @@ __global__ void __launch_bounds__(WARPS * 32)
 // ------------------------------------------------------------------------------------------------------------
 // Tiled kernel (prefill). BM x BN tile, 8 warps as WARPS_M x (8 / WARPS_M); warp tile WM x WN
 // (WM = BM / WARPS_M = 16 or 32: MI = WM / 16 m16 tiles; WN = BN / WARPS_N: NT = WN / 8 n8 tiles, even).
-// BN = 64 (the original configurations, warp tile 32 x 16/32) or 96 / 192 (wider warp tiles, 32 x 48 or
-// 16 x 48: fewer ldmatrix per mma, and x re-read by only N / BN column tiles: 2 or 1 at N = 192).
 constexpr int kTiledThreads = 256, kBN = 64;
 
 // BK: k-tile width (32 or 64); STAGES: cp.async pipeline depth. Rows are padded by 8 bf16 (16 B) so the 8 row
@@ -376,130 +361,63 @@ __global__ void __launch_bounds__(kTiledThreads)
         red[row * LDR + col + 1] = combine<PARTS>(a, 2 * h + 1, s1, s2);
       }
     }
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();
-  const int rows_per = BM / splits;
-  for (int idx = tid; idx < rows_per * (kBN / 4); idx += kTiledThreads) {
-    const int r = rank * rows_per + idx / (kBN / 4), c4 = (idx % (kBN / 4)) * 4;
-    const int row = m_block + r;
-    if (row >= M) continue;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int q = 0; q < splits; ++q) {
-      const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, q) + r * LDR + c4);
-      v.x += t.x; v.y += t.y; v.z += t.z; v.w += t.w;
-    }
-    *reinterpret_cast<float4*>(out + static_cast<size_t>(row) * N + n_block + c4) = v;
-  }
-  cluster.sync();
+  hp_router::cluster_splitk_reduce<BM, kBN, kTiledThreads>(red, out, M, N, m_block, n_block, rank, splits);
 }
 
 // ------------------------------------------------------------------------------------------------------------
 // Host side.
-// Deep = BK 64 / 4 stages; Xdeep = BK 64 / 6 (BM 64) or 5 (BM 128; 4 for three parts) stages, for more bytes in
-// flight per SM. DecodeN1 / DecodeN2 force the decode kernel's n8 tiles per warp (1: more CTAs, 2: fewer x reads).
-// Wide-N variants (need N % BN == 0): BM x BN, warp tile, BK, stages (two parts; three parts where different):
-//   kT128n96  128 x  96, 32x48, BK 32, 4      kT128n96d 128 x 96, 32x48, BK 64, 4 (3)
-//   kT64n96d   64 x  96, 16x48, BK 64, 4      kT64n192  64 x 192, 32x48, BK 32, 4
-//   kT64n192d  64 x 192, 32x48, BK 64, 3 (2)
-// At N = 192, K = 4096, M = 4096: kT128n96 = 64 CTAs (128 with 2 K splits), kT64n96d = 128 CTAs, kT64n192 = 64
-// CTAs (x read exactly once; 128 with 2 splits).
-// Decode configurations (router_decode_kernel): cluster size CS, warps, n-slabs per CTA WN, n8 tiles per
-// warp NT, chunks in flight U; grid (CS, N / (8 * NT * WN)), at N = 192:
-//   kDecC16    16, 4 warps, WN 1, NT 1, U 2: 384 CTAs      kDecC16N2  16, 4 warps, WN 1, NT 2, U 2: 192 CTAs
-//   kDecW8      8, 8 warps, WN 1, NT 1, U 2: 192 CTAs      kDecC16W8  16, 8 warps, WN 1, NT 1, U 1: 384 CTAs
-//   kDecN32    16, 8 warps, WN 4, NT 1, U 4 (2 at M > 32): 96 CTAs of 32 experts (x read by 6 column groups)
-//   kDecN64    16, 8 warps, WN 8, NT 1, U 4 (2 at M > 32): 48 CTAs of 64 experts (x read by 3 column groups)
-// More tiled configurations (BM x BN, BK, stages; resident CTAs per SM at two parts, by shared memory and the
-// ptxas register counts; aimed at M ~ 2048 where the grid is 32..96 tiles and latency, not bandwidth, limits):
-//   kT64n96    64 x 96, 32, 4 (2/SM)    kT64n96d3  64 x 96, 64, 3 (2/SM)    kT128n96d3 128 x 96, 64, 3 (1/SM)
-//   kTiled128s3 128 x 64, 32, 3 (2/SM, registers)  kTiled128s6 128 x 64, 32, 6 (1/SM)  kTiled64s6 64 x 64, 32, 6 (2/SM)
-enum Variant {
-  kAuto = 0, kDecode = 1, kTiled64 = 2, kTiled128 = 3, kTiled64Deep = 4, kTiled128Deep = 5, kTiled64X = 6,
-  kTiled128X = 7, kDecodeN1 = 8, kDecodeN2 = 9, kT128n96 = 10, kT128n96d = 11, kT64n96d = 12, kT64n192 = 13,
-  kT64n192d = 14, kDecC16 = 15, kDecC16N2 = 16, kDecW8 = 17, kDecC16W8 = 18, kDecN32 = 19, kDecN64 = 20,
-  kT64n96 = 21, kT64n96d3 = 22, kT128n96d3 = 23, kTiled128s3 = 24, kTiled128s6 = 25, kTiled64s6 = 26,
-  // 27 .. 38: the wgmma variants of router_wgmma.cu (hp_router::kWg128n96 ... kWs128n192t)
-  kNumVariants = hp_router::kWgEnd
-};
-static_assert(kTiled64s6 + 1 == hp_router::kWg128n96, "wgmma variant ids continue enum Variant");
-bool is_decode(int v) { return v == kDecode || v == kDecodeN1 || v == kDecodeN2 || (v >= kDecC16 && v <= kDecN64); }
-// Shape of a generalised decode variant: cluster size, warps, n-slabs per CTA, n8 tiles per warp.
-struct Decode2 {
-  int cs, warps, wn, nt;
-};
-Decode2 decode2_of(int v) {
-  switch (v) {
-    case kDecC16: return {16, 4, 1, 1};
-    case kDecC16N2: return {16, 4, 1, 2};
-    case kDecW8: return {8, 8, 1, 1};
-    case kDecC16W8: return {16, 8, 1, 1};
-    case kDecN32: return {16, 8, 4, 1};
-    case kDecN64: return {16, 8, 8, 1};
-    default: return {0, 0, 0, 0};
-  }
-}
-constexpr int kTargetCtas = 132;  // H100/H200 SXM SM count: enough CTAs to read from every SM
-
-// Output tile of a tiled variant (BM rows x BN columns); {0, 0} for the decode variants.
-struct Tile {
-  int bm, bn;
-};
-Tile tile_of(int variant) {
-  switch (variant) {
-    case kTiled64: case kTiled64Deep: case kTiled64X: return {64, 64};
-    case kTiled128: case kTiled128Deep: case kTiled128X: return {128, 64};
-    case kT128n96: case kT128n96d: return {128, 96};
-    case kT64n96d: return {64, 96};
-    case kT64n192: case kT64n192d: return {64, 192};
-    case kT64n96: case kT64n96d3: return {64, 96};
-    case kT128n96d3: return {128, 96};
-    case kTiled128s3: case kTiled128s6: return {128, 64};
-    case kTiled64s6: return {64, 64};
-    default: {
-      const hp_router::WgTile t = hp_router::wgmma_tile(variant);
-      return {t.bm, t.bn};
-    }
-  }
-}
 
 struct Config {
   int variant, splits, mt, nt;
 };
 
+struct Tile {
+  int bm, bn;
+};
+Tile tile_of(int v) { return {hp_router::info(v).bm, hp_router::info(v).bn}; }
+
+// A decode variant's cluster size and n8 tiles per warp; NT = 0 (the baseline): 2 once the grid has >= 4 CTAs
+// per SM, else 1.
+#define HP_ROUTER_SHAPE_kAutoFamily(...)
+#define HP_ROUTER_SHAPE_kDecodeFamily(Ident, CS, WARPS, WN, NT, U1, U4)    \
+  case hp_router::k##Ident:                                               \
+    cfg.nt = NT ? NT : ((N / 8) * CS >= 4 * kTargetCtas ? 2 : 1);         \
+    cfg.splits = CS;                                                      \
+    break;
+#define HP_ROUTER_SHAPE_kTiledFamily(...)
+#define HP_ROUTER_SHAPE_kWgFamily(...)
+#define HP_ROUTER_SHAPE_kWsFamily(...)
+#define HP_ROUTER_DECODE_SHAPE_(Ident, name, family, bm, bn, bk, parts, splitk, ...) \
+  HP_ROUTER_SHAPE_##family(Ident, __VA_ARGS__)
+
 Config choose(int M, int N, int K, int variant, int splits) {
   Config cfg{variant, splits, 0, 0};
-  if (cfg.variant == kAuto) {
+  if (cfg.variant == hp_router::kAuto) {
     if (M <= 64) {
-      cfg.variant = kDecode;
+      cfg.variant = hp_router::kDecode;
     } else {
       const int tiles128 = ((M + 127) / 128) * (N / kBN);
-      cfg.variant = tiles128 >= kTargetCtas ? kTiled128 : kTiled64;
+      cfg.variant = tiles128 >= kTargetCtas ? hp_router::kTiled128 : hp_router::kTiled64;
     }
   }
-  if (decode2_of(cfg.variant).cs) {
-    const Decode2 d = decode2_of(cfg.variant);
+  if (hp_router::is_decode(cfg.variant)) {
     cfg.mt = M <= 16 ? 1 : M <= 32 ? 2 : M <= 48 ? 3 : 4;  // 48 rows: 3 m16 tiles, not 4
-    cfg.nt = d.nt;
-    cfg.splits = d.cs;
-  } else if (cfg.variant == kDecode || cfg.variant == kDecodeN1 || cfg.variant == kDecodeN2) {
-    cfg.mt = M <= 16 ? 1 : M <= 32 ? 2 : M <= 48 ? 3 : 4;  // 48 rows: 3 m16 tiles, not 4
-    cfg.nt = cfg.variant == kDecodeN1 ? 1 : cfg.variant == kDecodeN2 ? 2 : ((N / 8) * kClusterK >= 4 * kTargetCtas ? 2 : 1);
+    switch (cfg.variant) {
+      HP_ROUTER_VARIANTS(HP_ROUTER_DECODE_SHAPE_)
+      default: break;
+    }
     if (cfg.nt == 2 && N % 16) cfg.nt = 1;
-    cfg.variant = kDecode;
-    cfg.splits = kClusterK;
-  } else if (cfg.splits <= 0 && hp_router::is_wgmma_variant(cfg.variant)) {
+    // decode_n1 / decode_n2 run the baseline's kernels with the n8 tiles forced: reported as "decode"
+    if (cfg.variant == hp_router::kDecodeN1 || cfg.variant == hp_router::kDecodeN2) cfg.variant = hp_router::kDecode;
+  } else if (cfg.splits <= 0 && hp_router::is_wgmma(cfg.variant)) {
     // wgmma tiles run one CTA per SM: split K while the grid fits in one wave and each split keeps >= 4 k-tiles.
-    // ws128n192m2: M tiles padded to pairs, cluster (2, 1, splits) of at most 8 CTAs.
     const Tile t = tile_of(cfg.variant);
-    const int cm = hp_router::wgmma_cluster_m(cfg.variant);
-    const int base = ((M + t.bm * cm - 1) / (t.bm * cm)) * cm * (N / t.bn);
+    const int base = ((M + t.bm - 1) / t.bm) * (N / t.bn);
     int s = 1;
     while (hp_router::wgmma_cluster_size(cfg.variant, 2 * s) <= 8 && 2 * s <= 8 && base * 2 * s <= kTargetCtas &&
            (K / 64) / (2 * s) >= 4)
       s *= 2;
-    if ((hp_router::wgmma_pair_splitk(cfg.variant) || hp_router::wgmma_reduce_scatter(cfg.variant)) && s < 2)
-      s = 2;  // a K pair, a reduce-scatter need two ranks
-    cfg.splits = s;
+    cfg.splits = s < hp_router::min_splits(cfg.variant) ? hp_router::min_splits(cfg.variant) : s;
   } else if (cfg.splits <= 0) {
     const Tile t = tile_of(cfg.variant);
     const int base = ((M + t.bm - 1) / t.bm) * (N / t.bn);
@@ -511,141 +429,72 @@ Config choose(int M, int N, int K, int variant, int splits) {
   return cfg;
 }
 
-template <int MT, int NT, int PARTS, int WARPS, int WN, int U>
-cudaError_t launch_decode_cs(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
-                           const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2, int cs,
-                           cudaStream_t stream) {
-  auto kernel = router_decode_kernel<MT, NT, PARTS, WARPS, WN, U>;
-  static bool configured = false;  // cluster size 16 is non-portable: allowed per kernel, once (host-side)
-  if (!configured) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return e;
-    configured = true;
+// Arguments every launcher takes.
+struct Args {
+  const __nv_bfloat16 *x, *w0, *w1, *w2;
+  float* out;
+  int M, N, K;
+  float s1, s2;
+  cudaStream_t stream;
+};
+
+template <int MT, int NT, int PARTS, int CS, int WARPS, int WN, int U>
+cudaError_t launch_decode(const Args& a) {
+  hp::LaunchOptions opt;
+  opt.cluster = CS;  // 16 is a non-portable size: hp::launch allows it per kernel and device
+  return hp::launch(router_decode_kernel<MT, NT, PARTS, WARPS, WN, U>, dim3(CS, a.N / (8 * NT * WN)),
+                    dim3(WARPS * 32), 0, a.stream, opt, a.x, a.w0, a.w1, a.w2, a.out, a.M, a.N, a.K, a.s1, a.s2);
+}
+
+// A decode variant: the m16 tiles (MT) and, for the baseline, the n8 tiles per warp (NT = 0) come from the config.
+// U1: K chunks in flight at MT = 1, 2; U4 at MT = 3, 4 (x fragments for 48 / 64 rows cost 3-4x the registers).
+template <int PARTS, int CS, int WARPS, int WN, int NT, int U1, int U4>
+cudaError_t run_decode(const Config& cfg, const Args& a) {
+  if constexpr (NT == 0) {
+    return cfg.nt == 2 ? run_decode<PARTS, CS, WARPS, WN, 2, U1, U4>(cfg, a)
+                       : run_decode<PARTS, CS, WARPS, WN, 1, U1, U4>(cfg, a);
+  } else {
+    switch (cfg.mt) {
+      case 1: return launch_decode<1, NT, PARTS, CS, WARPS, WN, U1>(a);
+      case 2: return launch_decode<2, NT, PARTS, CS, WARPS, WN, U1>(a);
+      case 3: return launch_decode<3, NT, PARTS, CS, WARPS, WN, U4>(a);
+      default: return launch_decode<4, NT, PARTS, CS, WARPS, WN, U4>(a);
+    }
   }
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(cs, N / (8 * NT * WN));
-  lc.blockDim = dim3(WARPS * 32);
-  lc.dynamicSmemBytes = 0;
-  lc.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cs;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  lc.attrs = attr;
-  lc.numAttrs = 1;
-  cudaError_t e = cudaLaunchKernelEx(&lc, kernel, x, w0, w1, w2, out, M, N, K, s1, s2);
-  if (e != cudaSuccess) return e;
-  return cudaGetLastError();
 }
 
-// The built-in decode configuration: cluster of kClusterK CTAs, kDecodeWarps warps each on its own k-phase.
-template <int MT, int NT, int PARTS>
-cudaError_t launch_decode(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
-                          const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2,
-                          cudaStream_t stream) {
-  return launch_decode_cs<MT, NT, PARTS, kDecodeWarps, 1, MT >= 3 ? 2 : 4>(x, w0, w1, w2, out, M, N, K, s1, s2,
-                                                                         kClusterK, stream);
-}
-
-template <int NT, int PARTS, int WARPS, int WN, int U1, int U4>
-cudaError_t launch_decode_mt(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* w0,
-                              const __nv_bfloat16* w1, const __nv_bfloat16* w2, float* out, int M, int N, int K,
-                              float s1, float s2, cudaStream_t st) {
-  // U1: chunks in flight at MT = 1, 2; U4 at MT = 3, 4 (x fragments for 48 / 64 rows cost 3-4x the registers)
-  if (cfg.mt == 1)
-    return launch_decode_cs<1, NT, PARTS, WARPS, WN, U1>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-  if (cfg.mt == 2)
-    return launch_decode_cs<2, NT, PARTS, WARPS, WN, U1>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-  if (cfg.mt == 3)
-    return launch_decode_cs<3, NT, PARTS, WARPS, WN, U4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-  return launch_decode_cs<4, NT, PARTS, WARPS, WN, U4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-}
-
-template <int BM, int BN, int WARPS_M, int PARTS, int BK, int STAGES>
-cudaError_t launch_tiled(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
-                         const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2, int splits,
-                         cudaStream_t stream) {
+template <int PARTS, int BM, int BN, int WARPS_M, int BK, int STAGES2, int STAGES3>
+cudaError_t run_tiled(const Config& cfg, const Args& a) {
+  constexpr int STAGES = PARTS == 2 ? STAGES2 : STAGES3;
   constexpr int smem = tiled_smem_bytes<BM, BN, PARTS, BK, STAGES>();
-  static bool configured = false;  // attribute set once per instantiation (host-side, not a stream op)
-  if (!configured) {
-    cudaError_t e = cudaFuncSetAttribute(router_tiled_kernel<BM, BN, WARPS_M, PARTS, BK, STAGES>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-    configured = true;
-  }
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(N / BN, (M + BM - 1) / BM, splits);
-  lc.blockDim = dim3(kTiledThreads);
-  lc.dynamicSmemBytes = smem;
-  lc.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = splits;
-  lc.attrs = attr;
-  lc.numAttrs = 1;
-  cudaError_t e = cudaLaunchKernelEx(&lc, router_tiled_kernel<BM, BN, WARPS_M, PARTS, BK, STAGES>, x, w0, w1, w2, out, M, N, K, s1, s2);
-  if (e != cudaSuccess) return e;
-  return cudaGetLastError();
+  hp::LaunchOptions opt;
+  opt.cluster_z = cfg.splits;  // the K ranks of one output tile
+  return hp::launch(router_tiled_kernel<BM, BN, WARPS_M, PARTS, BK, STAGES>,
+                    dim3(a.N / BN, (a.M + BM - 1) / BM, cfg.splits), dim3(kTiledThreads), smem, a.stream, opt, a.x,
+                    a.w0, a.w1, a.w2, a.out, a.M, a.N, a.K, a.s1, a.s2);
 }
+
+// The dispatch switch, generated from router_variants.cuh: each mma.sync variant's kernel template arguments.
+#define HP_ROUTER_RUN_kAutoFamily(...)
+// A variant built for fewer parts than PARTS is not instantiated (hp_router_gemm_ex refuses the request first).
+#define HP_ROUTER_RUN_kDecodeFamily(Ident, parts, bm, bn, bk, CS, WARPS, WN, NT, U1, U4) \
+  case hp_router::k##Ident:                                                                 \
+    if constexpr (PARTS <= parts) return run_decode<PARTS, CS, WARPS, WN, NT, U1, U4>(cfg, a); \
+    return cudaErrorInvalidValue;
+#define HP_ROUTER_RUN_kTiledFamily(Ident, parts, bm, bn, bk, WARPS_M, STAGES2, STAGES3)        \
+  case hp_router::k##Ident:                                                                     \
+    if constexpr (PARTS <= parts) return run_tiled<PARTS, bm, bn, WARPS_M, bk, STAGES2, STAGES3>(cfg, a); \
+    return cudaErrorInvalidValue;
+#define HP_ROUTER_RUN_kWgFamily(...)
+#define HP_ROUTER_RUN_kWsFamily(...)
+#define HP_ROUTER_RUN_(Ident, name, family, bm, bn, bk, parts, splitk, ...) \
+  HP_ROUTER_RUN_##family(Ident, parts, bm, bn, bk, __VA_ARGS__)
 
 template <int PARTS>
-cudaError_t run(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
-                const __nv_bfloat16* w2, float* out, int M, int N, int K, float s1, float s2,
-                cudaStream_t st) {
-  if (cfg.variant == kDecode) {
-    if (cfg.nt == 1) {
-      if (cfg.mt == 1) return launch_decode<1, 1, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
-      if (cfg.mt == 2) return launch_decode<2, 1, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
-      if (cfg.mt == 3) return launch_decode<3, 1, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
-      return launch_decode<4, 1, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    }
-    if (cfg.mt == 1) return launch_decode<1, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    if (cfg.mt == 2) return launch_decode<2, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    if (cfg.mt == 3) return launch_decode<3, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    return launch_decode<4, 2, PARTS>(x, w0, w1, w2, out, M, N, K, s1, s2, st);
-  }
-  // Template arguments: NT, PARTS, WARPS, WN, U (MT <= 2), U (MT = 3, 4); the cluster size is cfg.splits.
+cudaError_t run(const Config& cfg, const Args& a) {
   switch (cfg.variant) {
-    case kDecC16: return launch_decode_mt<1, PARTS, 4, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    case kDecC16N2: return launch_decode_mt<2, PARTS, 4, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    case kDecW8: return launch_decode_mt<1, PARTS, 8, 1, 2, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    case kDecC16W8: return launch_decode_mt<1, PARTS, 8, 1, 1, 1>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    case kDecN32: return launch_decode_mt<1, PARTS, 8, 4, 4, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    case kDecN64: return launch_decode_mt<1, PARTS, 8, 8, 4, 2>(cfg, x, w0, w1, w2, out, M, N, K, s1, s2, st);
-    default: break;
-  }
-  // Template arguments: BM, BN, WARPS_M, PARTS, BK, STAGES (BN = 64 variants: warp tile 32 rows).
-  switch (cfg.variant) {
-    case kT64n96: return launch_tiled<64, 96, 4, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kT64n96d3: return launch_tiled<64, 96, 4, PARTS, 64, 3>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kT128n96d3:
-      return launch_tiled<128, 96, 4, PARTS, 64, 3>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kTiled128s3:
-      return launch_tiled<128, 64, 4, PARTS, 32, 3>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kTiled128s6:
-      return launch_tiled<128, 64, 4, PARTS, 32, 6>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kTiled64s6: return launch_tiled<64, 64, 2, PARTS, 32, 6>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kTiled128: return launch_tiled<128, 64, 4, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kTiled64Deep: return launch_tiled<64, 64, 2, PARTS, 64, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kTiled128Deep:
-      return launch_tiled<128, 64, 4, PARTS, 64, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kTiled64X: return launch_tiled<64, 64, 2, PARTS, 64, 6>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kTiled128X:
-      return launch_tiled<128, 64, 4, PARTS, 64, PARTS == 2 ? 5 : 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits,
-                                                                     st);
-    case kT128n96: return launch_tiled<128, 96, 4, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kT128n96d:
-      return launch_tiled<128, 96, 4, PARTS, 64, PARTS == 2 ? 4 : 3>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits,
-                                                                     st);
-    case kT64n96d: return launch_tiled<64, 96, 4, PARTS, 64, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kT64n192: return launch_tiled<64, 192, 2, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
-    case kT64n192d:
-      return launch_tiled<64, 192, 2, PARTS, 64, PARTS == 2 ? 3 : 2>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits,
-                                                                     st);
-    default: return launch_tiled<64, 64, 2, PARTS, 32, 4>(x, w0, w1, w2, out, M, N, K, s1, s2, cfg.splits, st);
+    HP_ROUTER_VARIANTS(HP_ROUTER_RUN_)
+    default: return cudaErrorInvalidValue;
   }
 }
 
@@ -653,19 +502,32 @@ cudaError_t run(const Config& cfg, const __nv_bfloat16* x, const __nv_bfloat16* 
 
 extern "C" {
 
+// The variant list of router_variants.cuh, for the Python loader: the number of variants (ids 0 .. count - 1),
+// each one's name, and its facts: info_out[0..5] = family (hp_router::Family), bm, bn, bk (0 for decode), the most
+// weight parts it runs (2 or 3), how its K splits are reduced (hp_router::SplitK). Returns 0, or
+// cudaErrorInvalidValue for an id out of range (name: null).
+int hp_router_variant_count() { return hp_router::kNumVariants; }
+const char* hp_router_variant_name(int v) { return hp_router::valid_variant(v) ? hp_router::info(v).name : nullptr; }
+int hp_router_variant_info(int v, int* info_out) {
+  if (!hp_router::valid_variant(v) || !info_out) return cudaErrorInvalidValue;
+  const hp_router::VariantInfo& i = hp_router::info(v);
+  const int vals[6] = {i.family, i.bm, i.bn, i.bk, i.parts, i.splitk};
+  for (int j = 0; j < 6; ++j) info_out[j] = vals[j];
+  return 0;
+}
+
 // Reports the configuration the auto path (variant 0, splits 0) or a forced one resolves to:
-// cfg_out[0..3] = variant (see enum Variant; decode / decode_n1 / decode_n2 report 1, the generalised decode
-// variants their own id), splits (decode: the cluster size), mt, nt. Returns 0, or
-// cudaErrorInvalidValue for an unsupported shape / request.
+// cfg_out[0..3] = variant (decode_n1 / decode_n2 report "decode"), splits (decode: the cluster size), mt, nt.
+// Returns 0, or cudaErrorInvalidValue for an unsupported shape / request.
 int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg_out) {
-  if (M < 1 || N < 64 || N % 64 || K < 64 || K % 64 || variant < 0 || variant >= kNumVariants || splits < 0 || splits > 8)
+  if (M < 1 || N < 64 || N % 64 || K < 64 || K % 64 || !hp_router::valid_variant(variant) || splits < 0 ||
+      splits > 8)
     return cudaErrorInvalidValue;
-  if (is_decode(variant) && M > 64) return cudaErrorInvalidValue;
+  if (hp_router::is_decode(variant) && M > 64) return cudaErrorInvalidValue;
   if (splits > 0 && (splits & (splits - 1))) return cudaErrorInvalidValue;  // 1, 2, 4, 8: divides BM
-  if (variant != kAuto && tile_of(variant).bn && N % tile_of(variant).bn) return cudaErrorInvalidValue;
+  if (variant != hp_router::kAuto && tile_of(variant).bn && N % tile_of(variant).bn) return cudaErrorInvalidValue;
   if (hp_router::wgmma_cluster_size(variant, splits) > 8) return cudaErrorInvalidValue;  // portable cluster size
-  if ((hp_router::wgmma_pair_splitk(variant) || hp_router::wgmma_reduce_scatter(variant)) && splits == 1)
-    return cudaErrorInvalidValue;  // K pairs, reduce-scatter: >= 2 splits
+  if (splits > 0 && splits < hp_router::min_splits(variant)) return cudaErrorInvalidValue;  // K pairs, scatter
   const Config cfg = choose(M, N, K, variant, splits);
   cfg_out[0] = cfg.variant;
   cfg_out[1] = cfg.splits;
@@ -675,8 +537,8 @@ int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg
 }
 
 // Bytes of device workspace hp_router_gemm_ex needs for this request (0 for every variant but the global
-// split-K ones, ws128n192g / ws128n192m2g with K split, ws128n192p / ws128n192m2p with 4 or 8 splits), or -1 for a
-// request hp_router_gemm_config refuses.
+// split-K ones with K split: ws128n192g, ws128n192r with 2+ splits, ws128n192p with 4 or 8), or -1 for a request
+// hp_router_gemm_config refuses.
 long long hp_router_gemm_workspace_bytes(int M, int N, int K, int variant, int splits) {
   int cfg[4];
   if (hp_router_gemm_config(M, N, K, variant, splits, cfg)) return -1;
@@ -684,10 +546,10 @@ long long hp_router_gemm_workspace_bytes(int M, int N, int K, int variant, int s
 }
 
 // out[M, N] fp32 = x[M, K] bf16 @ (w0 + s1 * w1 (+ s1 * s2 * w2))^T, w* bf16 [N, K] row-major, all contiguous,
-// 16-byte aligned. parts = 2 or 3 (w2 ignored for 2). N % 64 == 0, K % 64 == 0, M >= 1 (the Python wrapper
-// validates; this returns cudaErrorInvalidValue for a shape it cannot run instead of touching memory).
-// workspace: device memory, 256-byte aligned, hp_router_gemm_workspace_bytes long (may be null when that is 0);
-// cudaErrorInvalidValue when it is missing or short.
+// 16-byte aligned. parts = 2 or 3 (w2 ignored for 2; 3 only for the variants whose parts fact is 3). N % 64 == 0,
+// K % 64 == 0, M >= 1 (the Python wrapper validates; this returns cudaErrorInvalidValue for a shape it cannot run
+// instead of touching memory). workspace: device memory, 256-byte aligned, hp_router_gemm_workspace_bytes long
+// (may be null when that is 0); cudaErrorInvalidValue when it is missing or short.
 int hp_router_gemm_ex(const void* x, const void* w0, const void* w1, const void* w2, float* out, int M, int N, int K,
                       int parts, float s1, float s2, int variant, int splits, void* workspace,
                       long long workspace_bytes, void* stream) {
@@ -696,21 +558,17 @@ int hp_router_gemm_ex(const void* x, const void* w0, const void* w1, const void*
   if (e) return e;
   if ((parts != 2 && parts != 3) || !x || !w0 || !w1 || !out || (parts == 3 && !w2)) return cudaErrorInvalidValue;
   const Config cfg{cfg_raw[0], cfg_raw[1], cfg_raw[2], cfg_raw[3]};
-  if (hp_router::is_wgmma_variant(cfg.variant)) {  // two parts only (BF16x2)
-    if (parts != 2) return cudaErrorInvalidValue;
+  if (parts > hp_router::info(cfg.variant).parts) return cudaErrorInvalidValue;
+  if (hp_router::is_wgmma(cfg.variant))
     return hp_router::launch_router_wgmma(cfg.variant, static_cast<const __nv_bfloat16*>(x),
                                           static_cast<const __nv_bfloat16*>(w0), static_cast<const __nv_bfloat16*>(w1),
                                           out, M, N, K, s1, cfg.splits, workspace,
                                           workspace_bytes > 0 ? static_cast<size_t>(workspace_bytes) : 0,
                                           static_cast<cudaStream_t>(stream));
-  }
-  auto xb = static_cast<const __nv_bfloat16*>(x);
-  auto b0 = static_cast<const __nv_bfloat16*>(w0);
-  auto b1 = static_cast<const __nv_bfloat16*>(w1);
-  auto b2 = static_cast<const __nv_bfloat16*>(parts == 3 ? w2 : w1);
-  auto st = static_cast<cudaStream_t>(stream);
-  if (parts == 2) return run<2>(cfg, xb, b0, b1, b2, out, M, N, K, s1, s2, st);
-  return run<3>(cfg, xb, b0, b1, b2, out, M, N, K, s1, s2, st);
+  const Args a{static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w0),
+               static_cast<const __nv_bfloat16*>(w1), static_cast<const __nv_bfloat16*>(parts == 3 ? w2 : w1),
+               out, M, N, K, s1, s2, static_cast<cudaStream_t>(stream)};
+  return parts == 2 ? run<2>(cfg, a) : run<3>(cfg, a);
 }
 
 // The entry point without a workspace (every variant but the global split-K ones with K split).

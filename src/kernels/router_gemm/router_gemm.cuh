@@ -5,7 +5,9 @@
 // numerics, so the warp-level MMA keeps every register visible and teachable; its ~60% of the wgmma peak is
 // enough for most prefill sizes (~13 GFLOP at M = 4096). The wgmma variants for large M live in router_wgmma.cu.
 #pragma once
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
+
 #include <cstdint>
 
 namespace hp_router {
@@ -50,5 +52,32 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 // PDL: wait until the kernel launched before this one (with the programmatic-serialization attribute on this
 // launch) has completed and its writes are visible; a no-op when launched without that attribute.
 __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// The split-K reduction of the tiled kernels (router_tiled_kernel, router_wgmma_kernel): each of the S ranks of a
+// (1, 1, S) cluster holds its combined partial BM x BN tile in its own shared memory (`red`, rows padded to BN + 4
+// floats so a row read is float4 without bank conflicts); rank r sums rows [r * BM / S, (r + 1) * BM / S) over the
+// S ranks in rank order and writes them with float4 stores. Deterministic (the order does not depend on timing), no
+// atomics, no workspace, no second kernel: CUDA-graph safe. The first cluster barrier makes every partial visible;
+// the second keeps this CTA's shared memory alive until every rank has read it.
+template <int BM, int BN, int THREADS>
+__device__ __forceinline__ void cluster_splitk_reduce(float* red, float* __restrict__ out, int M, int N, int m_block,
+                                                      int n_block, int rank, int splits) {
+  constexpr int LDR = BN + 4;
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.sync();
+  const int rows_per = BM / splits;
+  for (int idx = threadIdx.x; idx < rows_per * (BN / 4); idx += THREADS) {
+    const int r = rank * rows_per + idx / (BN / 4), c4 = (idx % (BN / 4)) * 4;
+    const int row = m_block + r;
+    if (row >= M) continue;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q = 0; q < splits; ++q) {
+      const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, q) + r * LDR + c4);
+      v.x += t.x; v.y += t.y; v.z += t.z; v.w += t.w;
+    }
+    *reinterpret_cast<float4*>(out + static_cast<size_t>(row) * N + n_block + c4) = v;
+  }
+  cluster.sync();
+}
 
 }  // namespace hp_router
