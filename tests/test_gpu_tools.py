@@ -132,7 +132,8 @@ def test_unpack_results_round_trip_and_refuses_paths_outside(tmp_path):
         bad = tmp_path / "bad.tar.gz"
         with tarfile.open(bad, "w:gz") as tf:
             tf.add(src / "data/results/h200/ceilings.csv", arcname=bad_name)
-        r = subprocess.run(["bash", str(repo / "tools/gpu/unpack_results.sh"), str(bad)], capture_output=True, text=True)
+        r = subprocess.run(["bash", str(repo / "tools/gpu/unpack_results.sh"), str(bad)], capture_output=True,
+                           text=True)
         assert r.returncode == 1 and "refusing" in r.stderr
     assert not (tmp_path / "escape.txt").exists() and not (repo / "etc").exists()
     r = subprocess.run(["bash", str(repo / "tools/gpu/unpack_results.sh")], capture_output=True, text=True)

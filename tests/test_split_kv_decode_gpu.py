@@ -4,7 +4,8 @@ Kernel vs same-precision emulation (tight) and vs exact (looser), over FP8/BF16,
 kv_len 0/1/63/65, NaN-poisoned unused cache slots and NaN-poisoned outputs; device task map == host task map byte
 for byte; CUDA-graph capture of update + run with lengths changed between replays; batch invariance; malformed
 inputs rejected. Every kernel test runs with the attention variants v1, v2, v3; v1, v2 and every v3 configuration
-agree within the emulation tolerance on the same inputs; HOTPATHS_DECODE_VARIANT selects the variant when plan() is not told. Skipped without
+agree within the emulation tolerance on the same inputs; HOTPATHS_DECODE_VARIANT selects the variant when plan() is
+not told. Skipped without
 an SM90 GPU.
 """
 

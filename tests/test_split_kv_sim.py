@@ -4,7 +4,14 @@ import pytest
 
 from hotpaths.reference.split_kv_decode import build_task_map
 from hotpaths.reference.split_kv_sim import (
-    SimCosts, calibrate, make_maps, plot_task_map, prediction_error, simulate, simulate_map, skew_sweep,
+    SimCosts,
+    calibrate,
+    make_maps,
+    plot_task_map,
+    prediction_error,
+    simulate,
+    simulate_map,
+    skew_sweep,
     task_map_image,
 )
 

@@ -1,6 +1,7 @@
 """The ``hotpaths`` command-line tool: ``reproduce``, ``env``, and one subcommand per op.
 
-Op subcommands live in ``hotpaths.harness.cmd_<name>`` modules with a ``register(subparsers)`` function.
+Op subcommands live in each op's benchmark module (``hotpaths.bench.<op>.register(subparsers)``), imported by name
+from ``hotpaths.bench.OPS`` so this module has no import edge to any op.
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ import argparse
 import importlib
 import json
 import sys
-
-OP_COMMANDS = ("cmd_decode", "cmd_router")
 
 
 def _cmd_env(args) -> int:
@@ -69,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Op subcommands: each op's benchmark module registers its own (hotpaths.bench.<op>.register); imported by
     # name so the generic harness has no import edge to any op.
-    for modname in [f"hotpaths.harness.{n}" for n in OP_COMMANDS] + [f"hotpaths.bench.{op}" for op in OPS]:
+    for modname in [f"hotpaths.bench.{op}" for op in OPS]:
         try:
             mod = importlib.import_module(modname)
         except ModuleNotFoundError as exc:  # an op not built yet in this checkout

@@ -27,8 +27,9 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING
 
 COLUMNS = ["kernel", "launch", "metric", "value", "unit", "note"]
 
@@ -56,6 +57,9 @@ _KNOWN_FAILURES = (
     ("Failed to find metric", "a requested metric does not exist on this GPU/ncu version"),
     ("not supported", "profiling is not supported on this device or configuration"),
 )
+
+if TYPE_CHECKING:  # pandas is imported lazily (about half a second at CLI start-up)
+    import pandas
 
 
 # Where ncu lives when it is not on PATH (the CUDA toolkit; standalone Nsight Compute installs, newest first).
@@ -124,7 +128,8 @@ def _target_argv(target) -> list[str]:
                 "(ncu profiles a separate process, which imports it); functions defined in a notebook cell are "
                 "not importable there: pass a Python snippet string instead")
         return [sys.executable, "-c", f"import {mod} as _m; _m.{qual}()"]
-    raise TypeError(f"target: expected argv list, Python snippet str or importable callable, got {type(target).__name__}")
+    raise TypeError(f"target: expected argv list, Python snippet str or importable callable, "
+                    f"got {type(target).__name__}")
 
 
 def build_command(target, *, kernel_regex: str, metrics: Sequence[str] = DEFAULT_METRICS, launch_skip: int = 0,

@@ -18,9 +18,9 @@ def setup_banner() -> dict:
 
 def show(df_or_rows, cols=None, n: int | None = None):
     """Display a table (Markdown-rendered DataFrame in Jupyter, plain text in a terminal)."""
-    from hotpaths.harness.tables import normalize
-
     import pandas as pd
+
+    from hotpaths.harness.tables import normalize
 
     df = df_or_rows if isinstance(df_or_rows, pd.DataFrame) else normalize(df_or_rows)
     if cols:
@@ -70,7 +70,8 @@ def timing_studies(device: str = "h200"):
 
     d = REPO_ROOT / "data" / "profiles" / device
     method, flush = [], []
-    pat = re.compile(r"flush=(\w+)\s+(.+?)\s+graph\s+([\d.]+) us\s+eager\s+([\d.]+) us\s+events-inside-graph ([\d.]+) us")
+    pat = re.compile(r"flush=(\w+)\s+(.+?)\s+graph\s+([\d.]+) us\s+eager\s+([\d.]+) us"
+                     r"\s+events-inside-graph ([\d.]+) us")
     for line in (d / "timing_method.txt").read_text().splitlines():
         m = pat.match(line.strip())
         if m:
@@ -78,5 +79,6 @@ def timing_studies(device: str = "h200"):
                                graph_events_us=float(m[5])))
     for job, modes in json.loads((d / "flush_study.json").read_text()).items():
         w, r = sum(modes["write"]) / len(modes["write"]), sum(modes["read"]) / len(modes["read"])
-        flush.append(dict(job=job, write_flush_us=round(w, 2), read_flush_us=round(r, 2), read_over_write=round(r / w, 3)))
+        flush.append(dict(job=job, write_flush_us=round(w, 2), read_flush_us=round(r, 2),
+                          read_over_write=round(r / w, 3)))
     return pd.DataFrame(method), pd.DataFrame(flush)
