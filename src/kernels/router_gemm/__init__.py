@@ -429,3 +429,8 @@ def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tu
 __all__ = ["IMPLS", "RouterWeights", "plan", "router_gemm", "choose_impl", "kernel_config",
            "kernel_candidates", "tuned_config", "dispatch_path",
            "reload_dispatch_table", "EMULATION_OF"]
+
+# torch.ops.hotpaths.router_gemm (torch.compile / CUDA graphs): registered when this package is imported
+from hotpaths.kernels.router_gemm import ops as _ops  # noqa: E402
+
+_ops.register(router_gemm=router_gemm, weights_type=RouterWeights)

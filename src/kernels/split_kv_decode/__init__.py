@@ -545,3 +545,8 @@ def p_dtype_for(kv_fp8: bool):
     """The dtype the kernel rounds P to before the PV product (for split_kv_decode_emulation(p_dtype=...))."""
     torch = _torch()
     return torch.float16 if kv_fp8 else torch.bfloat16
+
+# torch.ops.hotpaths.split_kv_decode (torch.compile / CUDA graphs): registered when this package is imported
+from hotpaths.kernels.split_kv_decode import ops as _ops  # noqa: E402
+
+_ops.register(split_kv_decode)
