@@ -525,7 +525,7 @@ def ncu_rows(cases=NCU_CASES, *, kv_dtype="fp8", kernel_regex="attention_kernel"
 
 def stored_profile(name: str, device: str = "h200") -> tuple[dict, list[dict]]:
     """A committed JSON measurement of a decode script (data/profiles/<device>/<name>.json, written by
-    scripts/gpu_decode_breakdown.py or scripts/gpu_ab_decode.py): (header fields, rows). Raises FileNotFoundError
+    studies/gpu_decode_breakdown.py or studies/gpu_ab_decode.py): (header fields, rows). Raises FileNotFoundError
     naming the expected path when it is missing."""
     path = REPO_ROOT / "data" / "profiles" / device / f"{name}.json"
     if not path.exists():

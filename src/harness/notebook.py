@@ -57,8 +57,8 @@ def show_stored(name: str, *, device: str = "h200", cols=None, where: dict | Non
 def timing_studies(device: str = "h200"):
     """The two committed timing-method measurements (data/profiles/<device>/), as two DataFrames: rows of
     timing_method.txt
-    (scripts/gpu_timing_method.py: per flush mode and job, us with events on the stream around the graph replay,
-    eager, and events inside the graph) and of flush_study.json (scripts/gpu_flush_study.py: per job, the mean
+    (studies/gpu_timing_method.py: per flush mode and job, us with events on the stream around the graph replay,
+    eager, and events inside the graph) and of flush_study.json (studies/gpu_flush_study.py: per job, the mean
     median us after a "write" and a "read" L2 flush, and their ratio). Raises FileNotFoundError naming a missing
     file."""
     import json

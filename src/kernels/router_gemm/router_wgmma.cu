@@ -431,7 +431,7 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const TmaMap* map, 
       : "memory");
 }
 
-// Diagnostic timeline (scripts/gpu_router_trace.py): once hp_router_set_trace() has set a buffer, thread 0 of every
+// Diagnostic timeline (studies/gpu_router_trace.py): once hp_router_set_trace() has set a buffer, thread 0 of every
 // CTA of router_wgmma_ws_kernel writes kTraceWords words at [CTA linear id * kTraceWords]: %globaltimer at entry,
 // when its first k-tile has landed, after its last wgmma, after its partial is published (GRED) and at exit, then
 // its SM id, whether it reduced the tile (GRED), its k-tile count, and (reduce-scatter) when its wait for the
@@ -566,7 +566,7 @@ __device__ __forceinline__ void rs_reduce(const float (&acc0)[kWsBN / 2], const 
 // sums rows [64 k, 64 k + 64) of the two (rank 0's first) through DSMEM. Each half then goes through the global
 // workspace as above, but with S / 2 pair sums per half and both CTAs of the pair publishing and reducing at once:
 // a quarter of the bytes per CTA that one last arrival of KP = 1 reads, and half the partial stores (measured at
-// M = 4096, S = 4 with KP = 1: 3.3 us to publish, 5.4 us for the last arrival's sum; scripts/gpu_router_trace.py).
+// M = 4096, S = 4 with KP = 1: 3.3 us to publish, 5.4 us for the last arrival's sum; studies/gpu_router_trace.py).
 // The sum is ((p0 + p1) + (p2 + p3)) + ... in fixed order: deterministic, though not bit-equal to KP = 1's.
 // RS (ws128n192r, ws128n192t; GRED, KP = 1, CM = 1): reduce-scatter instead of one last arrival. Rank k of a tile
 // owns rows [k * 128 / S, (k + 1) * 128 / S) (the 8 / S warps whose accumulators hold them); every rank publishes

@@ -1,7 +1,7 @@
 """Where the time of the router GEMM prefill kernels goes (a per-CTA timeline), and a same-process A/B of
-configurations (this replaced scripts/gpu_router_prefill_ab.py, which wrote data/profiles/h200/router_prefill_ab.txt).
+configurations.
 
-Usage (GPU machine, hotpaths importable): python scripts/gpu_router_trace.py [--out DIR] [--configs v/s,...]
+Usage (GPU machine, hotpaths importable): python studies/gpu_router_trace.py [--out DIR] [--configs v/s,...]
     [--ms 2048,4096] [--trace-configs v/s,...] [--no-trace]
 1. Timeline: router_wgmma_ws_kernel records %globaltimer per CTA (entry, first k-tile landed, last wgmma done,
    partial published, exit; see hp_router_set_trace in router_wgmma.cu). Each configuration runs 7 times after an

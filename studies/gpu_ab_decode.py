@@ -1,6 +1,6 @@
 """A/B timing of the split-KV decode attention variants on one GPU, in one process (same inputs, same run).
 
-Usage (repo root, GPU machine): PYTHONPATH=<dir with hotpaths -> src> python scripts/gpu_ab_decode.py \
+Usage (repo root, GPU machine): PYTHONPATH=<dir with hotpaths -> src> python studies/gpu_ab_decode.py \
     [--variants v2,v3,...] [--kv fp8,bf16] [--cases "64x4K;1x128K+31x4K"] [--min-tiles 2] [--iters 50] [--out DIR]
 Per (kv dtype, case, variant): correctness against the exact fp32 reference on the same quantized inputs (output
 NaN-poisoned before the first launch; rel L2 within the tolerance table), then the median of CUDA-graph replays with

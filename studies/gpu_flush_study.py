@@ -1,6 +1,6 @@
 """How the L2 flush before each timed replay changes what we measure (one GPU, one process).
 
-Usage (repo root, GPU machine): PYTHONPATH=<dir with hotpaths -> src> python scripts/gpu_flush_study.py [--out DIR]
+Usage (repo root, GPU machine): PYTHONPATH=<dir with hotpaths -> src> python studies/gpu_flush_study.py [--out DIR]
 For each flush mode of hotpaths.harness.bench ("write": fill a 2x-L2 buffer, leaving dirty lines; "read": read
 it, leaving clean lines), in two interleaved rounds (write, read, write, read), time with the same bench():
 the 1- and 3-kernel timing floors, a 3 MB copy, torch.sum over 8 / 64 / 128 MB, decode steps (attention +
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from hotpaths.harness import bench as B
-from hotpaths.harness import peers
+from hotpaths.bench import split_kv_decode_peers as peers
 from hotpaths.harness.shapes import expand_lengths, parse_cases
 from hotpaths.kernels import router_gemm as RG
 from hotpaths.kernels import split_kv_decode as K
