@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from hotpaths.harness import tables
 from hotpaths.harness.bench import bench, read_probe_columns
 from hotpaths.harness.ceilings import pct_of_ceiling
 from hotpaths.harness.check import check
+from hotpaths.harness.cli import add_op_command, emit_rows
 from hotpaths.harness.env import device_tag, has_sm90
 from hotpaths.harness.runs import run_id
 from hotpaths.harness.shapes import int_list_arg, load_shapes
@@ -380,14 +380,16 @@ def measure_crossover(shapes, ms=None, *, path: str | Path | None = None, iters:
 
 DEFAULT_IMPLS = "bf16x2_kernel,dispatch,fp32_cublas,tf32_cublas,bf16_cublas"
 
+CLI_HELP = "router GEMM with a two-part BF16 weight: latency and error by M"
+CLI_DESCRIPTION = """\
+Scores x @ W.T, x BF16 [M, K], W FP32 [N, K] split into BF16 parts (W ~ W_high + W_low/256).
+Runs each --impl at each M on fresh random inputs; reports median/p10/p90 us (GPU), speedups vs FP32 and
+TF32 cuBLAS, and max abs / rel L2 error vs FP64 and FP32. Without an SM90 GPU the emulations run instead
+(no timing).""".replace("\n", " ")
+
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "router", help="router GEMM with a two-part BF16 weight: latency and error by M",
-        description="Scores x @ W.T, x BF16 [M, K], W FP32 [N, K] split into BF16 parts (W ~ W_high + W_low/256). "
-        "Runs each --impl at each M on fresh random inputs; reports median/p10/p90 us (GPU), speedups vs FP32 and "
-        "TF32 cuBLAS, and max abs / rel L2 error vs FP64 and FP32. Without an SM90 GPU the emulations run instead "
-        "(no timing).")
+    p = add_op_command(subparsers, "router", func=_run, help=CLI_HELP, description=CLI_DESCRIPTION)
     p.add_argument("--m", type=int_list_arg("--m", minimum=1), default=list(M_SWEEP),
                    help="comma-separated token counts M (default: m_sweep of data/shapes/router_gemm.yaml)")
     p.add_argument("--n", type=int, default=192, help="number of experts N, a multiple of 64 (default 192)")
@@ -396,15 +398,10 @@ def register(subparsers) -> None:
                    help=f"comma-separated impls among dispatch, bf16x2_kernel, bf16x3_kernel, fp32_cublas, "
                    f"tf32_cublas, bf16_cublas (default {DEFAULT_IMPLS})")
     p.add_argument("--case-prefix", default="hy3", help="prefix of the case column (default hy3)")
-    p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    p.add_argument("--iters", type=int, default=100, help="timed replays per measurement (default 100)")
-    p.add_argument("--json", action="store_true", help="one JSON row per line (tables.COLUMNS first)")
-    p.add_argument("--save", default=None, metavar="NAME", help="also write the table NAME.csv/.md to the results dir")
     p.add_argument("--tune", action="store_true",
                    help="SM90 only: tune the kernel configurations and measure the dispatch crossover for every "
                    "router shape of data/shapes/router_gemm.yaml at the M sweep, writing "
                    "data/dispatch/router_gemm_<device>.json (what `dispatch` reads), then exit")
-    p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
@@ -413,10 +410,7 @@ def _run(args) -> int:
     impls = [i.strip() for i in args.impl.split(",") if i.strip()]
     rows = benchmark_rows(args.m, args.n, args.k, impls, case_prefix=args.case_prefix, seed=args.seed,
                           iters=args.iters)
-    if args.save:
-        tables.save(rows, args.save)
-    if args.json:
-        print(tables.json_lines(rows))
+    if emit_rows(rows, args):
         return 0
     head = f"{'m':>6} {'impl':<18} {'median_us':>10} {'vs_fp32':>8} {'vs_tf32':>8} {'maxabs_fp64':>12} " \
            f"{'maxabs_fp32':>12} {'flips':>6}"

@@ -27,10 +27,11 @@ from types import SimpleNamespace
 import torch
 
 from hotpaths.bench import split_kv_decode_peers as P
-from hotpaths.harness import ncu, tables
+from hotpaths.harness import ncu
 from hotpaths.harness.bench import bench, read_probe_columns, timing_floor
 from hotpaths.harness.ceilings import measure, pct_of_ceiling
 from hotpaths.harness.check import check
+from hotpaths.harness.cli import add_op_command, emit_rows
 from hotpaths.harness.env import REPO_ROOT, device_tag, sm90_skip_reason
 from hotpaths.harness.runs import run_id
 from hotpaths.harness.shapes import case_list_arg, expand_lengths, format_case, load_shapes, parse_cases
@@ -541,14 +542,16 @@ def stored_profile(name: str, device: str = "h200") -> tuple[dict, list[dict]]:
 ALIASES = {"static": ("static_count", "static_chunk")}
 DEFAULT_IMPLS = "dynamic,static"
 
+CLI_HELP = "split-KV decode attention over a paged KV cache: error and latency per impl"
+CLI_DESCRIPTION = """\
+Runs each --impl on each case (AxB = A requests of KV length B, '+'-joined, K = 1024) with
+fresh random inputs (unused cache slots NaN-poisoned); reports rel L2 / max abs error / cosine vs the
+fp64 reference on the same quantized inputs and, on an SM90 GPU, median/p10/p90 us per layer, GB/s and
+% of the measured copy ceiling. Without SM90 our impls run as emulations (no timing).""".replace("\n", " ")
+
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "decode", help="split-KV decode attention over a paged KV cache: error and latency per impl",
-        description="Runs each --impl on each case (AxB = A requests of KV length B, '+'-joined, K = 1024) with "
-        "fresh random inputs (unused cache slots NaN-poisoned); reports rel L2 / max abs error / cosine vs the "
-        "fp64 reference on the same quantized inputs and, on an SM90 GPU, median/p10/p90 us per layer, GB/s and "
-        "% of the measured copy ceiling. Without SM90 our impls run as emulations (no timing).")
+    p = add_op_command(subparsers, "decode", func=_run, help=CLI_HELP, description=CLI_DESCRIPTION)
     p.add_argument("--cases", type=case_list_arg, default=list(SHAPES["cli_default"]),
                    help="',' or ';'-separated cases (default: cli_default of data/shapes/split_kv_decode.yaml, "
                    f"{'+'.join(SHAPES['cli_default'])})")
@@ -565,11 +568,6 @@ def register(subparsers) -> None:
     p.add_argument("--min-tiles", type=int, default=DEFAULT_MIN_TILES,
                    help=f"minimum-work floor in 64-token tiles (default {DEFAULT_MIN_TILES})")
     p.add_argument("--check", action="store_true", help="exit with status 1 if any row is outside its tolerance")
-    p.add_argument("--iters", type=int, default=100, help="timed replays per measurement (default 100)")
-    p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    p.add_argument("--json", action="store_true", help="one JSON row per line (tables.COLUMNS first)")
-    p.add_argument("--save", default=None, metavar="NAME", help="also write NAME.csv/.md to the results dir")
-    p.set_defaults(func=_run)
 
 
 def parse_impls(spec: str) -> tuple[list[str], bool]:
@@ -600,11 +598,7 @@ def _run(args) -> int:
                        kv_heads=args.kv_heads, head_dim=args.head_dim, page_size=args.page_size, q_len=args.q_len,
                        iters=args.iters, seed=args.seed, num_ctas=args.num_ctas, min_tiles=args.min_tiles,
                        assign=assign, log=None)
-    if args.save:
-        tables.save(rows, args.save)
-    if args.json:
-        print(tables.json_lines(rows))
-    else:
+    if not emit_rows(rows, args):
         _print_table(rows, args)
     failed = [r for r in rows if r.get("check_passed") is False]
     if args.check and failed:

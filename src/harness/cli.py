@@ -12,6 +12,29 @@ import json
 import sys
 
 
+def add_op_command(subparsers, name: str, *, func, help: str, description: str) -> argparse.ArgumentParser:
+    """The subparser of one op's command with the options every op shares (--iters, --seed, --json, --save);
+    the op's benchmark module adds its own. ``func(args) -> int`` runs it."""
+    p = subparsers.add_parser(name, help=help, description=description)
+    p.add_argument("--iters", type=int, default=100, help="timed replays per measurement (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    p.add_argument("--json", action="store_true", help="one JSON row per line (tables.COLUMNS first)")
+    p.add_argument("--save", default=None, metavar="NAME", help="also write the table NAME.csv/.md to the results dir")
+    p.set_defaults(func=func)
+    return p
+
+
+def emit_rows(rows: list[dict], args) -> bool:
+    """Save the rows when --save was given and print them as JSON lines when --json was; True when printed."""
+    from hotpaths.harness import tables
+
+    if args.save:
+        tables.save(rows, args.save)
+    if args.json:
+        print(tables.json_lines(rows))
+    return bool(args.json)
+
+
 def _cmd_env(args) -> int:
     from hotpaths.harness import bench, ceilings, env
 

@@ -537,6 +537,17 @@ def _static_map(kind, lens, H, splits_per_pair, chunk_of_pair, tile, max_pairs, 
                      extra)
 
 
+def _static_args(kv_lens, num_kv_heads: int, tile: int, name: str, value: int) -> tuple[list[int], int, int]:
+    """Checked arguments of a static map: (lengths, kv heads, the longest request in tiles); ValueError names
+    ``name`` when ``value`` < 1."""
+    lens = _lens_list(kv_lens)
+    H = int(num_kv_heads)
+    _check_map_args(H, 1, tile)
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return lens, H, max((_cdiv(L, tile) for L in lens), default=0)
+
+
 def static_count_task_map(kv_lens, num_kv_heads: int, num_splits: int, *, max_pairs: int | None = None,
                           tile: int = TILE) -> TaskMap:
     """Static split-KV with a fixed split COUNT: every pair cut into num_splits chunks of ceil(tiles/num_splits).
@@ -545,12 +556,7 @@ def static_count_task_map(kv_lens, num_kv_heads: int, num_splits: int, *, max_pa
     chunks decide the tail. Shape/Dtype: kv_lens [batch] ints. Returns a TaskMap (kind "static_count"; header B =
     the largest chunk in tiles, F = num_splits). Raises ValueError for num_splits < 1 or bad lengths.
     """
-    lens = _lens_list(kv_lens)
-    H = int(num_kv_heads)
-    _check_map_args(H, 1, tile)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    mx = max((_cdiv(L, tile) for L in lens), default=0)
+    lens, H, mx = _static_args(kv_lens, num_kv_heads, tile, "num_splits", num_splits)
     tm = _static_map("static_count", lens, H, num_splits, lambda nt: _cdiv(nt, num_splits), tile, max_pairs,
                      _cdiv(mx, num_splits), num_splits, {"num_splits": num_splits})
     return tm
@@ -564,12 +570,7 @@ def static_chunk_task_map(kv_lens, num_kv_heads: int, chunk_tiles: int, *, max_p
     take scheduling slots (TaskMap.empty_ctas). Shape/Dtype: kv_lens [batch] ints. Returns a TaskMap (kind
     "static_chunk"; header B = F = chunk_tiles). Raises ValueError for chunk_tiles < 1 or bad lengths.
     """
-    lens = _lens_list(kv_lens)
-    H = int(num_kv_heads)
-    _check_map_args(H, 1, tile)
-    if chunk_tiles < 1:
-        raise ValueError(f"chunk_tiles must be >= 1, got {chunk_tiles}")
-    mx = max((_cdiv(L, tile) for L in lens), default=0)
+    lens, H, mx = _static_args(kv_lens, num_kv_heads, tile, "chunk_tiles", chunk_tiles)
     S = max(_cdiv(mx, chunk_tiles), 1)
     return _static_map("static_chunk", lens, H, S, lambda nt: chunk_tiles, tile, max_pairs, chunk_tiles,
                        chunk_tiles, {"num_splits": S, "chunk_tiles": chunk_tiles})
