@@ -475,9 +475,10 @@ def _pair_tiles(lens: list[int], H: int, tile: int) -> np.ndarray:
     return np.tile(per_req, H)  # p = h * batch + r: head-major, request-minor
 
 
-# The minimum-work floor (tiles per CTA bin) of the dynamic map. 2 since the H200 sweep of 2026-11-29
-# (data/profiles/h200/decode_min_tiles_sweep.txt): with 264 CTAs, floors of 1-2 cut 1x16K+15x64 from 18.5 to 15.4 us and
-# 64x0.5K from 16.4 to 15.4 us (FP8) and change no large case beyond noise; 16+ over-serialize.
+# The minimum-work floor (tiles per CTA bin) of the dynamic map: small enough that a batch of short requests still
+# spreads over every CTA (a large floor serializes them onto few CTAs), large enough that no CTA pays a descriptor
+# and a combine entry for a single tile. A floor of 2 keeps both: on short or one-long-many-short batches it is
+# what lets every SM work, and on large batches the budget is far above it so it changes nothing.
 DEFAULT_MIN_TILES = 2
 
 
