@@ -21,6 +21,8 @@ import os
 import sys
 from pathlib import Path
 
+from hotpaths.harness.env import REPO_ROOT
+
 PEER_NAMES = ("torch_sdpa_gathered", "flex_attention_decode", "flashinfer")
 FLASHINFER_VERSION = "0.3.1"
 
@@ -276,8 +278,6 @@ def make_flex_attention_decode(inputs, *, out=None, allow_cpu: bool = False, com
 
 def flashinfer_dir() -> Path:
     """Env HOTPATHS_FLASHINFER_DIR, else <repo>/.peers/flashinfer-python-0.3.1."""
-    from hotpaths.harness.env import REPO_ROOT
-
     d = os.environ.get("HOTPATHS_FLASHINFER_DIR")
     return Path(d) if d else REPO_ROOT / ".peers" / f"flashinfer-python-{FLASHINFER_VERSION}"
 

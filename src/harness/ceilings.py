@@ -6,6 +6,7 @@ Every results table divides by these, measured in the same run, rather than by d
 from __future__ import annotations
 
 from hotpaths.harness.bench import bench
+from hotpaths.kernels.probe import probe_copy
 
 _cache: dict | None = None
 
@@ -39,8 +40,6 @@ def measure(*, copy_bytes: int = 1 << 30, mm: int = 8192, iters: int = 20, force
     t = bench(lambda: dst.copy_(src), cold_l2=False, iters=iters)  # noqa: F821 (called before the del)
     out["torch_copy_graph_gbps"] = 2 * copy_bytes / t.median_us / 1e3
     try:
-        from hotpaths.kernels.probe import probe_copy
-
         probe_copy(dst, src)
         torch.cuda.synchronize()
         if not torch.equal(dst, src):

@@ -11,6 +11,10 @@ import importlib
 import json
 import sys
 
+from hotpaths.bench import OPS
+from hotpaths.harness import bench, ceilings, env, tables
+from hotpaths.harness.reproduce import reproduce
+
 
 def add_op_command(subparsers, name: str, *, func, help: str, description: str) -> argparse.ArgumentParser:
     """The subparser of one op's command with the options every op shares (--iters, --seed, --json, --save);
@@ -26,8 +30,6 @@ def add_op_command(subparsers, name: str, *, func, help: str, description: str) 
 
 def emit_rows(rows: list[dict], args) -> bool:
     """Save the rows when --save was given and print them as JSON lines when --json was; True when printed."""
-    from hotpaths.harness import tables
-
     if args.save:
         tables.save(rows, args.save)
     if args.json:
@@ -36,8 +38,6 @@ def emit_rows(rows: list[dict], args) -> bool:
 
 
 def _cmd_env(args) -> int:
-    from hotpaths.harness import bench, ceilings, env
-
     info = env.device_info()
     if env.has_cuda() and not args.no_measure:
         info["ceilings"] = ceilings.measure()
@@ -55,8 +55,6 @@ def _cmd_env(args) -> int:
 
 
 def _cmd_reproduce(args) -> int:
-    from hotpaths.harness.reproduce import reproduce
-
     return reproduce(profile=args.profile, only=args.only, device=args.device, dry_run=args.dry_run)
 
 
@@ -86,8 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="one JSON object")
     e.add_argument("--no-measure", action="store_true", help="skip the ceiling measurements")
     e.set_defaults(func=_cmd_env)
-
-    from hotpaths.bench import OPS
 
     # Op subcommands: each op's benchmark module registers its own (hotpaths.bench.<op>.register); imported by
     # name so the generic harness has no import edge to any op.

@@ -31,6 +31,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hotpaths.harness.env import has_cuda
+from hotpaths.harness.runs import profiles_dir  # data/profiles/<tag>/ under reproduce, else scratch/
+
 COLUMNS = ["kernel", "launch", "metric", "value", "unit", "note"]
 
 DEFAULT_METRICS: tuple[str, ...] = (
@@ -87,8 +90,6 @@ def find_ncu() -> str | None:
 
 def _gpu_visible() -> tuple[bool, str]:
     try:
-        from hotpaths.harness.env import has_cuda
-
         if has_cuda():
             return True, ""
         return False, "no CUDA GPU visible to torch"
@@ -235,8 +236,6 @@ def _out_path(out_csv) -> Path | None:
         return None
     p = Path(out_csv)
     if p.parent == Path(".") and not str(out_csv).startswith("."):
-        from hotpaths.harness.runs import profiles_dir  # data/profiles/<tag>/ under reproduce, else scratch/
-
         p = profiles_dir() / (p.name if p.suffix == ".csv" else p.name + ".csv")
     p.parent.mkdir(parents=True, exist_ok=True)
     return p

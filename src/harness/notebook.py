@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from hotpaths.harness.env import REPO_ROOT, device_info
+from hotpaths.harness.runs import results_dir, run_id
+from hotpaths.harness.tables import load, normalize
+
 
 def setup_banner() -> dict:
     """Print and return device, versions, git revision, run id and where results go."""
-    from hotpaths.harness.env import device_info
-    from hotpaths.harness.runs import results_dir, run_id
-
     info = device_info()
     info["run_id"] = run_id()
     info["results_dir"] = str(results_dir())
@@ -19,8 +20,6 @@ def setup_banner() -> dict:
 def show(df_or_rows, cols=None, n: int | None = None):
     """Display a table (Markdown-rendered DataFrame in Jupyter, plain text in a terminal)."""
     import pandas as pd
-
-    from hotpaths.harness.tables import normalize
 
     df = df_or_rows if isinstance(df_or_rows, pd.DataFrame) else normalize(df_or_rows)
     if cols:
@@ -40,9 +39,6 @@ def show_stored(name: str, *, device: str = "h200", cols=None, where: dict | Non
     """On a machine without the GPU, show the committed table data/results/<device>/<name>.csv (the run recorded in
     papermill_runs/<device>/manifest.json). ``where``: column -> allowed values to filter rows. Returns the frame, or
     None (with a printed reason) when no stored table exists."""
-    from hotpaths.harness.env import REPO_ROOT
-    from hotpaths.harness.tables import load
-
     path = REPO_ROOT / "data" / "results" / device / f"{name}.csv"
     if not path.exists():
         print(f"no stored {device} table {name} (expected {path})")
@@ -65,8 +61,6 @@ def timing_studies(device: str = "h200"):
     import re
 
     import pandas as pd
-
-    from hotpaths.harness.env import REPO_ROOT
 
     d = REPO_ROOT / "data" / "profiles" / device
     method, flush = [], []
