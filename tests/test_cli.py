@@ -64,7 +64,7 @@ def test_op_json_rows_share_columns(argv):
 
 
 def test_decode_impl_parsing():
-    from hotpaths.harness.cmd_decode import parse_impls
+    from hotpaths.bench.split_kv_decode import parse_impls
 
     assert parse_impls("static,assign") == (["dynamic", "static_count", "static_chunk"], True)
     assert parse_impls("dynamic,dynamic") == (["dynamic"], False)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from hotpaths.harness import decode_bench as D
-from hotpaths.harness import peers as P
+from hotpaths.bench import split_kv_decode as D
+from hotpaths.bench import split_kv_decode_peers as P
 from hotpaths.harness.check import check
 from hotpaths.harness.tables import COLUMNS
 from hotpaths.reference.split_kv_decode import make_decode_inputs, split_kv_decode_ref
@@ -152,7 +152,7 @@ def test_flex_peer_compiled_path_matches_reference():
     """The torch.compile path the GPU run uses (a shadowed `k` once broke it only there)."""
     import torch
 
-    from hotpaths.harness import peers
+    from hotpaths.bench import split_kv_decode_peers as peers
     from hotpaths.harness.check import check
     from hotpaths.reference.split_kv_decode import make_decode_inputs, split_kv_decode_ref
 
@@ -166,7 +166,7 @@ def test_flex_peer_compiled_path_matches_reference():
 def test_overhead_rows_cpu_name_every_stage_with_reason():
     """decode_fixed_costs: assign per batch, the floor, and step / attention_only / combine_only per stage case; on
     CPU every timing is None and the note says why."""
-    from hotpaths.harness import decode_bench as db
+    from hotpaths.bench import split_kv_decode as db
 
     rows = db.overhead_rows((1, 8), stage_cases=("64x0.5K", "1x4K+7x0.5K"))
     impls = [(r["case"], r["impl"]) for r in rows]

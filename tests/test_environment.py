@@ -44,6 +44,6 @@ def test_package_maps_one_import_root():
     assert all(p == "hotpaths" or p.startswith("hotpaths.") for p in pkgs)
     for p in pkgs:  # every listed package exists and every package on disk is listed
         assert (ROOT / "src" / Path(*p.split(".")[1:]) / "__init__.py").exists(), p
-    on_disk = {"hotpaths." + ".".join(f.parent.relative_to(ROOT / "src").parts) if f.parent != ROOT / "src" else "hotpaths"
-               for f in (ROOT / "src").rglob("__init__.py")}
+    on_disk = {"hotpaths." + ".".join(f.parent.relative_to(ROOT / "src").parts)
+               if f.parent != ROOT / "src" else "hotpaths" for f in (ROOT / "src").rglob("__init__.py")}
     assert on_disk == set(pkgs)

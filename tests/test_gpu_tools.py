@@ -99,8 +99,46 @@ def test_downloaded_bundle_is_consistent_when_present():
 # ---------------------------------------------------------------- shell scripts
 
 
-@pytest.mark.parametrize("script", ["run_on_gpu.sh", "build_wheels.sh", "unpack_results.sh"])
+_FAKE_PY = """#!/bin/bash
+# Stands in for python3: records each call, answers the probes run_on_gpu.sh makes, and for `-m hotpaths`
+# writes one result file and exits 7 (so the test sees whose exit status the script returns).
+printf '%s\\n' "$*" >> "$CALLS"
+case "$*" in
+  *"-m hotpaths"*) mkdir -p data/results/h200 && echo "op,case" > data/results/h200/t.csv; exit 7 ;;
+  *"-m pytest"*) exit 0 ;;
+  *device_tag*) echo h200 ;;
+esac
+exit 0
+"""
+
+
+def test_run_on_gpu_runs_hotpaths_then_gpu_tests_and_packs_results(tmp_path):
+    """run_on_gpu.sh on CPU with a fake python: it links hotpaths -> src, passes its arguments to
+    `python -m hotpaths`, runs the GPU tests when asked, returns hotpaths' exit status and packs the results."""
+    repo = _tool_copy(tmp_path)
+    (repo / "src").mkdir()
+    fake = tmp_path / "fakepy"
+    fake.write_text(_FAKE_PY)
+    fake.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    env = dict(os.environ, PYTHON=str(fake), CALLS=str(calls), OUT=str(tmp_path / "out"), SITE=str(tmp_path / "site"),
+               HP_LINK_DIR=str(tmp_path / "hp"), JK_PREFIX=str(tmp_path / "jk"), GPU_TESTS="1")
+    r = subprocess.run(["bash", str(repo / "tools/gpu/run_on_gpu.sh"), "env", "--json"], cwd=repo, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 7, r.stdout + r.stderr
+    lines = calls.read_text().splitlines()
+    assert "-m hotpaths env --json" in lines
+    assert any(c.startswith("-m pytest -m gpu tests") for c in lines)
+    assert lines.index("-m hotpaths env --json") < next(i for i, c in enumerate(lines) if "-m pytest" in c)
+    assert (tmp_path / "hp" / "hotpaths").resolve() == (repo / "src").resolve()
+    with tarfile.open(tmp_path / "out" / "hotpaths_results.tar.gz") as tf:
+        assert "data/results/h200/t.csv" in tf.getnames()
+    assert "hotpaths exited 7" in (tmp_path / "out" / "run.log").read_text()
+
+
+@pytest.mark.parametrize("script", ["build_wheels.sh", "unpack_results.sh"])
 def test_scripts_parse(script):
+    """Syntax of the scripts whose behaviour needs a network or a GPU (unpack_results.sh also runs below)."""
     r = subprocess.run(["bash", "-n", str(GPU_TOOLS / script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
@@ -132,7 +170,8 @@ def test_unpack_results_round_trip_and_refuses_paths_outside(tmp_path):
         bad = tmp_path / "bad.tar.gz"
         with tarfile.open(bad, "w:gz") as tf:
             tf.add(src / "data/results/h200/ceilings.csv", arcname=bad_name)
-        r = subprocess.run(["bash", str(repo / "tools/gpu/unpack_results.sh"), str(bad)], capture_output=True, text=True)
+        r = subprocess.run(["bash", str(repo / "tools/gpu/unpack_results.sh"), str(bad)], capture_output=True,
+                           text=True)
         assert r.returncode == 1 and "refusing" in r.stderr
     assert not (tmp_path / "escape.txt").exists() and not (repo / "etc").exists()
     r = subprocess.run(["bash", str(repo / "tools/gpu/unpack_results.sh")], capture_output=True, text=True)

@@ -57,7 +57,7 @@ def test_tolerance_table_lookup():
 
 
 def test_expect_tensor_messages():
-    from hotpaths.harness.validate import expect_tensor
+    from hotpaths.reference.common import expect_tensor
 
     t = torch.zeros(2, 3)
     expect_tensor(t, "x", dtype=torch.float32, ndim=2, device_type="cpu", contiguous=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hotpaths.bench import router_gemm as rb
 from hotpaths.kernels import router_gemm as rg
 from hotpaths.reference import router_gemm as ref
 
@@ -128,7 +129,7 @@ def test_dispatch_table_file_is_read(tmp_path, monkeypatch):
 
 @no_gpu_only
 def test_benchmark_rows_fall_back_to_emulations():
-    rows = rg.benchmark_rows([1, 3], N, K, ["dispatch", "bf16x2_kernel", "fp32_cublas", "tf32_cublas"], seed=4)
+    rows = rb.benchmark_rows([1, 3], N, K, ["dispatch", "bf16x2_kernel", "fp32_cublas", "tf32_cublas"], seed=4)
     assert [r["impl"] for r in rows] == ["bf16x2_emulation", "fp32_emulation", "tf32_emulation"] * 2
     for r in rows:
         assert r["median_us"] is None and r["op"] == "router_gemm" and r["case"] == f"hy3_m{r['m']}"
@@ -234,9 +235,9 @@ def test_decode_configs_host_side():
 
 def test_benchmark_rows_reject_unknown_impl():
     with pytest.raises(ValueError, match="impls"):
-        rg.benchmark_rows([1], N, K, ["cutlass"])
+        rb.benchmark_rows([1], N, K, ["cutlass"])
     with pytest.raises(ValueError, match="multiple of 64"):
-        rg.benchmark_rows([1], 100, K, ["dispatch"])
+        rb.benchmark_rows([1], 100, K, ["dispatch"])
 
 
 @no_gpu_only
@@ -318,7 +319,7 @@ def test_wgmma_configs_host_side():
     before launching anything."""
     import ctypes
 
-    for v, (bm, bn, bk) in rg.WGMMA_TILES.items():
+    for v, (bm, bn, _bk) in rg.WGMMA_TILES.items():
         for m in (1, 257, 4096):
             cfg = rg.kernel_config(m, 768, 4096, variant=v)
             assert cfg["variant"] == v and cfg["splits"] in (1, 2, 4, 8), (v, m, cfg)
@@ -407,16 +408,16 @@ def test_accuracy_gate_of_the_tuner():
     got = torch.zeros(3, 4)
     assert rg.ERR_BOUND == 1.5
     got[1, 2] = 1.5e-5
-    assert rg.accuracy_failure(got, ref64, 1e-5) is None
+    assert rb.accuracy_failure(got, ref64, 1e-5) is None
     got[1, 2] = 1.6e-5
-    why = rg.accuracy_failure(got, ref64, 1e-5)
+    why = rb.accuracy_failure(got, ref64, 1e-5)
     assert why and "1.60x" in why and "bound 1.5x" in why
-    assert rg.accuracy_failure(got, ref64, 1e-5, bound=2.0) is None
+    assert rb.accuracy_failure(got, ref64, 1e-5, bound=2.0) is None
     # top-k flips: one token whose top-2 set changes (columns 0, 1 -> 0, 3) against an emulation with none
     ref64 = torch.tensor([[4.0, 3.0, 1.0, 2.0], [4.0, 3.0, 2.0, 1.0]], dtype=torch.float64)
     got = ref64.float().clone()
     got[0, 3] = 3.5
-    assert rg.accuracy_failure(got, ref64, 1.0, topk=2) is None  # flips not checked without emu_flips
-    why = rg.accuracy_failure(got, ref64, 1.0, emu_flips=0, topk=2)
+    assert rb.accuracy_failure(got, ref64, 1.0, topk=2) is None  # flips not checked without emu_flips
+    why = rb.accuracy_failure(got, ref64, 1.0, emu_flips=0, topk=2)
     assert why and "flips vs FP64 1 > the emulation's 0" in why
-    assert rg.accuracy_failure(got, ref64, 1.0, emu_flips=1, topk=2) is None
+    assert rb.accuracy_failure(got, ref64, 1.0, emu_flips=1, topk=2) is None

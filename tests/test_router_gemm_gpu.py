@@ -11,9 +11,10 @@ import json
 import pytest
 import torch
 
+from hotpaths.bench import router_gemm as rb
 from hotpaths.harness.check import assert_close as _assert_close
-from hotpaths.harness.tolerances import Tolerance, tolerance
 from hotpaths.harness.env import requires_sm90
+from hotpaths.harness.tolerances import tolerance
 from hotpaths.reference import router_gemm as ref
 
 pytestmark = [pytest.mark.gpu, requires_sm90()]
@@ -22,12 +23,8 @@ N, K = 192, 4096
 
 
 def assert_close(out, exp, *, op, path, what):
-    """The harness row for (op, path), or the reference module's derived row while the harness lacks it."""
-    try:
-        tol = tolerance(op, path)
-    except KeyError:
-        tol = Tolerance(*ref.TOLERANCE_ROWS[(op, path)])
-    return _assert_close(out, exp, tol=tol, what=what)
+    """Within the harness's tolerance row for (op, path) (KeyError names the known paths when it has none)."""
+    return _assert_close(out, exp, tol=tolerance(op, path), what=what)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +130,7 @@ def test_generalised_decode_other_shapes(rg, variant):
     16 x 8-warp variant without a K chunk (96 chunks, 128 warps), K = 7168 takes several loop trips, N = 256 / 384 /
     768 several column groups; odd M and the M = 64 edge."""
     for name in ("longcat_chat", "longcat_lite", "deepseek_v3"):
-        n, k = ref.SHAPES[name]
+        n, k = rb.SHAPES[name]
         _, w = ref.make_router_inputs(1, n, k, seed=37)
         weights = rg.plan(w.cuda())
         for m in (1, 7, 37, 64):
@@ -178,7 +175,7 @@ def test_new_variants_deterministic_and_graph_safe(rg, hy3, variant, splits, m):
 
 
 def test_wide_n_variant_rejects_indivisible_n(rg):
-    n, k = ref.SHAPES["deepseek_v3"]  # N = 256: not a multiple of 96 or 192
+    n, k = rb.SHAPES["deepseek_v3"]  # N = 256: not a multiple of 96 or 192
     _, w = ref.make_router_inputs(1, n, k, seed=31)
     weights = rg.plan(w.cuda())
     with pytest.raises(ValueError, match="multiple of their BN"):
@@ -187,7 +184,7 @@ def test_wide_n_variant_rejects_indivisible_n(rg):
 
 @pytest.mark.parametrize("name", ["longcat_chat", "longcat_lite", "deepseek_v3"])
 def test_other_router_shapes(rg, name):
-    n, k = ref.SHAPES[name]
+    n, k = rb.SHAPES[name]
     _, w = ref.make_router_inputs(1, n, k, seed=11)
     weights = rg.plan(w.cuda())
     for m in (1, 37, 300):
@@ -301,7 +298,7 @@ def _wgmma_shape(variant):
     from hotpaths.kernels.router_gemm import WGMMA_TILES
 
     bn = WGMMA_TILES[variant][1]
-    return next(ref.SHAPES[s] for s in ("hy3", "deepseek_v3") if ref.SHAPES[s][0] % bn == 0)
+    return next(rb.SHAPES[s] for s in ("hy3", "deepseek_v3") if rb.SHAPES[s][0] % bn == 0)
 
 
 @pytest.fixture(scope="module")
@@ -339,7 +336,7 @@ def test_wgmma_variants_other_shapes(rg, wg_weights, variant):
     7168)."""
     bn = rg.WGMMA_TILES[variant][1]
     for name in ("longcat_chat", "longcat_lite", "deepseek_v3"):
-        n, k = ref.SHAPES[name]
+        n, k = rb.SHAPES[name]
         if n % bn:
             continue
         weights = wg_weights(n, k)
@@ -371,7 +368,7 @@ def test_wgmma_rejects_bf16x3_and_indivisible_n(rg, hy3):
     _, _, w3 = hy3
     with pytest.raises(ValueError, match="two-part"):
         rg.router_gemm(_x(300), w3, impl="bf16x3_kernel", variant="wg128n96")
-    n, k = ref.SHAPES["deepseek_v3"]  # N = 256: not a multiple of 96 or 192
+    n, k = rb.SHAPES["deepseek_v3"]  # N = 256: not a multiple of 96 or 192
     _, w = ref.make_router_inputs(1, n, k, seed=61)
     weights = rg.plan(w.cuda())
     with pytest.raises(ValueError, match="multiple of their BN"):

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from hotpaths.bench import router_gemm as rb
 from hotpaths.reference import router_gemm as rg
 
 
@@ -136,7 +137,7 @@ def test_emulations_vs_fp64_within_derived_bounds():
     absdot = x.double().abs() @ w.double().abs().t()  # sum |x_i w_i|: scales every bound below
     fp32_acc = k * 2.0 ** -24 * absdot  # worst-case FP32 summation error (gamma_k)
     err = {name: (fn(x, w).double() - ref).abs() for name, fn in rg.EMULATIONS.items()}
-    for name, e in err.items():
+    for name in err:
         assert rg.EMULATIONS[name](x, w).dtype == torch.float32, name
     assert bool((err["fp32_emulation"] <= fp32_acc).all())
     assert bool((err["bf16x3_emulation"] <= 3 * fp32_acc).all())
@@ -270,8 +271,8 @@ def test_flops_and_bytes_match_the_notebook_numbers():
 
 
 def test_error_table_rows():
-    rows = rg.error_table(ms=(1, 8), n=64, k=512, scales=("unit",))
-    cols = set(rg._columns()) | {"m", "n", "k", "max_abs_err_vs_fp32", "max_abs_err_vs_fp64"}
+    rows = rb.error_table(ms=(1, 8), n=64, k=512, scales=("unit",))
+    cols = set(rb.COLUMNS) | {"m", "n", "k", "max_abs_err_vs_fp32", "max_abs_err_vs_fp64"}
     assert all(cols <= set(r) for r in rows)
     by = {(r["case"], r["impl"]): r for r in rows}
     assert len(rows) == 3 * len(rg.EMULATIONS)
@@ -284,7 +285,7 @@ def test_error_table_rows():
 
 
 def test_flip_table_rows():
-    rows = rg.flip_table(m=32, n=64, k=256, gaps=(None, 1e-3), impls=("bf16_emulation", "bf16x3_emulation"))
+    rows = rb.flip_table(m=32, n=64, k=256, gaps=(None, 1e-3), impls=("bf16_emulation", "bf16x3_emulation"))
     assert len(rows) == 4
     for r in rows:
         assert 0.0 <= r["flip_rate"] <= 1.0 and r["flips"] == round(r["flip_rate"] * 32)
@@ -293,7 +294,7 @@ def test_flip_table_rows():
 
 def test_tolerance_rows_cover_measured_error_and_are_not_vacuous():
     meas = rg.derive_tolerances(ms=(1, 64), n=192, k=4096)
-    for key, (rel, mx, _) in rg.TOLERANCE_ROWS.items():
+    for key, (rel, mx, _) in rb.TOLERANCE_ROWS.items():
         if key not in meas:
             continue
         got = meas[key]

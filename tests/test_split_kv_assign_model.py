@@ -232,7 +232,7 @@ def assign_generic_model(lens, H: int, C: int, F: int, max_pairs: int) -> _Works
         my_c.append(c)
     cs0 = np.concatenate([[0], np.cumsum(my_c)[:-1]]).tolist()
     ndesc = int(sum(my_c))
-    for tid, ((p0, p1), ts, cs) in enumerate(zip(rng, ts0, cs0)):
+    for _tid, ((p0, p1), ts, cs) in enumerate(zip(rng, ts0, cs0)):
         for p in range(p0, p1):
             r, h, t = p % batch, p // batch, tiles[p]
             nc = 0

@@ -5,12 +5,25 @@ import numpy as np
 import pytest
 import torch
 
+from hotpaths.harness.tolerances import rows as tolerance_rows
 from hotpaths.reference import split_kv_decode as skv
 from hotpaths.reference.split_kv_decode import (
     DEFAULT_MIN_TILES,
-    SUPPORTED_GQA, batch_invariant_task_map, build_task_map, check_task_map, combine, compare_workspaces,
-    decode_workspace, format_task_map, make_decode_inputs, partial_attention, split_kv_decode_emulation,
-    split_kv_decode_ref, static_chunk_task_map, static_count_task_map, workspace_len,
+    SUPPORTED_GQA,
+    batch_invariant_task_map,
+    build_task_map,
+    check_task_map,
+    combine,
+    compare_workspaces,
+    decode_workspace,
+    format_task_map,
+    make_decode_inputs,
+    partial_attention,
+    split_kv_decode_emulation,
+    split_kv_decode_ref,
+    static_chunk_task_map,
+    static_count_task_map,
+    workspace_len,
 )
 
 
@@ -25,7 +38,7 @@ def _err(out, ref):
 def _assert_within(out, ref, path):
     assert torch.isfinite(out.float()).all(), "NaN/Inf in output"
     rel, mx, cos = _err(out, ref)
-    tol = skv.TOLERANCE_ROWS[("split_kv_decode", path)]
+    tol = tolerance_rows("split_kv_decode")[("split_kv_decode", path)]
     assert rel <= tol[0] and mx <= tol[1] and cos >= tol[2], (path, rel, mx, cos, tol)
 
 
@@ -121,7 +134,8 @@ def test_workspace_layout_and_padding():
     assert ws[:8].tolist() == [14, 4, 4, tm.ndesc, 3, 2, 5, 4]
     parts = decode_workspace(ws, num_ctas=C, max_pairs=M)
     assert parts["bin_start"].tolist() == tm.bin_start.tolist()
-    assert parts["bin_start"][-1] == tm.ndesc and parts["bin_start"][tm.nbins:].tolist() == [tm.ndesc] * (C + 1 - tm.nbins)
+    assert parts["bin_start"][-1] == tm.ndesc
+    assert parts["bin_start"][tm.nbins:].tolist() == [tm.ndesc] * (C + 1 - tm.nbins)
     assert (parts["desc"][tm.ndesc:] == -1).all() and (parts["desc"][: tm.ndesc] >= 0).all()
     assert (parts["chunk_start"][6:] == -1).all() and (parts["num_chunks"][6:] == -1).all()
     assert parts["num_chunks"][:6].tolist() == tm.num_chunks.tolist()

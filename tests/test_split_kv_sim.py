@@ -4,7 +4,14 @@ import pytest
 
 from hotpaths.reference.split_kv_decode import build_task_map
 from hotpaths.reference.split_kv_sim import (
-    SimCosts, calibrate, make_maps, plot_task_map, prediction_error, simulate, simulate_map, skew_sweep,
+    SimCosts,
+    calibrate,
+    make_maps,
+    plot_task_map,
+    prediction_error,
+    simulate,
+    simulate_map,
+    skew_sweep,
     task_map_image,
 )
 
@@ -84,4 +91,10 @@ def test_task_map_image():
     assert img[2, 0] == 1 and np.isnan(img[2, 1:]).all()
     import matplotlib
     matplotlib.use("Agg")
-    assert plot_task_map(tm) is not None
+    ax = plot_task_map(tm)
+    shown = ax.images[0].get_array()  # the heat map drawn is the task map's image: per-CTA tiles, by request
+    assert shown.shape == img.shape
+    assert np.array_equal(np.ma.filled(shown.astype(float), np.nan), img, equal_nan=True)
+    per_cta_tiles = (~np.isnan(img)).sum(axis=1)
+    assert per_cta_tiles.tolist() == [3, 3, 1] and per_cta_tiles.sum() == tm.total_tiles
+    assert f"{tm.total_tiles} tiles over {tm.num_ctas} CTAs" in ax.get_title()

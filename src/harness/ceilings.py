@@ -6,6 +6,7 @@ Every results table divides by these, measured in the same run, rather than by d
 from __future__ import annotations
 
 from hotpaths.harness.bench import bench
+from hotpaths.kernels.probe import probe_copy
 
 _cache: dict | None = None
 
@@ -34,18 +35,16 @@ def measure(*, copy_bytes: int = 1 << 30, mm: int = 8192, iters: int = 20, force
     src = torch.randint(0, 255, (copy_bytes,), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     # copy_bytes >> L2: cold by construction. Eager: each copy takes hundreds of us, so the CPU launch is hidden.
-    t = bench(lambda: dst.copy_(src), cold_l2=False, graph=False, iters=iters)
+    t = bench(lambda: dst.copy_(src), cold_l2=False, graph=False, iters=iters)  # noqa: F821 (del below)
     out["torch_copy_gbps"] = 2 * copy_bytes / t.median_us / 1e3
-    t = bench(lambda: dst.copy_(src), cold_l2=False, iters=iters)
+    t = bench(lambda: dst.copy_(src), cold_l2=False, iters=iters)  # noqa: F821 (called before the del)
     out["torch_copy_graph_gbps"] = 2 * copy_bytes / t.median_us / 1e3
     try:
-        from hotpaths.kernels.probe import probe_copy
-
         probe_copy(dst, src)
         torch.cuda.synchronize()
         if not torch.equal(dst, src):
             raise RuntimeError("probe copy produced a wrong result")
-        t = bench(lambda: probe_copy(dst, src), cold_l2=False, iters=iters)
+        t = bench(lambda: probe_copy(dst, src), cold_l2=False, iters=iters)  # noqa: F821
         out["probe_gbps"] = 2 * copy_bytes / t.median_us / 1e3
     except Exception as e:  # the ceiling stands without the probe; say why it is missing
         out["probe_error"] = f"{type(e).__name__}: {e}"

@@ -77,7 +77,8 @@ def topk_error_table(out, ref, k: int = 10) -> str:
     lines = [f"{'flat index':>12} {'multi-index':>20} {'out':>14} {'ref':>14} {'|diff|':>12}"]
     for i in idx.tolist():
         mi = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), tuple(out.shape)))
-        lines.append(f"{i:>12} {str(mi):>20} {o[i].item():>14.6g} {r[i].item():>14.6g} {(o[i]-r[i]).abs().item():>12.4g}")
+        d = (o[i] - r[i]).abs().item()
+        lines.append(f"{i:>12} {str(mi):>20} {o[i].item():>14.6g} {r[i].item():>14.6g} {d:>12.4g}")
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """The ``hotpaths`` command-line tool: ``reproduce``, ``env``, and one subcommand per op.
 
-Op subcommands live in ``hotpaths.harness.cmd_<name>`` modules with a ``register(subparsers)`` function.
+Op subcommands live in each op's benchmark module (``hotpaths.bench.<op>.register(subparsers)``), imported by name
+from ``hotpaths.bench.OPS`` so this module has no import edge to any op.
 """
 
 from __future__ import annotations
@@ -10,12 +11,33 @@ import importlib
 import json
 import sys
 
-OP_COMMANDS = ("cmd_decode", "cmd_router")
+from hotpaths.bench import OPS
+from hotpaths.harness import bench, ceilings, env, tables
+from hotpaths.harness.reproduce import reproduce
+
+
+def add_op_command(subparsers, name: str, *, func, help: str, description: str) -> argparse.ArgumentParser:
+    """The subparser of one op's command with the options every op shares (--iters, --seed, --json, --save);
+    the op's benchmark module adds its own. ``func(args) -> int`` runs it."""
+    p = subparsers.add_parser(name, help=help, description=description)
+    p.add_argument("--iters", type=int, default=100, help="timed replays per measurement (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    p.add_argument("--json", action="store_true", help="one JSON row per line (tables.COLUMNS first)")
+    p.add_argument("--save", default=None, metavar="NAME", help="also write the table NAME.csv/.md to the results dir")
+    p.set_defaults(func=func)
+    return p
+
+
+def emit_rows(rows: list[dict], args) -> bool:
+    """Save the rows when --save was given and print them as JSON lines when --json was; True when printed."""
+    if args.save:
+        tables.save(rows, args.save)
+    if args.json:
+        print(tables.json_lines(rows))
+    return bool(args.json)
 
 
 def _cmd_env(args) -> int:
-    from hotpaths.harness import bench, ceilings, env
-
     info = env.device_info()
     if env.has_cuda() and not args.no_measure:
         info["ceilings"] = ceilings.measure()
@@ -33,8 +55,6 @@ def _cmd_env(args) -> int:
 
 
 def _cmd_reproduce(args) -> int:
-    from hotpaths.harness.reproduce import reproduce
-
     return reproduce(profile=args.profile, only=args.only, device=args.device, dry_run=args.dry_run)
 
 
@@ -65,11 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-measure", action="store_true", help="skip the ceiling measurements")
     e.set_defaults(func=_cmd_env)
 
-    from hotpaths.bench import OPS
-
     # Op subcommands: each op's benchmark module registers its own (hotpaths.bench.<op>.register); imported by
     # name so the generic harness has no import edge to any op.
-    for modname in [f"hotpaths.harness.{n}" for n in OP_COMMANDS] + [f"hotpaths.bench.{op}" for op in OPS]:
+    for modname in [f"hotpaths.bench.{op}" for op in OPS]:
         try:
             mod = importlib.import_module(modname)
         except ModuleNotFoundError as exc:  # an op not built yet in this checkout

@@ -8,6 +8,8 @@ import platform
 import subprocess
 from pathlib import Path
 
+from hotpaths.reference.common import device_tag  # noqa: F401  (re-exported: the harness's name for it)
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,7 +38,8 @@ def sm90_skip_reason() -> str | None:
     if not has_sm90():
         import torch
 
-        return f"needs an SM90 (Hopper) GPU; found {torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))})"
+        sm = "".join(map(str, torch.cuda.get_device_capability()))
+        return f"needs an SM90 (Hopper) GPU; found {torch.cuda.get_device_name()} (sm_{sm})"
     return None
 
 
@@ -46,19 +49,6 @@ def requires_sm90():
 
     reason = sm90_skip_reason()
     return pytest.mark.skipif(reason is not None, reason=reason or "")
-
-
-def device_tag(device: str = "auto") -> str:
-    """Folder name for results: ``h200``, ``h100``, ``h20`` ... from the GPU name, or ``cpu``."""
-    if device == "cpu" or (device == "auto" and not has_cuda()):
-        return "cpu"
-    import torch
-
-    name = torch.cuda.get_device_name().lower()
-    for tag in ("h200", "h100", "h20", "h800", "a100", "l40s", "l4", "b200", "gh200"):
-        if tag in name.replace("nvidia", "").replace(" ", "").replace("-", ""):
-            return tag
-    return "".join(ch for ch in name.replace("nvidia", "") if ch.isalnum()) or "gpu"
 
 
 def git_revision() -> str:

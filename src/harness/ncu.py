@@ -27,8 +27,12 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from hotpaths.harness.env import has_cuda
+from hotpaths.harness.runs import profiles_dir  # data/profiles/<tag>/ under reproduce, else scratch/
 
 COLUMNS = ["kernel", "launch", "metric", "value", "unit", "note"]
 
@@ -57,6 +61,9 @@ _KNOWN_FAILURES = (
     ("not supported", "profiling is not supported on this device or configuration"),
 )
 
+if TYPE_CHECKING:  # pandas is imported lazily (about half a second at CLI start-up)
+    import pandas
+
 
 # Where ncu lives when it is not on PATH (the CUDA toolkit; standalone Nsight Compute installs, newest first).
 FALLBACK_NCU_DIRS: list[str] = ["/usr/local/cuda/bin", "/opt/nvidia/nsight-compute"]
@@ -83,8 +90,6 @@ def find_ncu() -> str | None:
 
 def _gpu_visible() -> tuple[bool, str]:
     try:
-        from hotpaths.harness.env import has_cuda
-
         if has_cuda():
             return True, ""
         return False, "no CUDA GPU visible to torch"
@@ -124,7 +129,8 @@ def _target_argv(target) -> list[str]:
                 "(ncu profiles a separate process, which imports it); functions defined in a notebook cell are "
                 "not importable there: pass a Python snippet string instead")
         return [sys.executable, "-c", f"import {mod} as _m; _m.{qual}()"]
-    raise TypeError(f"target: expected argv list, Python snippet str or importable callable, got {type(target).__name__}")
+    raise TypeError(f"target: expected argv list, Python snippet str or importable callable, "
+                    f"got {type(target).__name__}")
 
 
 def build_command(target, *, kernel_regex: str, metrics: Sequence[str] = DEFAULT_METRICS, launch_skip: int = 0,
@@ -230,8 +236,6 @@ def _out_path(out_csv) -> Path | None:
         return None
     p = Path(out_csv)
     if p.parent == Path(".") and not str(out_csv).startswith("."):
-        from hotpaths.harness.runs import profiles_dir  # data/profiles/<tag>/ under reproduce, else scratch/
-
         p = profiles_dir() / (p.name if p.suffix == ".csv" else p.name + ".csv")
     p.parent.mkdir(parents=True, exist_ok=True)
     return p

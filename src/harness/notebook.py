@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from hotpaths.harness.env import REPO_ROOT, device_info
+from hotpaths.harness.runs import results_dir, run_id
+from hotpaths.harness.tables import load, normalize
+
 
 def setup_banner() -> dict:
     """Print and return device, versions, git revision, run id and where results go."""
-    from hotpaths.harness.env import device_info
-    from hotpaths.harness.runs import results_dir, run_id
-
     info = device_info()
     info["run_id"] = run_id()
     info["results_dir"] = str(results_dir())
@@ -18,8 +19,6 @@ def setup_banner() -> dict:
 
 def show(df_or_rows, cols=None, n: int | None = None):
     """Display a table (Markdown-rendered DataFrame in Jupyter, plain text in a terminal)."""
-    from hotpaths.harness.tables import normalize
-
     import pandas as pd
 
     df = df_or_rows if isinstance(df_or_rows, pd.DataFrame) else normalize(df_or_rows)
@@ -40,9 +39,6 @@ def show_stored(name: str, *, device: str = "h200", cols=None, where: dict | Non
     """On a machine without the GPU, show the committed table data/results/<device>/<name>.csv (the run recorded in
     papermill_runs/<device>/manifest.json). ``where``: column -> allowed values to filter rows. Returns the frame, or
     None (with a printed reason) when no stored table exists."""
-    from hotpaths.harness.env import REPO_ROOT
-    from hotpaths.harness.tables import load
-
     path = REPO_ROOT / "data" / "results" / device / f"{name}.csv"
     if not path.exists():
         print(f"no stored {device} table {name} (expected {path})")
@@ -57,8 +53,8 @@ def show_stored(name: str, *, device: str = "h200", cols=None, where: dict | Non
 def timing_studies(device: str = "h200"):
     """The two committed timing-method measurements (data/profiles/<device>/), as two DataFrames: rows of
     timing_method.txt
-    (scripts/gpu_timing_method.py: per flush mode and job, us with events on the stream around the graph replay,
-    eager, and events inside the graph) and of flush_study.json (scripts/gpu_flush_study.py: per job, the mean
+    (studies/gpu_timing_method.py: per flush mode and job, us with events on the stream around the graph replay,
+    eager, and events inside the graph) and of flush_study.json (studies/gpu_flush_study.py: per job, the mean
     median us after a "write" and a "read" L2 flush, and their ratio). Raises FileNotFoundError naming a missing
     file."""
     import json
@@ -66,11 +62,10 @@ def timing_studies(device: str = "h200"):
 
     import pandas as pd
 
-    from hotpaths.harness.env import REPO_ROOT
-
     d = REPO_ROOT / "data" / "profiles" / device
     method, flush = [], []
-    pat = re.compile(r"flush=(\w+)\s+(.+?)\s+graph\s+([\d.]+) us\s+eager\s+([\d.]+) us\s+events-inside-graph ([\d.]+) us")
+    pat = re.compile(r"flush=(\w+)\s+(.+?)\s+graph\s+([\d.]+) us\s+eager\s+([\d.]+) us"
+                     r"\s+events-inside-graph ([\d.]+) us")
     for line in (d / "timing_method.txt").read_text().splitlines():
         m = pat.match(line.strip())
         if m:
@@ -78,5 +73,6 @@ def timing_studies(device: str = "h200"):
                                graph_events_us=float(m[5])))
     for job, modes in json.loads((d / "flush_study.json").read_text()).items():
         w, r = sum(modes["write"]) / len(modes["write"]), sum(modes["read"]) / len(modes["read"])
-        flush.append(dict(job=job, write_flush_us=round(w, 2), read_flush_us=round(r, 2), read_over_write=round(r / w, 3)))
+        flush.append(dict(job=job, write_flush_us=round(w, 2), read_flush_us=round(r, 2),
+                          read_over_write=round(r / w, 3)))
     return pd.DataFrame(method), pd.DataFrame(flush)

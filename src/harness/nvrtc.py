@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -9,12 +9,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hotpaths.harness.env import REPO_ROOT
 
 COLUMNS = ["op", "case", "impl", "dtype", "device", "median_us", "p10_us", "p90_us", "bytes", "gbps",
            "pct_of_ceiling", "rel_l2_err", "max_abs_err", "cosine", "published_h20_us", "run_id", "repro"]
 REPORTED_DIR = REPO_ROOT / "data" / "reported"
+
+if TYPE_CHECKING:  # pandas is imported lazily (about half a second at CLI start-up)
+    import pandas
 
 
 def normalize(rows) -> "pandas.DataFrame":

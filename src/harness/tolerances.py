@@ -72,3 +72,8 @@ def tolerance(op: str, path: str) -> Tolerance:
     except KeyError:
         known = sorted(p for o, p in TOLERANCES if o == op)
         raise KeyError(f"no tolerance for op={op!r} path={path!r}; known paths for this op: {known}") from None
+
+
+def rows(op: str) -> dict[tuple[str, str], tuple]:
+    """The rows of one op as ``{(op, path): (rel_l2, max_abs, min_cosine)}`` (for notebooks and tests)."""
+    return {key: (t.rel_l2, t.max_abs, t.min_cosine) for key, t in TOLERANCES.items() if key[0] == op}

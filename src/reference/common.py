@@ -70,27 +70,54 @@ def parse_int_list(spec: str, name: str, *, minimum: int = 0) -> list[int]:
         raise CaseError(f"{name} {spec!r}: expected integers >= {minimum}")
     return vals
 
-def expect_tensor(t, name: str, *, dtype=None, ndim: int | None = None, layout: str = "", device_type: str | None = None,
-                  contiguous: bool = False, why: str = "") -> None:
-    """Raise unless ``t`` is a torch.Tensor with the given dtype, number of dimensions, device type and contiguity.
+def expect_tensor(t, name: str, *, dtype=None, ndim: int | None = None, layout: str = "",
+                  device_type: str | None = None, device=None, contiguous: bool = False, align: int = 0,
+                  why: str = "") -> None:
+    """Raise unless ``t`` is a torch.Tensor with the given dtype, number of dimensions, device and contiguity.
 
-    name: the argument's name, first in every message. layout: a shape hint for the message (``"[N, K]"``).
-    why: a short reason appended to the dtype expectation (``" (the FP32 router weight)"``).
-    Raises TypeError (not a tensor, wrong dtype) or ValueError (dimensions, device, contiguity).
+    name: the argument's name, first in every message. dtype: one torch.dtype or a tuple of accepted ones.
+    layout: a shape hint for the message (``"[N, K]"``). why: a short reason appended to the dtype expectation
+    (``" (the FP32 router weight)"``). device_type: ``"cuda"``/``"cpu"``; device: an exact torch.device (e.g. the
+    plan's). align: required alignment of the data pointer in bytes (16 for vector loads / cp.async), 0 for none.
+    Raises TypeError (not a tensor, wrong dtype) or ValueError (dimensions, device, contiguity, alignment).
     """
     import torch
 
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if dtype is not None and t.dtype != dtype:
+    if isinstance(dtype, (tuple, list)) and t.dtype not in dtype:
+        raise TypeError(f"{name}: expected dtype in {[str(d) for d in dtype]}{why}, got {t.dtype}")
+    if dtype is not None and not isinstance(dtype, (tuple, list)) and t.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {dtype}{why}, got {t.dtype}")
     if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D {layout + ' ' if layout else ''}tensor, got shape {tuple(t.shape)}")
+        raise ValueError(f"{name}: expected a {ndim}-D {layout + ' ' if layout else ''}tensor, "
+                         f"got shape {tuple(t.shape)}")
     if device_type is not None and t.device.type != device_type:
         raise ValueError(f"{name}: expected a {device_type.upper() if device_type == 'cuda' else device_type} tensor, "
                          f"got device {t.device}")
+    if device is not None and t.device != torch.device(device):
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
     if contiguous and not t.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous {layout + ' ' if layout else ''}tensor; call .contiguous() first")
+        raise ValueError(f"{name}: expected a contiguous {layout + ' ' if layout else ''}tensor; "
+                         "call .contiguous() first")
+    if align and t.data_ptr() % align:
+        raise ValueError(f"{name}: expected a {align}-byte aligned data pointer, got data_ptr % {align} = "
+                         f"{t.data_ptr() % align} (a view at an offset): pass a fresh tensor or .clone()")
+
+
+def device_tag(device: str = "auto") -> str:
+    """Folder name for results and dispatch tables: ``h200``, ``h100``, ``h20`` ... from the GPU name, or ``cpu``
+    (``device="cpu"``, or no CUDA device). Lives here so kernels can name their per-device tables without the
+    harness."""
+    import torch
+
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return "cpu"
+    name = torch.cuda.get_device_name().lower()
+    for tag in ("h200", "h100", "h20", "h800", "a100", "l40s", "l4", "b200", "gh200"):
+        if tag in name.replace("nvidia", "").replace(" ", "").replace("-", ""):
+            return tag
+    return "".join(ch for ch in name.replace("nvidia", "") if ch.isalnum()) or "gpu"
 
 
 class ResourceError(ValueError):

@@ -40,47 +40,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from hotpaths.harness.tolerances import TOLERANCES as _TOLERANCES
-from hotpaths.harness.validate import expect_tensor
+from hotpaths.reference.common import expect_tensor
 
 OP = "router_gemm"
 SCALE_LOW = 256.0  # 2^8: the second part's scale
 SCALE_LOW_3 = (256.0, 65536.0)  # BF16x3: w ~ w_high + w_mid / 2^8 + w_low / 2^16
 KERNEL_N_MULTIPLE = 64
 KERNEL_K_MULTIPLE = 64
-
-# Published (H20, SGLang post, data/reported/claims.csv): max abs error vs FP32 cuBLAS over the M sweep at
-# K=4096, N=192. Used only when hotpaths.harness.tables.published() is not available.
-PUBLISHED_MAX_ABS_VS_FP32 = {"bf16x2": 0.00177, "tf32": 0.06464}
-PUBLISHED_SOURCE = "SGLang post (data/reported/claims.csv, router_gemm rows)"
-
-# Named router shapes (N experts, K hidden).
-SHAPES = {
-    "hy3": (192, 4096),
-    "longcat_chat": (768, 6144),
-    "longcat_lite": (384, 3072),
-    "deepseek_v3": (256, 7168),
-}
-
-# Tolerances for ("router_gemm", path): (rel_l2, max_abs, min_cosine). Derived from the measured emulation error
-# (derive_tolerances(), printed in notebook 04) at the realistic weight scale ("init": W ~ N(0, 1/K), logits of
-# standard deviation ~1), K=4096, N=192, M in (1, 64, 4096), seed 0. Measured -> row:
-#   bf16x2 vs FP64 rel_l2 5.2e-6, max_abs 2.4e-5 -> x1.5 (the issue's target: kernel within 1.5x of the emulation)
-#   bf16x3 vs FP64 2.8e-7 / 1.2e-6, fp32 vs FP64 5.8e-7 / 1.5e-6 -> ~x3 (FP32 summation order dominates)
-#   tf32 vs FP64 2.1e-4 / 1.1e-3, bf16 vs FP64 1.7e-3 / 8.1e-3 -> ~x2
-#   *_vs_emulation: FP32 summation order only (64-wide k-blocks vs the library's order: 3.1e-7 / 1.9e-6) -> ~x6-10,
-#   room for split-K partial sums and tensor-core accumulation order.
-# rel_l2 does not depend on the weight scale; max_abs is absolute: with unit-scale weights (torch.randn, the
-# published benchmark's convention) multiply it by sqrt(K) (64 at K=4096).
-# The rows live in the one tolerance table (hotpaths.harness.tolerances, with their derivation); this view keeps
-# (rel_l2, max_abs, min_cosine) tuples for this op's notebook and tests.
-TOLERANCE_ROWS: dict[tuple[str, str], tuple] = {
-    key: (t.rel_l2, t.max_abs, t.min_cosine) for key, t in _TOLERANCES.items() if key[0] == OP}
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # input checks
@@ -563,130 +533,7 @@ def bytes_moved(m: int, n: int, k: int, parts: int = 2) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# tables
-
-
-def _columns() -> list[str]:
-    try:
-        from hotpaths.harness.tables import COLUMNS
-        return list(COLUMNS)
-    except Exception:  # the harness table module not present yet: the CONTRACT.md column list
-        return ["op", "case", "impl", "dtype", "device", "median_us", "p10_us", "p90_us", "bytes", "gbps",
-                "pct_of_ceiling", "rel_l2_err", "max_abs_err", "cosine", "published_h20_us", "run_id", "repro"]
-
-
-def _context() -> dict:
-    dev, rid = "cpu", "interactive"
-    try:
-        from hotpaths.harness.env import device_tag
-        dev = device_tag()
-    except Exception:
-        pass
-    try:
-        from hotpaths.harness.runs import run_id
-        rid = run_id()
-    except Exception:
-        pass
-    return {"device": dev, "run_id": rid}
-
-
-def _row(**kw) -> dict:
-    row = {c: None for c in _columns()}
-    row["op"] = OP
-    row.update(_context())
-    row.update(kw)
-    return row
-
-
-def published_max_abs() -> tuple[dict, str]:
-    """The published max abs errors vs FP32 cuBLAS ({"bf16x2": .., "tf32": ..}) and where they came from: the
-    claims table through hotpaths.harness.tables.published when it is available, else the constants here."""
-    try:
-        from hotpaths.harness.tables import published
-        df = published(OP)
-        claim = df["claim"].astype(str).str.lower()
-        tf = df[claim.str.contains("tf32") & claim.str.contains("max abs")]
-        ours = df[~claim.str.contains("tf32") & claim.str.contains("max abs")]
-        if len(tf) and len(ours):
-            return ({"bf16x2": float(ours["value"].iloc[0]), "tf32": float(tf["value"].iloc[0])},
-                    "data/reported/claims.csv via hotpaths.harness.tables.published")
-    except Exception:
-        pass
-    return dict(PUBLISHED_MAX_ABS_VS_FP32), PUBLISHED_SOURCE + " [constants in hotpaths.reference.router_gemm]"
-
-
-def error_table(ms: Sequence[int] = (1, 16, 256, 4096), n: int = 192, k: int = 4096, *, seed: int = 0,
-                scales: Iterable = ("unit", "init"), impls: Iterable[str] = tuple(EMULATIONS)) -> list[dict]:
-    """Error of each emulation vs FP64 and vs FP32 at each M, with the published max abs errors beside.
-
-    Rows: CONTRACT.md columns (no timing: emulations) plus m, n, k, weight_scale, max_abs_err_vs_fp32,
-    max_abs_err_vs_fp64, rel_l2_err_vs_fp64 (= rel_l2_err), published_max_abs_err_vs_fp32, published_source.
-    ``max_abs_err`` / ``rel_l2_err`` are vs FP64. One extra row per (scale, impl) with case "max_over_m". The
-    published figures are placed on "unit"-scale rows only (they were measured on randn inputs).
-    """
-    pub, src = published_max_abs()
-    rows = []
-    for scale in scales:
-        worst: dict[str, dict] = {}
-        for m in ms:
-            x, w = make_router_inputs(m, n, k, seed=seed + m, scale=scale)
-            ref = router_gemm_ref(x, w)
-            f32 = fp32_emulation(x, w)
-            for impl in impls:
-                s = f32 if impl == "fp32_emulation" else EMULATIONS[impl](x, w)
-                e64 = error_metrics(s, ref)
-                e32 = error_metrics(s, f32)
-                path = _PATH_OF[impl]
-                r = _row(case=f"m{m}_n{n}_k{k}_{scale}", impl=impl, dtype=f"x bf16, w fp32 ({path})",
-                         rel_l2_err=e64["rel_l2_err"], max_abs_err=e64["max_abs_err"],
-                         bytes=bytes_moved(m, n, k, 2 if path in ("bf16x2", "fp32", "tf32") else
-                                           (3 if path == "bf16x3" else 1)),
-                         m=m, n=n, k=k, weight_scale=scale, max_abs_err_vs_fp32=e32["max_abs_err"],
-                         max_abs_err_vs_fp64=e64["max_abs_err"], rel_l2_err_vs_fp64=e64["rel_l2_err"],
-                         # the published figures come from unit-scale (randn) inputs: only those rows compare
-                         published_max_abs_err_vs_fp32=pub.get(path) if scale == "unit" else None,
-                         published_source=src if (path in pub and scale == "unit") else None,
-                         repro=(f"python -c \"from hotpaths.reference.router_gemm import error_table; "
-                                f"error_table(ms=[{m}], n={n}, k={k}, seed={seed}, scales=['{scale}'])\""))
-                rows.append(r)
-                wr = worst.setdefault(impl, dict(r, case=f"max_over_m_n{n}_k{k}_{scale}", m=max(ms)))
-                for c in ("max_abs_err", "rel_l2_err", "max_abs_err_vs_fp32", "max_abs_err_vs_fp64",
-                          "rel_l2_err_vs_fp64"):
-                    wr[c] = max(wr[c], r[c])
-        rows.extend(worst.values())
-    return rows
-
-
-def flip_table(m: int = 512, n: int = 192, k: int = 4096, *, gaps: Sequence[float | None] = (None, 1e-2, 1e-3, 1e-4,
-               1e-5), seed: int = 0, topk: int = 8, scale="init",
-               impls: Iterable[str] = tuple(EMULATIONS)) -> list[dict]:
-    """Top-k flip rate and routing weight moved of each emulation vs FP64, on natural inputs (gap None) and on
-    near-tie inputs (every token's k-th/(k+1)-th FP64 gap <= gap).
-
-    Rows: CONTRACT.md columns plus m, n, k, topk, gap, weight_scale, flip_rate, flips, weight_moved_mean,
-    weight_moved_max, median_gap.
-    """
-    rows = []
-    for gap in gaps:
-        if gap is None:
-            x, w = make_router_inputs(m, n, k, seed=seed, scale=scale)
-            case = f"natural_m{m}_n{n}_k{k}"
-        else:
-            x, w, _ = near_tie_inputs(m, n, k, gap=gap, seed=seed, topk=topk, scale=scale)
-            case = f"near_tie_{gap:g}_m{m}_n{n}_k{k}"
-        ref = router_gemm_ref(x, w)
-        g = topk_gap(ref, topk)
-        for impl in impls:
-            s = EMULATIONS[impl](x, w)
-            e = error_metrics(s, ref)
-            rows.append(_row(case=case, impl=impl, dtype=f"x bf16, w fp32 ({_PATH_OF[impl]})",
-                             rel_l2_err=e["rel_l2_err"], max_abs_err=e["max_abs_err"], m=m, n=n, k=k, topk=topk,
-                             gap=gap, weight_scale=scale, median_gap=float(g.median()),
-                             **routing_metrics(s, ref, topk),
-                             repro=(f"python -c \"from hotpaths.reference.router_gemm import flip_table; "
-                                    f"flip_table(m={m}, n={n}, k={k}, gaps=[{gap!r}], seed={seed}, topk={topk}, "
-                                    f"scale='{scale}')\"")))
-    return rows
+# tolerance derivation
 
 
 def derive_tolerances(ms: Sequence[int] = (1, 64, 4096), n: int = 192, k: int = 4096, *, seed: int = 0,
@@ -719,29 +566,3 @@ def derive_tolerances(ms: Sequence[int] = (1, 64, 4096), n: int = 192, k: int = 
                 acc_lo += _mm_fp32(x32[:, c], lo[:, sl].to(torch.float32))
             upd((OP, "bf16x2_vs_emulation"), error_metrics(acc_hi + acc_lo / SCALE_LOW, emu))
     return meas
-
-
-# HPC-Ops' BF16xFP32 GEMM measured on this project's H200 (issue 4: eager launch, 128 MB flush before each call,
-# median us; noisy between runs at M 96-1024). Not a published H20 figure: a baseline to beat.
-HPC_OPS_H200_US = {2: 8.2, 4: 8.4, 8: 8.7, 16: 9.3, 48: 9.7, 96: 20.8, 208: 17.4, 512: 34.6, 1024: 42.7, 2048: 33.4,
-                   4096: 62.4}
-# Published H20 speedup ranges (claims.csv), by router shape (n, k).
-PUBLISHED_RANGES = {
-    (192, 4096): {"published_h20_speedup_vs_fp32": "1.30x-3.22x", "published_h20_speedup_vs_tf32": "1.25x-1.78x"},
-    (768, 6144): {"published_h20_speedup_vs_sglang_default": "1.06x-2.83x (inside dispatch range)"},
-    (384, 3072): {"published_h20_speedup_vs_sglang_default": "1.09x-2.46x (inside dispatch range)"},
-}
-
-
-def annotate_published(rows: list[dict]) -> list[dict]:
-    """Add the published H20 speedup ranges (by the row's n, k) and, for the Hy3 shape, HPC-Ops' H200 time
-    (column hpc_ops_h200_us) beside our rows. Returns new dicts; rows without n/k are left as they are."""
-    out = []
-    for r in rows:
-        r = dict(r)
-        shape = (r.get("n"), r.get("k"))
-        r.update(PUBLISHED_RANGES.get(shape, {}))
-        if shape == (192, 4096):
-            r["hpc_ops_h200_us"] = HPC_OPS_H200_US.get(r.get("m"))
-        out.append(r)
-    return out

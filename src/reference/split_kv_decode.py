@@ -22,13 +22,11 @@ include the q_len new tokens); query head j uses kv head j // (q_heads // kv_hea
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
-
-from hotpaths.harness.tolerances import TOLERANCES as _TOLERANCES
 
 TILE = 64
 FP8_MAX = 448.0
@@ -43,24 +41,6 @@ HEADER_FIELDS = ("total_tiles", "budget", "nbins", "ndesc", "batch", "num_kv_hea
 # hp_decode_workspace_len when it loads) share; tests/test_split_kv_decode_ref.py parses the header to check these.
 TASK_MAP_HEADER_INTS = len(HEADER_FIELDS)
 TASK_MAP_DESC_INTS = 4  # (request, kv head, first tile, end tile)
-
-# Tolerance rows for hotpaths.harness.tolerances (to be copied there by the lead), values
-# (rel_l2, max_abs, min_cosine). Derivation: `measure_emulation_error()` runs the emulation against the exact
-# reference over every supported GQA ratio, head_dim 64/128, page sizes 16-128, q_len 1-4, fp8 and bf16, dynamic
-# and static schedules, lengths 0..5000 (CPU, fixed seeds). Measured worst case, P kept fp32 or rounded to bf16
-# before PV: bf16 rel_l2 1.1e-3, max_abs 3.8e-3; fp8 rel_l2 2.2e-3, max_abs 7.6e-3; cosine >= 0.999998 (outputs
-# are O(1), |out| < 8: V ~ N(0,1) averaged). The error is the final bf16 rounding plus fp32 noise. If a kernel
-# rounds P to e4m3 before the PV product (p_dtype=float8_e4m3fn) it measures rel_l2 1.1e-2, max_abs 2.3e-2,
-# cosine 0.99994: that is the "_pfp8_" row.
-# "*_vs_exact" = 2x the measured rel_l2 and (measured max_abs + 1 bf16 ulp at |out| < 4, 1.6e-2) rounded up.
-# "*_vs_emulation" (kernel vs this emulation with the kernel's p_dtype, both bf16 out): a different fp32
-# summation order flips the last bf16 bit of some elements, so 1 bf16 ulp at |out| < 8 (3.2e-2) bounds max_abs and
-# rel_l2 stays below 2x the bf16 rounding rms.
-# The rows live in the one tolerance table (hotpaths.harness.tolerances, with their derivation); this view keeps
-# (rel_l2, max_abs, min_cosine) tuples for this op's notebook and tests.
-TOLERANCE_ROWS: dict[tuple[str, str], tuple] = {
-    key: (t.rel_l2, t.max_abs, t.min_cosine) for key, t in _TOLERANCES.items() if key[0] == "split_kv_decode"}
-
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -501,13 +481,15 @@ def _pair_tiles(lens: list[int], H: int, tile: int) -> np.ndarray:
     return np.tile(per_req, H)  # p = h * batch + r: head-major, request-minor
 
 
-# The minimum-work floor (tiles per CTA bin) of the dynamic map: small enough that short batches still spread over
-# the grid (a floor of 1-2 was the fastest on the small cases and neutral on the large ones; 16+ over-serializes:
-# docs/notes/split_kv_decode.md has the sweep).
+# The minimum-work floor (tiles per CTA bin) of the dynamic map: small enough that a batch of short requests still
+# spreads over every CTA (a large floor serializes them onto few CTAs), large enough that no CTA pays a descriptor
+# and a combine entry for a single tile. A floor of 2 keeps both: on short or one-long-many-short batches it is
+# what lets every SM work, and on large batches the budget is far above it so it changes nothing.
 DEFAULT_MIN_TILES = 2
 
 
-def build_task_map(kv_lens, num_kv_heads: int, num_ctas: int, *, min_tiles: int = DEFAULT_MIN_TILES, max_pairs: int | None = None,
+def build_task_map(kv_lens, num_kv_heads: int, num_ctas: int, *, min_tiles: int = DEFAULT_MIN_TILES,
+                   max_pairs: int | None = None,
                    tile: int = TILE) -> TaskMap:
     """Host builder of the dynamic split-KV task map (ground truth for the device assign kernel).
 
@@ -562,6 +544,17 @@ def _static_map(kind, lens, H, splits_per_pair, chunk_of_pair, tile, max_pairs, 
                      extra)
 
 
+def _static_args(kv_lens, num_kv_heads: int, tile: int, name: str, value: int) -> tuple[list[int], int, int]:
+    """Checked arguments of a static map: (lengths, kv heads, the longest request in tiles); ValueError names
+    ``name`` when ``value`` < 1."""
+    lens = _lens_list(kv_lens)
+    H = int(num_kv_heads)
+    _check_map_args(H, 1, tile)
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return lens, H, max((_cdiv(L, tile) for L in lens), default=0)
+
+
 def static_count_task_map(kv_lens, num_kv_heads: int, num_splits: int, *, max_pairs: int | None = None,
                           tile: int = TILE) -> TaskMap:
     """Static split-KV with a fixed split COUNT: every pair cut into num_splits chunks of ceil(tiles/num_splits).
@@ -570,12 +563,7 @@ def static_count_task_map(kv_lens, num_kv_heads: int, num_splits: int, *, max_pa
     chunks decide the tail. Shape/Dtype: kv_lens [batch] ints. Returns a TaskMap (kind "static_count"; header B =
     the largest chunk in tiles, F = num_splits). Raises ValueError for num_splits < 1 or bad lengths.
     """
-    lens = _lens_list(kv_lens)
-    H = int(num_kv_heads)
-    _check_map_args(H, 1, tile)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    mx = max((_cdiv(L, tile) for L in lens), default=0)
+    lens, H, mx = _static_args(kv_lens, num_kv_heads, tile, "num_splits", num_splits)
     tm = _static_map("static_count", lens, H, num_splits, lambda nt: _cdiv(nt, num_splits), tile, max_pairs,
                      _cdiv(mx, num_splits), num_splits, {"num_splits": num_splits})
     return tm
@@ -589,12 +577,7 @@ def static_chunk_task_map(kv_lens, num_kv_heads: int, chunk_tiles: int, *, max_p
     take scheduling slots (TaskMap.empty_ctas). Shape/Dtype: kv_lens [batch] ints. Returns a TaskMap (kind
     "static_chunk"; header B = F = chunk_tiles). Raises ValueError for chunk_tiles < 1 or bad lengths.
     """
-    lens = _lens_list(kv_lens)
-    H = int(num_kv_heads)
-    _check_map_args(H, 1, tile)
-    if chunk_tiles < 1:
-        raise ValueError(f"chunk_tiles must be >= 1, got {chunk_tiles}")
-    mx = max((_cdiv(L, tile) for L in lens), default=0)
+    lens, H, mx = _static_args(kv_lens, num_kv_heads, tile, "chunk_tiles", chunk_tiles)
     S = max(_cdiv(mx, chunk_tiles), 1)
     return _static_map("static_chunk", lens, H, S, lambda nt: chunk_tiles, tile, max_pairs, chunk_tiles,
                        chunk_tiles, {"num_splits": S, "chunk_tiles": chunk_tiles})
@@ -669,7 +652,8 @@ def compare_workspaces(got, expected: TaskMap) -> str | None:
         return None
     i = int(diff[0])
     C, M = expected.num_ctas, expected.max_pairs
-    bounds = [("header", 8), ("bin_start", C + 1), ("desc", 4 * expected.extra["desc_capacity"]), ("chunk_start", M), ("num_chunks", M)]
+    bounds = [("header", 8), ("bin_start", C + 1), ("desc", 4 * expected.extra["desc_capacity"]), ("chunk_start", M),
+              ("num_chunks", M)]
     o = 0
     for name, n in bounds:
         if i < o + n:
@@ -879,7 +863,8 @@ def bytes_moved(kv_lens, kv_heads: int, head_dim: int, kv_dtype: str = "fp8", q_
 
 
 def measure_emulation_error(configs=None, seed: int = 0) -> list[dict]:
-    """Emulation vs exact over a grid of small configs (how TOLERANCE_ROWS was derived). Returns one dict per run
+    """Emulation vs exact over a grid of small configs (how the split_kv_decode rows of hotpaths.harness.tolerances
+    were derived). Returns one dict per run
     with kv_dtype, config, schedule, rel_l2, max_abs, cosine."""
     if configs is None:
         configs = [dict(q_heads=g, kv_heads=1, head_dim=d, page_size=ps, q_len=ql)

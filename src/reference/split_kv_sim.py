@@ -14,15 +14,20 @@ assign kernel (built once per step, amortized over layers) are ignored.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numba
 import numpy as np
 
+from hotpaths.reference.common import expand_lengths, parse_cases
 from hotpaths.reference.split_kv_decode import (
     DEFAULT_MIN_TILES,
-    TaskMap, build_task_map, static_chunk_task_map, static_count_task_map, _lens_list,
+    TaskMap,
+    _lens_list,
+    build_task_map,
+    static_chunk_task_map,
+    static_count_task_map,
 )
 
 IMPLS = ("static_count", "static_chunk", "dynamic")
@@ -126,7 +131,8 @@ def simulate_map(tm: TaskMap, *, slots: int, costs: SimCosts = SimCosts(), persi
     return res
 
 
-def make_maps(kv_lens, *, num_kv_heads: int = 1, sm_count: int = 132, ctas_per_sm: int = 1, min_tiles: int = DEFAULT_MIN_TILES,
+def make_maps(kv_lens, *, num_kv_heads: int = 1, sm_count: int = 132, ctas_per_sm: int = 1,
+              min_tiles: int = DEFAULT_MIN_TILES,
               num_splits: int | None = None, chunk_tiles: int = 16) -> dict[str, TaskMap]:
     """The three schedules of one batch: static fixed-count (num_splits, default `default_num_splits`), static
     fixed-chunk (chunk_tiles tiles, grid sized for the longest request) and dynamic (one bin per slot)."""
@@ -206,8 +212,7 @@ def _impl_key(impl: str) -> str | None:
 
 def _lengths_of(case) -> list[int]:
     if isinstance(case, str):
-        from hotpaths.harness import shapes  # the one parser of case strings
-        return list(shapes.expand_lengths(shapes.parse_cases(case)))
+        return list(expand_lengths(parse_cases(case)))
     return _lens_list(case)
 
 

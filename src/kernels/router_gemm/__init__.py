@@ -1,4 +1,5 @@
-"""Router GEMM with a two-part BF16 weight on SM90: loader, public API, shape-aware dispatch, benchmark rows.
+"""Router GEMM with a two-part BF16 weight on SM90: loader, public API, shape-aware dispatch (benchmark
+rows and the tuner: hotpaths.bench.router_gemm).
 
 ``scores = x @ W.T`` with x BF16 [M, K] and an FP32 router weight W [N, K] held as BF16 parts
 (``W ~ w_high + w_low / 256``, split once by :func:`plan` with ``hotpaths.reference.router_gemm``'s split).
@@ -7,7 +8,8 @@ accumulators and writes ``acc_hi + acc_lo / 256``. Decode sizes (M <= 64) use a 
 with a deterministic cluster (DSMEM) reduction; prefill sizes a cp.async-pipelined tiled kernel.
 
 ``router_gemm(x, weights, impl="dispatch")`` picks between the kernel and FP32 cuBLAS by M using the crossover
-table measured on the device (data/dispatch/router_gemm_<device-tag>.json, written by :func:`measure_crossover`);
+table measured on the device (data/dispatch/router_gemm_<device-tag>.json, written by
+``hotpaths.bench.router_gemm.measure_crossover``);
 without a table for the shape it runs the kernel.
 
 Concurrency: no state is kept between calls (the global split-K variants take their workspace per call from the
@@ -28,7 +30,10 @@ from pathlib import Path
 
 import torch
 
+from hotpaths.kernels import _build
+from hotpaths.kernels._build import check_status, ptr, stream_ptr
 from hotpaths.reference import router_gemm as ref
+from hotpaths.reference.common import device_tag, expect_tensor
 
 OP = "router_gemm"
 IMPLS = ("dispatch", "bf16x2_kernel", "bf16x3_kernel", "fp32_cublas", "tf32_cublas", "bf16_cublas")
@@ -57,7 +62,6 @@ WGMMA_MIN_M = 65
 ERR_BOUND = 1.5
 _SCALE = 1.0 / 256.0
 DISPATCH_DIR = Path(__file__).resolve().parents[3] / "data" / "dispatch"
-DEFAULT_MS = (1, 2, 4, 8, 16, 48, 96, 208, 512, 1024, 2048, 4096)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -66,8 +70,6 @@ DEFAULT_MS = (1, 2, 4, 8, 16, 48, 96, 208, 512, 1024, 2048, 4096)
 
 @functools.lru_cache(maxsize=None)
 def _lib() -> ctypes.CDLL:
-    from hotpaths.kernels import _build
-
     lib = _build.load(OP)
     vp, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     lib.hp_router_gemm.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, f, f, i, i, vp]
@@ -231,8 +233,6 @@ def plan(w_fp32: torch.Tensor, *, three_part: bool = False) -> RouterWeights:
     Raises TypeError (not a tensor / not fp32), ValueError (not 2-D, N or K unsupported, non-contiguous,
     Inf/NaN in the weight).
     """
-    from hotpaths.harness.validate import expect_tensor
-
     expect_tensor(w_fp32, "w_fp32", dtype=torch.float32, ndim=2, layout="[N, K]", contiguous=True,
                   why=" (the FP32 router weight)")
     n, k = (int(s) for s in w_fp32.shape)
@@ -255,8 +255,6 @@ def plan(w_fp32: torch.Tensor, *, three_part: bool = False) -> RouterWeights:
 def dispatch_path(tag: str | None = None) -> Path:
     """data/dispatch/router_gemm_<device-tag>.json (directory overridable with env HOTPATHS_DISPATCH_DIR)."""
     if tag is None:
-        from hotpaths.harness.env import device_tag
-
         tag = device_tag()
     d = Path(os.environ.get("HOTPATHS_DISPATCH_DIR", DISPATCH_DIR))
     return d / f"{OP}_{tag}.json"
@@ -349,26 +347,19 @@ def _validate(x, weights, impl, out):
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     if not isinstance(weights, RouterWeights):
         raise TypeError(f"weights: expected RouterWeights from plan(w_fp32), got {type(weights).__name__}")
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype != torch.bfloat16:
-        raise TypeError(f"x: expected dtype torch.bfloat16 (router activations), got {x.dtype}")
-    if x.dim() != 2 or x.shape[1] != weights.k:
+    expect_tensor(x, "x", dtype=torch.bfloat16, ndim=2, layout=f"[M, K={weights.k}]", device=weights.device,
+                  contiguous=True, why=" (router activations)")
+    if x.shape[1] != weights.k:
         raise ValueError(f"x: expected a 2-D [M, K={weights.k}] tensor, got shape {tuple(x.shape)}")
-    if not x.is_contiguous():
-        raise ValueError("x: expected a contiguous [M, K] tensor; call .contiguous() first")
-    if x.device != weights.device:
-        raise ValueError(f"x: expected device {weights.device} (the weights' device), got {x.device}")
     if impl == "bf16x3_kernel" and not weights.three_part:
         raise ValueError("impl='bf16x3_kernel' needs plan(w, three_part=True)")
     m = int(x.shape[0])
     if out is not None:
-        if not isinstance(out, torch.Tensor) or out.dtype != torch.float32:
-            raise TypeError(f"out: expected a torch.float32 tensor, got "
-                            f"{out.dtype if isinstance(out, torch.Tensor) else type(out).__name__}")
-        if tuple(out.shape) != (m, weights.n) or not out.is_contiguous() or out.device != x.device:
+        expect_tensor(out, "out", dtype=torch.float32, ndim=2, layout=f"[{m}, {weights.n}]", device=x.device,
+                      contiguous=True)
+        if tuple(out.shape) != (m, weights.n):
             raise ValueError(f"out: expected a contiguous fp32 [{m}, {weights.n}] tensor on {x.device}, got "
-                             f"shape {tuple(out.shape)} on {out.device} (contiguous={out.is_contiguous()})")
+                             f"shape {tuple(out.shape)}")
     return m
 
 
@@ -383,12 +374,8 @@ def _run_kernel(x, weights, out, *, parts, variant="auto", splits=0):
     if x.device.type != "cuda":
         raise RuntimeError(f"the router GEMM kernel needs an SM90 CUDA device; x is on {x.device} (use the "
                            f"emulations in hotpaths.reference.router_gemm on CPU)")
-    for name, t in (("x", x), ("out", out)):
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name}: expected a 16-byte aligned data pointer (vector loads/stores); got a view "
-                             f"at offset {t.data_ptr() % 16} mod 16: pass a fresh tensor or .clone()")
-    from hotpaths.kernels._build import check_status, ptr, stream_ptr
-
+    for name, t in (("x", x), ("out", out)):  # vector loads / stores
+        expect_tensor(t, name, align=16)
     m, n, k = int(x.shape[0]), weights.n, weights.k
     if variant == "auto" and splits == 0:  # the configuration tuned on this device, when there is one
         variant, splits = tuned_config(m, n, k, parts=parts) or ("auto", 0)
@@ -450,111 +437,7 @@ def router_gemm(x: torch.Tensor, weights: RouterWeights, *, impl: str = "dispatc
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# measurement
-
-
-def _gpu_ok() -> bool:
-    try:
-        from hotpaths.harness.env import has_sm90
-
-        return has_sm90()
-    except Exception:
-        return False
-
-
-def _parts_of(impl: str) -> int:
-    return {"bf16x3_kernel": 3, "bf16_cublas": 1, "bf16_emulation": 1, "bf16x3_emulation": 3}.get(impl, 2)
-
-
-def _time(x, weights, impl, out, iters):
-    from hotpaths.harness.bench import bench
-
-    return bench(lambda: router_gemm(x, weights, impl=impl, out=out), iters=iters)
-
-
-def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32_cublas", "tf32_cublas",
-                                              "bf16_cublas"), *, case_prefix: str = "hy3", seed: int = 0,
-                   ceilings: dict | None = None, iters: int = 100, topk: int = 8) -> list[dict]:
-    """Latency and error rows for each M and impl (CONTRACT.md columns plus m, n, k, speedup_vs_fp32,
-    speedup_vs_tf32, max_abs_err_vs_fp32, max_abs_err_vs_fp64, emulation_max_abs_err_vs_fp64, topk_flips,
-    topk_flips_emulation, config).
-
-    Inputs: make_router_inputs(m, n, k, seed=seed + m) (fresh random, "init" scale); outputs NaN-poisoned before
-    the correctness run. max_abs_err / rel_l2_err / cosine are vs FP64. Timing: harness bench (CUDA graph replay,
-    L2 flushed before each replay, median). ceilings: hotpaths.harness.ceilings.measure() output for
-    pct_of_ceiling (copy bandwidth), or None to leave it empty.
-    Without an SM90 GPU: one row per distinct emulation (impl "bf16x2_emulation", ...) with empty timing.
-    Raises ValueError on an unknown impl or unsupported N/K.
-    """
-    from hotpaths.harness.check import check
-    from hotpaths.harness.env import device_tag
-    from hotpaths.harness.runs import run_id
-
-    bad = [i for i in impls if i not in IMPLS]
-    if bad:
-        raise ValueError(f"impls: unknown {bad}; expected a subset of {IMPLS}")
-    ref.validate_kernel_shape(n, k)
-    gpu = _gpu_ok()
-    dev = "cuda" if gpu else "cpu"
-    tag, rid = device_tag(), run_id()
-    _, w = ref.make_router_inputs(1, n, k, seed=seed)
-    w = w.to(dev)
-    weights = plan(w, three_part="bf16x3_kernel" in impls)
-    rows = []
-    for m in ms:
-        x, _ = ref.make_router_inputs(m, n, k, seed=seed + 1 + m)
-        x = x.to(dev)
-        r64 = ref.router_gemm_ref(x, w)
-        f32 = ref.fp32_emulation(x, w)
-        emu_cache: dict[str, torch.Tensor] = {}
-        base_t: dict = {}
-        todo = list(impls) if gpu else list(dict.fromkeys(EMULATION_OF[i] for i in impls))
-        if gpu:  # the baselines the speedup columns divide by, timed once per M
-            for b in ("fp32_cublas", "tf32_cublas"):
-                base_t[b] = _time(x, weights, b, torch.empty(m, n, device=dev), iters)
-        for impl in todo:
-            emu_name = EMULATION_OF.get(impl, impl)
-            if emu_name not in emu_cache:
-                emu_cache[emu_name] = ref.EMULATIONS[emu_name](x, w)
-            timing, cfg = None, None
-            if gpu:
-                out = torch.full((m, n), float("nan"), device=dev)
-                router_gemm(x, weights, impl=impl, out=out)
-                torch.cuda.synchronize()
-                timing = base_t[impl] if impl in base_t else _time(x, weights, impl, out, iters)
-                med = timing.median_us
-                if impl in ("bf16x2_kernel", "bf16x3_kernel") or choose_impl(m, n, k) == "bf16x2_kernel":
-                    v, sp = tuned_config(m, n, k, parts=3 if impl == "bf16x3_kernel" else 2) or ("auto", 0)
-                    cfg = dict(kernel_config(m, n, k, variant=v, splits=sp), tuned=v != "auto")
-                else:
-                    cfg = choose_impl(m, n, k)
-            else:
-                out, med = emu_cache[emu_name], None
-            c = check(out, r64)
-            base_impl = impl if gpu else next(i for i in impls if EMULATION_OF[i] == impl)
-            nbytes = ref.bytes_moved(m, n, k, _parts_of(base_impl))
-            flips = int(ref.topk_sets_differ(out.cpu(), r64.cpu(), topk).sum()) if n > topk else None
-            eflips = int(ref.topk_sets_differ(emu_cache[emu_name].cpu(), r64.cpu(), topk).sum()) if n > topk \
-                else None
-            gbps = nbytes / med / 1e3 if med else None
-            cop = (ceilings or {}).get("copy_gbps")
-            row = {"op": OP, "case": f"{case_prefix}_m{m}", "impl": impl, "dtype": DTYPE_OF.get(base_impl, ""),
-                   "device": tag, "median_us": med,
-                   "p10_us": timing.p10_us if timing else None, "p90_us": timing.p90_us if timing else None,
-                   "bytes": nbytes, "gbps": gbps, "pct_of_ceiling": 100 * gbps / cop if gbps and cop else None,
-                   "rel_l2_err": c.rel_l2_err, "max_abs_err": c.max_abs_err, "cosine": c.cosine,
-                   "published_h20_us": None, "run_id": rid,
-                   "repro": f"hotpaths router --m {m} --n {n} --k {k} --impl {base_impl} --seed {seed} --json",
-                   "m": m, "n": n, "k": k,
-                   "speedup_vs_fp32": base_t["fp32_cublas"].median_us / med if med else None,
-                   "speedup_vs_tf32": base_t["tf32_cublas"].median_us / med if med else None,
-                   "max_abs_err_vs_fp32": ref.error_metrics(out, f32)["max_abs_err"],
-                   "max_abs_err_vs_fp64": c.max_abs_err,
-                   "emulation_max_abs_err_vs_fp64": ref.error_metrics(emu_cache[emu_name], r64)["max_abs_err"],
-                   "topk_flips": flips, "topk_flips_emulation": eflips,
-                   "config": json.dumps(cfg) if isinstance(cfg, dict) else cfg}
-            rows.append(row)
-    return rows
+# tuning candidates (timed by hotpaths.bench.router_gemm.measure_crossover)
 
 
 def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tuple[str, int]]:
@@ -592,115 +475,12 @@ def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tu
     return out
 
 
-def accuracy_failure(got: torch.Tensor, ref64: torch.Tensor, emu_err: float, bound: float = ERR_BOUND, *,
-                     emu_flips: int | None = None, topk: int = 8) -> str | None:
-    """The tuner's accuracy gate: None when max|got - ref64| <= bound * emu_err (the BF16x2 emulation's max abs
-    error vs the same FP64 reference) and, when ``emu_flips`` is given, got's top-``topk`` expert sets differ from
-    FP64's on at most as many tokens as the emulation's do (emu_flips); else the reason. got: fp32 [M, N]; ref64:
-    fp64 [M, N] on the same device."""
-    err = float((got.double() - ref64).abs().max())
-    if err > bound * emu_err:
-        return (f"max abs error vs FP64 {err:.3g} is {err / max(emu_err, 1e-30):.2f}x the emulation's "
-                f"({emu_err:.3g}); bound {bound}x")
-    if emu_flips is not None:
-        flips = int(ref.topk_sets_differ(got, ref64, topk).sum())
-        if flips > emu_flips:
-            return f"top-{topk} flips vs FP64 {flips} > the emulation's {emu_flips}"
-    return None
-
-
-def measure_crossover(shapes, ms=DEFAULT_MS, *, path: str | Path | None = None, iters: int = 30,
-                      seed: int = 0, tune: bool = True) -> dict:
-    """Tune the kernel and find the crossover: at each (N, K) in ``shapes`` and each M in ``ms``, time every
-    kernel configuration (kernel_candidates; only the built-in one when tune=False) and FP32 cuBLAS, and write the
-    dispatch table (dispatch_path() unless ``path``); returns it. Needs an SM90 GPU (RuntimeError otherwise).
-
-    Every candidate is first run once on fresh random data into a NaN-poisoned output and checked against the
-    BF16x2 emulation (tolerance row ("router_gemm", "bf16x2_vs_emulation")) and against FP64 (max abs error at
-    most ERR_BOUND x the emulation's, and no more top-8 flips vs FP64 than the emulation's); a candidate that fails
-    (or raises) is not timed and cannot be selected: it is listed with the reason under the row's "failed".
-
-    Table: {"op", "device", "run_id", "method", "shapes": [{"n", "k", "rows": [{"m", "kernel": {"variant",
-    "splits"}, "bf16x2_kernel_us", "fp32_cublas_us", "choice", "candidates_us", "failed" (when any)}]}]}.
-    """
-    if not _gpu_ok():
-        raise RuntimeError("measure_crossover needs an SM90 GPU (the table is a measurement of this device)")
-    from hotpaths.harness.bench import bench
-    from hotpaths.harness.check import check
-    from hotpaths.harness.env import device_tag
-    from hotpaths.harness.runs import run_id
-    from hotpaths.harness.tolerances import tolerance
-
-    tol = tolerance(OP, "bf16x2_vs_emulation")
-
-    table = {"op": OP, "device": device_tag(), "run_id": run_id(), "gpu": torch.cuda.get_device_name(),
-             "method": f"harness bench: CUDA graph replay, L2 flushed before each replay, median of {iters}",
-             "rule": "dispatch runs the faster impl at the measured M nearest (log2) to the call's M; the kernel "
-                     "runs the fastest configuration measured there",
-             "shapes": []}
-    for n, k in shapes:
-        ref.validate_kernel_shape(n, k)
-        _, w = ref.make_router_inputs(1, n, k, seed=seed)
-        weights = plan(w.cuda())
-        rows = []
-        for m in ms:
-            x, _ = ref.make_router_inputs(m, n, k, seed=seed + 1 + m)
-            x = x.cuda()
-            # correctness gate: a second fresh input (not the timed one), its emulation computed once per M
-            xc, _ = ref.make_router_inputs(m, n, k, seed=seed + 7919 + m)
-            xc = xc.cuda()
-            emu = ref.bf16x2_from_parts(xc, weights.w_high, weights.w_low)
-            # accuracy gate: the kernel's max abs error vs FP64 within ERR_BOUND x the emulation's (a long
-            # accumulation chain in the tensor cores' FP32 accumulators, e.g. one split over K = 6144, exceeds it)
-            ref64 = xc.double() @ weights.w.double().T
-            emu_err = float((emu.double() - ref64).abs().max())
-            emu_flips = int(ref.topk_sets_differ(emu, ref64, 8).sum())  # the issue's target: flips equal to these
-            out = torch.empty(m, n, device="cuda")
-            sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-            cands = kernel_candidates(m, n, k, sm_count=sms) if tune else [("auto", 0)]
-            cand_us = {}
-            failed = {}
-            for v, sp in cands:
-                try:
-                    got = torch.full((m, n), float("nan"), device="cuda")
-                    router_gemm(xc, weights, impl="bf16x2_kernel", out=got, variant=v, splits=sp)
-                    torch.cuda.synchronize()
-                    c = check(got, emu, tol=tol)
-                    if not c.passed:
-                        failed[f"{v}/{sp}"] = (f"wrong result vs bf16x2 emulation: rel_l2={c.rel_l2_err:.3g} "
-                                               f"max_abs={c.max_abs_err:.3g} nan={c.nan_count} inf={c.inf_count}")
-                        continue
-                    why = accuracy_failure(got, ref64, emu_err, emu_flips=emu_flips)
-                    if why:
-                        failed[f"{v}/{sp}"] = why
-                        continue
-                    cand_us[f"{v}/{sp}"] = bench(lambda: router_gemm(x, weights, impl="bf16x2_kernel", out=out,
-                                                                     variant=v, splits=sp), iters=iters).median_us
-                except (RuntimeError, ValueError) as e:  # e.g. a cluster that cannot be scheduled: record, skip
-                    failed[f"{v}/{sp}"] = str(e)[:200]
-            if not cand_us:
-                raise RuntimeError(f"measure_crossover: every kernel configuration failed at M={m}, N={n}, K={k}: "
-                                   f"{failed}")
-            best = min(cand_us, key=cand_us.get)
-            v, sp = best.split("/")
-            if v == "auto":
-                c = kernel_config(m, n, k)
-                v, sp = c["variant"], c["splits"]
-            t32 = _time(x, weights, "fp32_cublas", out, iters).median_us
-            rows.append({"m": m, "kernel": {"variant": v, "splits": int(sp)}, "bf16x2_kernel_us": cand_us[best],
-                         "fp32_cublas_us": t32,
-                         "choice": "bf16x2_kernel" if cand_us[best] <= t32 else "fp32_cublas",
-                         "candidates_us": {c: round(t, 2) for c, t in cand_us.items()},
-                         **({"failed": failed} if failed else {})})
-        table["shapes"].append({"n": n, "k": k, "rows": rows})
-    p = Path(path) if path is not None else dispatch_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(table, indent=1) + "\n")
-    reload_dispatch_table()
-    return table
-
-
-__all__ = ["IMPLS", "RouterWeights", "plan", "router_gemm", "choose_impl", "kernel_config", "benchmark_rows",
+__all__ = ["IMPLS", "RouterWeights", "plan", "router_gemm", "choose_impl", "kernel_config",
            "variant_table", "VariantInfo", "load_traced_library",
-           "accuracy_failure", "measure_crossover", "kernel_candidates", "tuned_config", "dispatch_path",
+           "kernel_candidates", "tuned_config", "dispatch_path",
            "reload_dispatch_table", "EMULATION_OF"]
+
+# torch.ops.hotpaths.router_gemm (torch.compile / CUDA graphs): registered when this package is imported
+from hotpaths.kernels.router_gemm import ops as _ops  # noqa: E402
+
+_ops.register(router_gemm=router_gemm, weights_type=RouterWeights)

@@ -392,7 +392,7 @@ __device__ __forceinline__ void tma_load_2d_hint(uint32_t dst, const TmaMap* map
       : "memory");
 }
 
-// Diagnostic timeline (HP_ROUTER_TRACE builds only; scripts/gpu_router_trace.py): once hp_router_set_trace() has
+// Diagnostic timeline (HP_ROUTER_TRACE builds only; studies/gpu_router_trace.py): once hp_router_set_trace() has
 // set a buffer, thread 0 of every CTA of router_wgmma_ws_kernel writes kTraceWords words at
 // [CTA linear id * kTraceWords]: %globaltimer at entry, when its first k-tile has landed, after its last wgmma,
 // after its partial is published and at exit, then its SM id, whether it reduced the tile, its k-tile count, and

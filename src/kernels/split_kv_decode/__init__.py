@@ -32,6 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hotpaths.kernels import _build
+from hotpaths.kernels._build import check_status, stream_ptr
+from hotpaths.reference import split_kv_decode as ref
+from hotpaths.reference.common import expect_tensor
 from hotpaths.reference.split_kv_decode import DEFAULT_MIN_TILES, workspace_len
 
 TILE = 64
@@ -79,8 +83,6 @@ _lib = None
 def _load():
     global _lib
     if _lib is None:
-        from hotpaths.kernels import _build
-
         lib = _build.load("split_kv_decode")
         vp, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
         lib.hp_decode_assign.argtypes = [vp, vp, i, i, i, i, i, vp]
@@ -243,8 +245,6 @@ class DecodePlan:
             raise ValueError("kv_lens is empty (batch 0): nothing to plan")
         self.batch, self.kv_lens = batch, kv_lens
         if self.mode == "dynamic":
-            from hotpaths.kernels._build import check_status, stream_ptr
-
             with torch.cuda.device(kv_lens.device):
                 code = _load().hp_decode_assign(kv_lens.data_ptr(), self.workspace.data_ptr(), batch,
                                                 self.num_kv_heads, self.num_ctas, self.min_tiles, self.max_pairs,
@@ -254,8 +254,6 @@ class DecodePlan:
 
 
 def _check_lens(kv_lens, device=None) -> None:
-    from hotpaths.harness.validate import expect_tensor
-
     expect_tensor(kv_lens, "kv_lens", dtype=_torch().int32, ndim=1, layout="[batch]", device_type="cuda",
                   contiguous=True)
     if device is not None and kv_lens.device != device:
@@ -366,20 +364,8 @@ def workspace_numpy(p: DecodePlan) -> np.ndarray:
     return p.workspace.cpu().numpy()
 
 
-def _check_tensor(name, t, dtypes, dev, dim=None):
-    torch = _torch()
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-    if t.device != dev:
-        raise ValueError(f"{name} is on {t.device}; expected {dev} (the plan's device)")
-    if dim is not None and t.dim() != dim:
-        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-    if t.data_ptr() % 16:
-        raise ValueError(f"{name} must be 16-byte aligned (cp.async), got data_ptr % 16 = {t.data_ptr() % 16}")
+# Every tensor the kernels read or write: contiguous, on the plan's device, 16-byte aligned (cp.async / vector I/O).
+_KERNEL_OPERAND = dict(contiguous=True, align=16)
 
 
 def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=None, k_scale=None, v_scale=None,
@@ -402,8 +388,6 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
     head_dim/page size/q_len/GQA ratio, q_heads not a multiple of H, batch != the plan's batch.
     """
     torch = _torch()
-    from hotpaths.kernels._build import check_status, stream_ptr
-
     if not isinstance(p, DecodePlan):
         raise TypeError(f"p must be a DecodePlan from plan(), got {type(p).__name__}")
     if stages not in ("all", "attention", "combine"):
@@ -411,10 +395,11 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
     dev = p.device
     fp8 = isinstance(k_cache, torch.Tensor) and k_cache.dtype == _fp8()
     kv_types = (torch.bfloat16, _fp8())
-    _check_tensor("k_cache", k_cache, kv_types, dev, 4)
-    _check_tensor("v_cache", v_cache, (k_cache.dtype,), dev, 4)
-    _check_tensor("q", q, (_fp8(),) if fp8 else (torch.bfloat16,), dev, 3)
-    _check_tensor("block_table", block_table, (torch.int32,), dev, 2)
+    expect_tensor(k_cache, "k_cache", dtype=kv_types, ndim=4, device=dev, **_KERNEL_OPERAND)
+    expect_tensor(v_cache, "v_cache", dtype=k_cache.dtype, ndim=4, device=dev, why=" (k_cache's)", **_KERNEL_OPERAND)
+    expect_tensor(q, "q", dtype=_fp8() if fp8 else torch.bfloat16, ndim=3, device=dev, why=" (as the KV cache)",
+                  **_KERNEL_OPERAND)
+    expect_tensor(block_table, "block_table", dtype=torch.int32, ndim=2, device=dev, **_KERNEL_OPERAND)
     _check_lens(kv_lens, dev)
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
@@ -443,11 +428,11 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
     if fp8:
         if q_scale is None or k_scale is None or v_scale is None:
             raise ValueError("the FP8 path needs q_scale [batch*q_len, q_heads], k_scale [1], v_scale [1] (fp32)")
-        _check_tensor("q_scale", q_scale, (torch.float32,), dev, 2)
+        expect_tensor(q_scale, "q_scale", dtype=torch.float32, ndim=2, device=dev, **_KERNEL_OPERAND)
         if tuple(q_scale.shape) != (tokens, q_heads):
             raise ValueError(f"q_scale must be [{tokens}, {q_heads}], got {tuple(q_scale.shape)}")
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            _check_tensor(name, s, (torch.float32,), dev, 1)
+            expect_tensor(s, name, dtype=torch.float32, ndim=1, device=dev, **_KERNEL_OPERAND)
             if s.numel() != 1:
                 raise ValueError(f"{name} must have shape [1], got {tuple(s.shape)}")
     elif q_scale is not None or k_scale is not None or v_scale is not None:
@@ -455,7 +440,7 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
     if out is None:
         out = torch.empty((tokens, q_heads, D), dtype=torch.bfloat16, device=dev)
     else:
-        _check_tensor("out", out, (torch.bfloat16,), dev, 3)
+        expect_tensor(out, "out", dtype=torch.bfloat16, ndim=3, device=dev, **_KERNEL_OPERAND)
         if tuple(out.shape) != (tokens, q_heads, D):
             raise ValueError(f"out must be [{tokens}, {q_heads}, {D}], got {tuple(out.shape)}")
     if check_inputs is None:
@@ -536,8 +521,6 @@ def host_task_map(p: DecodePlan, lens):
     (for the emulation): dynamic -> build_task_map, static_count -> static_count_task_map, static_chunk ->
     static_chunk_task_map, batch_invariant -> static_chunk_task_map (same chunks; the grid differs only in order).
     """
-    from hotpaths.reference import split_kv_decode as ref
-
     if p.mode == "dynamic":
         return ref.build_task_map(lens, p.num_kv_heads, p.num_ctas, min_tiles=p.min_tiles, max_pairs=p.max_pairs)
     if p.mode == "static_count":
@@ -549,3 +532,8 @@ def p_dtype_for(kv_fp8: bool):
     """The dtype the kernel rounds P to before the PV product (for split_kv_decode_emulation(p_dtype=...))."""
     torch = _torch()
     return torch.float16 if kv_fp8 else torch.bfloat16
+
+# torch.ops.hotpaths.split_kv_decode (torch.compile / CUDA graphs): registered when this package is imported
+from hotpaths.kernels.split_kv_decode import ops as _ops  # noqa: E402
+
+_ops.register(split_kv_decode)

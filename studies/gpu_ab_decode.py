@@ -1,6 +1,6 @@
 """A/B timing of the split-KV decode attention variants on one GPU, in one process (same inputs, same run).
 
-Usage (repo root, GPU machine): PYTHONPATH=<dir with hotpaths -> src> python scripts/gpu_ab_decode.py \
+Usage (repo root, GPU machine): PYTHONPATH=<dir with hotpaths -> src> python studies/gpu_ab_decode.py \
     [--variants v2,v3,...] [--kv fp8,bf16] [--cases "64x4K;1x128K+31x4K"] [--min-tiles 2] [--iters 50] [--out DIR]
 Per (kv dtype, case, variant): correctness against the exact fp32 reference on the same quantized inputs (output
 NaN-poisoned before the first launch; rel L2 within the tolerance table), then the median of CUDA-graph replays with
@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from pathlib import Path
 
 import torch
+
+from _log import Log  # noqa: I001 (a sibling module of the studies)
 
 from hotpaths.harness.bench import bench, timing_floor
 from hotpaths.harness.check import check
@@ -45,13 +46,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "scratch/ab_decode"))
     a = ap.parse_args()
     variants = a.variants.split(",")
-    out_dir = Path(a.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lines: list[str] = []
-
-    def say(s: str) -> None:
-        print(s, flush=True)
-        lines.append(s)
+    log = Log(a.out)
+    out_dir, say = log.out_dir, log.say
 
     f1, f3 = timing_floor(1), timing_floor(3)
     ceil = copy_ceiling_gbps()
@@ -95,7 +91,7 @@ def main() -> None:
             del inp, ref
     (out_dir / "ab_decode.json").write_text(json.dumps(dict(floor1_us=f1.median_us, floor3_us=f3.median_us,
                                                             copy_gbps=ceil, min_tiles=a.min_tiles, rows=rows), indent=1))
-    (out_dir / "ab_decode.txt").write_text("\n".join(lines) + "\n")
+    log.write("ab_decode.txt")
 
 
 if __name__ == "__main__":

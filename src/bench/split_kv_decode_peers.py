@@ -21,6 +21,8 @@ import os
 import sys
 from pathlib import Path
 
+from hotpaths.harness.env import REPO_ROOT
+
 PEER_NAMES = ("torch_sdpa_gathered", "flex_attention_decode", "flashinfer")
 FLASHINFER_VERSION = "0.3.1"
 
@@ -271,13 +273,11 @@ def make_flex_attention_decode(inputs, *, out=None, allow_cpu: bool = False, com
 
 
 # ------------------------------------------------------------------------------------------------------------
-# FlashInfer 0.3.1 (JIT, uninstalled, from the sdist fetched by scripts/fetch_flashinfer.sh)
+# FlashInfer 0.3.1 (JIT, uninstalled, from the sdist fetched by tools/fetch_flashinfer.sh)
 # ------------------------------------------------------------------------------------------------------------
 
 def flashinfer_dir() -> Path:
     """Env HOTPATHS_FLASHINFER_DIR, else <repo>/.peers/flashinfer-python-0.3.1."""
-    from hotpaths.harness.env import REPO_ROOT
-
     d = os.environ.get("HOTPATHS_FLASHINFER_DIR")
     return Path(d) if d else REPO_ROOT / ".peers" / f"flashinfer-python-{FLASHINFER_VERSION}"
 
@@ -286,11 +286,11 @@ def _import_flashinfer():
     """Import flashinfer from flashinfer_dir() in JIT mode; raises PeerUnavailable with the reason."""
     d = flashinfer_dir()
     if not (d / "flashinfer" / "__init__.py").exists():
-        raise PeerUnavailable(f"not available: no FlashInfer source at {d} (run scripts/fetch_flashinfer.sh, "
+        raise PeerUnavailable(f"not available: no FlashInfer source at {d} (run tools/fetch_flashinfer.sh, "
                               "or set HOTPATHS_FLASHINFER_DIR)")
     if not (d / "flashinfer" / "data" / "include").exists() or not (d / "flashinfer" / "_build_meta.py").exists():
         raise PeerUnavailable(f"not available: {d} lacks flashinfer/data links or _build_meta.py "
-                              "(re-run scripts/fetch_flashinfer.sh)")
+                              "(re-run tools/fetch_flashinfer.sh)")
     os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
     os.environ.setdefault("MAX_JOBS", "16")
     if str(d) not in sys.path:

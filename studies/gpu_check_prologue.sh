@@ -2,7 +2,7 @@
 # One-shot attention-prologue check on an SM90 machine: build (ptxas report), the GPU tests, the decode and prefill
 # table with every impl (fused, HPC-Ops, FlashInfer 0.7.2, unfused torch eager / graph) with --check, the 64q/8kv
 # heads, and the chain into split-KV decode.
-# Usage (repo root, package importable as hotpaths): bash scripts/gpu_check_prologue.sh
+# Usage (repo root, package importable as hotpaths): bash studies/gpu_check_prologue.sh
 # Peers: HOTPATHS_HPC_OPS_DIR (the unpacked hpc_ops/ folder, default .peers/hpc_ops), HOTPATHS_FLASHINFER_072_DIR
 # (the folder holding flashinfer/ 0.7.2, default .peers/flashinfer-0.7.2) and HOTPATHS_TVM_FFI_DIR; a missing peer is
 # a row with its reason. Writes under $OUT (default scratch/gpu_check_prologue/).

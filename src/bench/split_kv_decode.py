@@ -1,4 +1,4 @@
-"""Benchmark driver for split-KV decode attention: the tables of notebook 02 and `hotpaths decode`.
+"""Split-KV decode attention benchmarks: the tables of notebook 02 and the ``hotpaths decode`` subcommand.
 
 Tables (all rows: tables.COLUMNS first, then the extra columns listed in EXTRA_COLUMNS):
 - ``decode_kv_distribution`` (decode_rows): per case x KV dtype x impl: correctness vs the fp64 reference on the
@@ -18,27 +18,48 @@ median; pct_of_ceiling = gbps / the device-to-device copy bandwidth measured in 
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
+import sys
 from types import SimpleNamespace
 
+import torch
+
+from hotpaths.bench import split_kv_decode_peers as P
+from hotpaths.harness import ncu
+from hotpaths.harness.bench import bench, read_probe_columns, timing_floor
+from hotpaths.harness.ceilings import measure, pct_of_ceiling
+from hotpaths.harness.check import check
+from hotpaths.harness.cli import add_op_command, emit_rows
+from hotpaths.harness.env import REPO_ROOT, device_tag, sm90_skip_reason
+from hotpaths.harness.runs import run_id
+from hotpaths.harness.shapes import case_list_arg, expand_lengths, format_case, load_shapes, parse_cases
+from hotpaths.harness.tables import published
+from hotpaths.kernels import split_kv_decode as K
+from hotpaths.reference import split_kv_decode as ref
 from hotpaths.reference.split_kv_decode import DEFAULT_MIN_TILES
 
 OP = "split_kv_decode"
 OUR_IMPLS = ("dynamic", "static_count", "static_chunk", "batch_invariant")
 STATIC_IMPLS = ("static_count", "static_chunk")
-# The 9 cases of issue 3: the six published ones, then three more skewed ones.
-ISSUE_CASES = ("64x0.5K", "64x4K", "32x0.125K+32x4K", "2x32K+30x4K", "1x64K+15x4K", "1x128K+31x4K",
-               "1x16K+15x64", "1x64K+7x4K", "1x64K+31x4K")
-NCU_CASES = ("64x4K", "1x128K+31x4K")
+# Case lists: data/shapes/split_kv_decode.yaml (the six published cases, then three more skewed ones; the ncu and
+# per-stage cases; the skew sweep).
+SHAPES = load_shapes(OP)
+ISSUE_CASES = tuple(SHAPES["issue_cases"])
+NCU_CASES = tuple(SHAPES["ncu_cases"])
+STAGE_CASES = tuple(SHAPES["stage_cases"])
+SKEW = SHAPES["skew"]
 H200_SMS = 132  # persistent grid of the emulation on CPU (the kernel defaults to the device's SM count)
 DTYPE_LABEL = {"fp8": "fp8_kv", "bf16": "bf16_kv"}
-EXTRA_COLUMNS = ["kv_bytes", "floor_us", "dynamic_vs_static", "published_dynamic_vs_static", "hpc_ops_h200_us",
-                 "check_passed", "method", "note"]
+EXTRA_COLUMNS = ["read_probe_us", "pct_of_read_probe", "kv_bytes", "floor_us", "dynamic_vs_static",
+                 "published_dynamic_vs_static", "hpc_ops_h200_us", "hpc_ops_h200_source", "check_passed", "method",
+                 "note"]
 
-# HPC-Ops' kernels measured on this H200 model (CUDA-graph replay, L2 flushed before each replay, median us):
-# FP8 dynamic / FP8 static / BF16 dynamic. Source: issue 3 of this repository ("Targets"), measured by the
-# project with the HPC-Ops library (not installable offline, so not re-run here).
+# HPC-Ops' kernels on an H200 (CUDA-graph replay, L2 flushed before each replay, median us): FP8 dynamic / FP8
+# static / BF16 dynamic. Typed constants from another run (issue 3's targets; the library is not installable
+# offline, so not re-run here): rows carry them with hpc_ops_h200_source = HPC_OPS_SOURCE.
+HPC_OPS_SOURCE = "typed, other run"
 HPC_OPS_H200_US = {
     "64x0.5K": (14.7, 13.1, 18.4), "64x4K": (33.2, 36.9, 50.8), "32x0.125K+32x4K": (23.9, 32.3, 34.4),
     "1x16K+15x64": (15.3, 30.5, 15.0), "1x64K+7x4K": (23.8, 88.8, 32.2), "1x64K+15x4K": (25.2, 90.0, 35.9),
@@ -54,8 +75,6 @@ def _base_impl(impl: str) -> str:
 
 
 def _same_case(a: str, b: str) -> bool:
-    from hotpaths.harness.shapes import parse_cases
-
     try:
         return parse_cases(a) == parse_cases(b)
     except ValueError:
@@ -79,7 +98,6 @@ def published_h20_us(case: str, impl: str, kv_dtype: str = "fp8") -> float | Non
     col = _PUBLISHED_COL.get(_base_impl(impl))
     if kv_dtype not in ("fp8", "fp8_kv") or col is None:
         return None
-    from hotpaths.harness.tables import published
 
     df = published(OP)
     for _, row in df.iterrows():
@@ -90,8 +108,6 @@ def published_h20_us(case: str, impl: str, kv_dtype: str = "fp8") -> float | Non
 
 
 def published_dynamic_vs_static(case: str) -> float | None:
-    from hotpaths.harness.tables import published
-
     df = published(OP)
     for _, row in df.iterrows():
         if _same_case(str(row["case"]), case):
@@ -123,15 +139,11 @@ def repro(case: str, impl: str, kv_dtype: str, *, q_heads=8, kv_heads=1, head_di
 
 def kernel_unavailable_reason() -> str | None:
     """None when the SM90 kernels can run here, else why (no GPU / not SM90 / build failure)."""
-    from hotpaths.harness.env import sm90_skip_reason
-
     r = sm90_skip_reason()
     if r:
         return r
     try:
-        from hotpaths.kernels.split_kv_decode import _load
-
-        _load()
+        K._load()
     except Exception as e:
         return f"kernel build/load failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     return None
@@ -140,8 +152,6 @@ def kernel_unavailable_reason() -> str | None:
 def emulation_task_map(lens, impl: str, *, kv_heads: int, num_ctas: int = H200_SMS, min_tiles: int = DEFAULT_MIN_TILES,
                        num_splits: int | None = None, chunk_tiles: int | None = None):
     """The host TaskMap the kernel would use for ``impl`` (via the kernel package's own host_task_map mapping)."""
-    from hotpaths.kernels import split_kv_decode as K
-
     batch = len(lens)
     if impl == "static_count":
         splits = num_splits or max(1, -(-num_ctas // (batch * kv_heads)))
@@ -160,26 +170,20 @@ def case_numbers(cases, *, kv_dtypes=("fp8", "bf16"), q_heads=8, kv_heads=1, hea
     floor_us = bytes / measured copy bandwidth (None without a GPU); timing_floor_us = the measured time of one
     trivial graph-replayed kernel after an L2 flush (bench.timing_floor), the floor under any row.
     """
-    from hotpaths.harness.shapes import expand_lengths
-    from hotpaths.reference.split_kv_decode import bytes_moved, flops
-
     rows = []
     copy = (ceilings or {}).get("copy_gbps")
     for case in cases:
         lens = expand_lengths(case)
         for kv in kv_dtypes:
-            b = bytes_moved(lens, kv_heads, head_dim, kv, q_heads, q_len)
+            b = ref.bytes_moved(lens, kv_heads, head_dim, kv, q_heads, q_len)
             kvb = 2 * sum(lens) * kv_heads * head_dim * (1 if kv == "fp8" else 2)
             rows.append(dict(case=case, dtype=DTYPE_LABEL[kv], requests=len(lens), kv_tokens=sum(lens),
-                             kv_mb=kvb / 2**20, bytes=b, flops=flops(lens, q_heads, head_dim, q_len),
+                             kv_mb=kvb / 2**20, bytes=b, flops=ref.flops(lens, q_heads, head_dim, q_len),
                              floor_us=(b / copy / 1e3) if copy else None, timing_floor_us=timing_floor_us))
     return rows
 
 
 def _row(case, impl, kv, *, device, bytes_, kv_bytes, ceilings, timing=None, chk=None, note="", cfg=None):
-    from hotpaths.harness.ceilings import pct_of_ceiling
-    from hotpaths.harness.runs import run_id
-
     cfg = cfg or {}
     med = timing.median_us if timing is not None else None
     gbps = bytes_ / med / 1e3 if (med and bytes_) else None
@@ -187,12 +191,14 @@ def _row(case, impl, kv, *, device, bytes_, kv_bytes, ceilings, timing=None, chk
     row = dict(op=OP, case=case, impl=impl, dtype=DTYPE_LABEL.get(kv, kv), device=device,
                median_us=med, p10_us=timing.p10_us if timing else None, p90_us=timing.p90_us if timing else None,
                bytes=bytes_, gbps=gbps, pct_of_ceiling=pct_of_ceiling(gbps, ceilings),
+               **read_probe_columns(med, bytes_ or 0),
                rel_l2_err=chk.rel_l2_err if chk else None, max_abs_err=chk.max_abs_err if chk else None,
                cosine=chk.cosine if chk else None, published_h20_us=published_h20_us(case, impl, kv),
                run_id=run_id(), repro=repro(case, impl, kv, **cfg),
                kv_bytes=kv_bytes, floor_us=(bytes_ / copy / 1e3) if (copy and bytes_) else None,
                dynamic_vs_static=None, published_dynamic_vs_static=published_dynamic_vs_static(case),
                hpc_ops_h200_us=hpc_ops_h200_us(case, impl, kv),
+               hpc_ops_h200_source=HPC_OPS_SOURCE if hpc_ops_h200_us(case, impl, kv) is not None else None,
                check_passed=chk.passed if chk else None, method=timing.method if timing else None, note=note)
     return row
 
@@ -214,32 +220,20 @@ def _fill_ratios(rows: list[dict]) -> None:
             dyn["dynamic_vs_static"] = min(stat) / dyn["median_us"]
 
 
-def _device_tag():
-    from hotpaths.harness.env import device_tag
-
-    return device_tag()
-
-
 def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS + ("torch_sdpa_gathered",
                 "flex_attention_decode", "flashinfer"), q_heads=8, kv_heads=1, head_dim=128, page_size=64,
-                q_len=1, ceilings=None, iters=100, warmup=10, seed=0, num_ctas=None, min_tiles=DEFAULT_MIN_TILES, num_splits=None,
+                q_len=1, ceilings=None, iters=100, warmup=10, seed=0, num_ctas=None, min_tiles=DEFAULT_MIN_TILES,
+                num_splits=None,
                 chunk_tiles=None, assign=True, log=print) -> list[dict]:
     """Rows of table ``decode_kv_distribution`` (see the module docstring).
 
-    cases: case strings (``"1x128K+31x4K"``). impls: our modes (OUR_IMPLS) and peers (hotpaths.harness.peers).
+    cases: case strings (``"1x128K+31x4K"``). impls: our modes (OUR_IMPLS) and peers
+    (hotpaths.bench.split_kv_decode_peers).
     On an SM90 GPU each impl is checked (poisoned output, vs split_kv_decode_ref) then timed; a failing impl or
     peer becomes a row with its reason in ``note``. Without SM90: ``<impl>_emulation`` rows (correctness only)
     and peers' reasons. ceilings: hotpaths.harness.ceilings.measure() (measured here when None on a GPU).
     Raises CaseError for a malformed case, ValueError for an unknown impl or kv dtype.
     """
-    import torch
-
-    from hotpaths.harness import peers as P
-    from hotpaths.harness.bench import bench
-    from hotpaths.harness.check import check
-    from hotpaths.harness.shapes import expand_lengths, parse_cases
-    from hotpaths.reference import split_kv_decode as ref
-
     for c in cases:
         parse_cases(c)
     bad = [i for i in impls if i not in OUR_IMPLS and i not in P.PEER_NAMES]
@@ -251,10 +245,8 @@ def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS
     kreason = kernel_unavailable_reason()
     gpu = torch.cuda.is_available()
     if ceilings is None and gpu:
-        from hotpaths.harness.ceilings import measure
-
         ceilings = measure()
-    device = _device_tag()
+    device = device_tag()
     dev = "cuda" if gpu else "cpu"
     cfg = dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size, q_len=q_len)
     rows: list[dict] = []
@@ -272,9 +264,7 @@ def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS
                 if impl in OUR_IMPLS and kreason is not None:
                     tm = emulation_task_map(lens, impl, kv_heads=kv_heads, num_ctas=num_ctas or H200_SMS,
                                             min_tiles=min_tiles, num_splits=num_splits, chunk_tiles=chunk_tiles)
-                    from hotpaths.kernels.split_kv_decode import p_dtype_for
-
-                    o = ref.split_kv_decode_emulation(**inputs, task_map=tm, p_dtype=p_dtype_for(kv == "fp8"))
+                    o = ref.split_kv_decode_emulation(**inputs, task_map=tm, p_dtype=K.p_dtype_for(kv == "fp8"))
                     rows.append(_row(case, impl + "_emulation", kv, chk=check(o, refo, op=OP, path=path),
                                      note=f"emulation (no timing): {kreason}", **common))
                     continue
@@ -321,11 +311,7 @@ def _peer_note(impl: str, kv: str) -> str:
 
 def _time_ours(impl, case, kv, inputs, refo, path, common, kargs, *, iters, warmup, num_ctas, min_tiles,
                num_splits, chunk_tiles, assign):
-    import torch
 
-    from hotpaths.harness.bench import bench
-    from hotpaths.harness.check import check
-    from hotpaths.kernels import split_kv_decode as K
 
     rows = []
     kw = dict(num_kv_heads=inputs["k_cache"].shape[2], q_heads=inputs["q"].shape[1],
@@ -350,7 +336,8 @@ def _time_ours(impl, case, kv, inputs, refo, path, common, kargs, *, iters, warm
         if assign and impl == "dynamic":
             ta = bench(lambda: K.assign_only(p), iters=iters, warmup=warmup)
             r = _row(case, "assign_only", kv, timing=ta, note="assign kernel alone (once per step)", **common)
-            r.update(bytes=None, gbps=None, pct_of_ceiling=None, floor_us=None)
+            r.update(bytes=None, gbps=None, pct_of_ceiling=None, floor_us=None, read_probe_us=None,
+                     pct_of_read_probe=None)
             rows.append(r)
     except Exception as e:
         rows.append(_row(case, impl, kv, note=f"failed: {type(e).__name__}: "
@@ -374,16 +361,14 @@ def skew_lengths(total_tokens: int, long_fraction: float, batch: int = 32, align
     return [(batch, short)] if long == short else [(1, long), (batch - 1, short)]
 
 
-def skew_sweep_rows(total_tokens: int = 32 * 4096, *, batch: int = 32,
-                    long_fractions=(1 / 32, 0.125, 0.25, 0.5, 0.75, 0.9),
+def skew_sweep_rows(total_tokens: int = SKEW["total_tokens"], *, batch: int = SKEW["batch"],
+                    long_fractions=tuple(SKEW["long_fractions"]),
                     impls=("dynamic", "static_count", "static_chunk"), kv_dtype="fp8", **kw) -> list[dict]:
     """Table ``decode_skew_sweep``: the same total KV bytes, one request taking a growing share.
 
     Extra columns: long_fraction (requested), long_share (actual), vs_uniform (median / the same impl's median at
     the uniform point; target for dynamic: <= 1.15). kw goes to decode_rows.
     """
-    from hotpaths.harness.shapes import expand_lengths, format_case
-
     rows = []
     for f in long_fractions:
         case = format_case(skew_lengths(total_tokens, f, batch))
@@ -401,35 +386,27 @@ def skew_sweep_rows(total_tokens: int = 32 * 4096, *, batch: int = 32,
     return rows
 
 
-STAGE_CASES = ("64x0.5K", "64x4K", "1x128K+31x4K")
-
-
-def overhead_rows(batches=(1, 8, 32, 64, 128, 256), *, kv_len: int = 4096, kv_heads: int = 1, q_heads: int = 8,
-                  head_dim: int = 128, iters: int = 100, warmup: int = 10, num_ctas=None, min_tiles: int = DEFAULT_MIN_TILES,
+def overhead_rows(batches=tuple(SHAPES["overhead_batches"]), *, kv_len: int = 4096, kv_heads: int = 1, q_heads: int = 8,
+                  head_dim: int = 128, iters: int = 100, warmup: int = 10, num_ctas=None,
+                  min_tiles: int = DEFAULT_MIN_TILES,
                   stage_cases=STAGE_CASES) -> list[dict]:
     """Table ``decode_fixed_costs``: the assign kernel alone per batch size (target < 3 us up to 256 requests), the
     one-kernel timing floor, and for each of ``stage_cases`` (FP8 KV) the step (attention + combine) beside the
     attention kernel alone and the combine kernel alone (``run(..., stages=...)``), each timed the same way.
     Without SM90: rows with the reason and no timing.
     """
-    import torch
-
-    from hotpaths.harness.bench import bench, timing_floor
-    from hotpaths.harness.shapes import format_case
-
     reason = kernel_unavailable_reason()
-    device = _device_tag()
+    device = device_tag()
     rows = []
     for b in batches:
         case = format_case([(b, kv_len)])
         r = _row(case, "assign_only", "fp8", device=device, bytes_=None, kv_bytes=None, ceilings=None,
                  cfg=dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim))
-        r.update(published_dynamic_vs_static=None, hpc_ops_h200_us=None, dtype=None, batch=b)
+        r.update(published_dynamic_vs_static=None, hpc_ops_h200_us=None, hpc_ops_h200_source=None, dtype=None,
+                 batch=b)
         if reason:
             r["note"] = f"not timed: {reason}"
         else:
-            from hotpaths.kernels import split_kv_decode as K
-
             try:
                 lens = torch.full((b,), kv_len, dtype=torch.int32, device="cuda")
                 p = K.plan(lens, num_kv_heads=kv_heads, q_heads=q_heads, head_dim=head_dim, num_ctas=num_ctas,
@@ -463,15 +440,10 @@ def _stage_rows(case, reason, *, device, kv_heads, q_heads, head_dim, iters, war
         for r in rows:
             r["note"] = f"not timed: {reason}"
         return rows
-    import torch
 
-    from hotpaths.harness.bench import bench
-    from hotpaths.harness.shapes import expand_lengths, parse_cases
-    from hotpaths.kernels import split_kv_decode as K
-    from hotpaths.reference import split_kv_decode as R
 
     try:
-        inp = R.make_decode_inputs(expand_lengths(parse_cases(case)), kv_dtype="fp8", q_heads=q_heads,
+        inp = ref.make_decode_inputs(expand_lengths(parse_cases(case)), kv_dtype="fp8", q_heads=q_heads,
                                    kv_heads=kv_heads, head_dim=head_dim, device="cuda", seed=0)
         p = K.plan(inp["kv_lens"], num_kv_heads=kv_heads, q_heads=q_heads, head_dim=head_dim, num_ctas=num_ctas,
                    min_tiles=min_tiles, kv_dtype=inp["k_cache"].dtype)
@@ -522,9 +494,7 @@ def ncu_rows(cases=NCU_CASES, *, kv_dtype="fp8", kernel_regex="attention_kernel"
     per-case tables saved as profiles_dir()/decode_ncu_<case>.csv by hotpaths.harness.ncu. Where counters are not
     readable the row says "unavailable: <reason>" (never raises).
     """
-    from hotpaths.harness import ncu
-
-    device = _device_tag()
+    device = device_tag()
     rows = []
     for case in cases:
         snippet = _NCU_SNIPPET.format(case=case, kv=kv_dtype, q_heads=q_heads, kv_heads=kv_heads,
@@ -549,21 +519,105 @@ def ncu_rows(cases=NCU_CASES, *, kv_dtype="fp8", kernel_regex="attention_kernel"
                          achieved_occupancy_pct=m.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
                          dram_read_mb=rd / 2**20 if isinstance(rd, float) else None,
                          # the full ncu command (with the profiled snippet) is in the .ncu.txt beside the CSV
-                         note=f"ncu --clock-control none, metrics {', '.join(NCU_METRICS)}; profiles_dir/decode_ncu_{safe}.ncu.txt"))
+                         note=f"ncu --clock-control none, metrics {', '.join(NCU_METRICS)}; "
+                              f"profiles_dir/decode_ncu_{safe}.ncu.txt"))
     return rows
 
 
 def stored_profile(name: str, device: str = "h200") -> tuple[dict, list[dict]]:
     """A committed JSON measurement of a decode script (data/profiles/<device>/<name>.json, written by
-    scripts/gpu_decode_breakdown.py or scripts/gpu_ab_decode.py): (header fields, rows). Raises FileNotFoundError
+    studies/gpu_decode_breakdown.py or studies/gpu_ab_decode.py): (header fields, rows). Raises FileNotFoundError
     naming the expected path when it is missing."""
-    import json
-
-    from hotpaths.harness.env import REPO_ROOT
-
     path = REPO_ROOT / "data" / "profiles" / device / f"{name}.json"
     if not path.exists():
         raise FileNotFoundError(f"no stored profile {name!r} for device {device!r} (expected {path})")
     data = json.loads(path.read_text())
     rows = data.pop("rows", [])
     return data, rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# hotpaths decode
+
+ALIASES = {"static": ("static_count", "static_chunk")}
+DEFAULT_IMPLS = "dynamic,static"
+
+CLI_HELP = "split-KV decode attention over a paged KV cache: error and latency per impl"
+CLI_DESCRIPTION = """\
+Runs each --impl on each case (AxB = A requests of KV length B, '+'-joined, K = 1024) with
+fresh random inputs (unused cache slots NaN-poisoned); reports rel L2 / max abs error / cosine vs the
+fp64 reference on the same quantized inputs and, on an SM90 GPU, median/p10/p90 us per layer, GB/s and
+% of the measured copy ceiling. Without SM90 our impls run as emulations (no timing).""".replace("\n", " ")
+
+
+def register(subparsers) -> None:
+    p = add_op_command(subparsers, "decode", func=_run, help=CLI_HELP, description=CLI_DESCRIPTION)
+    p.add_argument("--cases", type=case_list_arg, default=list(SHAPES["cli_default"]),
+                   help="',' or ';'-separated cases (default: cli_default of data/shapes/split_kv_decode.yaml, "
+                   f"{'+'.join(SHAPES['cli_default'])})")
+    p.add_argument("--kv-dtype", choices=("fp8", "bf16"), default="fp8", help="KV cache dtype (default fp8)")
+    p.add_argument("--q-heads", type=int, default=8, help="query heads (default 8)")
+    p.add_argument("--kv-heads", type=int, default=1, help="KV heads (default 1)")
+    p.add_argument("--head-dim", type=int, default=128, help="head dim (default 128)")
+    p.add_argument("--page-size", type=int, default=64, help="page size in tokens (default 64)")
+    p.add_argument("--q-len", type=int, default=1, help="query tokens per request, 1-4 (MTP; default 1)")
+    p.add_argument("--impl", default=DEFAULT_IMPLS,
+                   help=f"comma-separated among {', '.join(OUR_IMPLS)}, static (= both static flavours), "
+                   f"assign (the task-map kernel alone), {', '.join(P.PEER_NAMES)} (default {DEFAULT_IMPLS})")
+    p.add_argument("--num-ctas", type=int, default=None, help="persistent CTAs (default: the kernel's default)")
+    p.add_argument("--min-tiles", type=int, default=DEFAULT_MIN_TILES,
+                   help=f"minimum-work floor in 64-token tiles (default {DEFAULT_MIN_TILES})")
+    p.add_argument("--check", action="store_true", help="exit with status 1 if any row is outside its tolerance")
+
+
+def parse_impls(spec: str) -> tuple[list[str], bool]:
+    """``"dynamic,static,assign"`` -> (["dynamic", "static_count", "static_chunk"], assign=True).
+
+    Raises ValueError naming unknown impls.
+    """
+    impls, assign = [], False
+    for name in (s.strip() for s in spec.split(",") if s.strip()):
+        if name == "assign":
+            assign = True
+        elif name in ALIASES:
+            impls += [i for i in ALIASES[name] if i not in impls]
+        elif name in OUR_IMPLS or name in P.PEER_NAMES:
+            if name not in impls:
+                impls.append(name)
+        else:
+            known = OUR_IMPLS + tuple(ALIASES) + ("assign",) + P.PEER_NAMES
+            raise ValueError(f"--impl: unknown {name!r}; choose among {', '.join(known)}")
+    if assign and "dynamic" not in impls:
+        impls.insert(0, "dynamic")  # assign is timed on the dynamic plan
+    return impls, assign
+
+
+def _run(args) -> int:
+    impls, assign = parse_impls(args.impl)
+    rows = decode_rows(args.cases, kv_dtypes=(args.kv_dtype,), impls=tuple(impls), q_heads=args.q_heads,
+                       kv_heads=args.kv_heads, head_dim=args.head_dim, page_size=args.page_size, q_len=args.q_len,
+                       iters=args.iters, seed=args.seed, num_ctas=args.num_ctas, min_tiles=args.min_tiles,
+                       assign=assign, log=None)
+    if not emit_rows(rows, args):
+        _print_table(rows, args)
+    failed = [r for r in rows if r.get("check_passed") is False]
+    if args.check and failed:
+        print(f"hotpaths decode: {len(failed)} row(s) outside tolerance: "
+              + ", ".join(f"{r['case']}/{r['impl']}" for r in failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_table(rows, args) -> None:
+    def f(v, spec):
+        if v is None or v != v:
+            return "-".rjust(int(spec.split(".")[0]))
+        return format(v, spec)
+    print(f"split_kv_decode kv={args.kv_dtype} q_heads={args.q_heads} kv_heads={args.kv_heads} d={args.head_dim} "
+          f"page={args.page_size} q_len={args.q_len}")
+    print(f"{'case':<20} {'impl':<26} {'median_us':>10} {'p10':>8} {'p90':>8} {'GB/s':>8} {'%ceil':>6} "
+          f"{'rel_l2':>9} {'max_abs':>9}  note")
+    for r in rows:
+        print(f"{r['case']:<20} {r['impl']:<26} {f(r.get('median_us'), '10.2f')} {f(r.get('p10_us'), '8.2f')} "
+              f"{f(r.get('p90_us'), '8.2f')} {f(r.get('gbps'), '8.0f')} {f(r.get('pct_of_ceiling'), '6.1f')} "
+              f"{f(r.get('rel_l2_err'), '9.2e')} {f(r.get('max_abs_err'), '9.2e')}  {r.get('note') or ''}")

@@ -1,6 +1,6 @@
 """How the L2 flush before each timed replay changes what we measure (one GPU, one process).
 
-Usage (repo root, GPU machine): PYTHONPATH=<dir with hotpaths -> src> python scripts/gpu_flush_study.py [--out DIR]
+Usage (repo root, GPU machine): PYTHONPATH=<dir with hotpaths -> src> python studies/gpu_flush_study.py [--out DIR]
 For each flush mode of hotpaths.harness.bench ("write": fill a 2x-L2 buffer, leaving dirty lines; "read": read
 it, leaving clean lines), in two interleaved rounds (write, read, write, read), time with the same bench():
 the 1- and 3-kernel timing floors, a 3 MB copy, torch.sum over 8 / 64 / 128 MB, decode steps (attention +
@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from pathlib import Path
 
 import torch
 
+from _log import Log  # noqa: I001 (a sibling module of the studies)
+
 from hotpaths.harness import bench as B
-from hotpaths.harness import peers
+from hotpaths.bench import split_kv_decode_peers as peers
 from hotpaths.harness.shapes import expand_lengths, parse_cases
 from hotpaths.kernels import router_gemm as RG
 from hotpaths.kernels import split_kv_decode as K
@@ -29,13 +30,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "scratch/flush_study"))
     ap.add_argument("--iters", type=int, default=50)
     a = ap.parse_args()
-    out_dir = Path(a.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lines: list[str] = []
-
-    def say(s: str) -> None:
-        print(s, flush=True)
-        lines.append(s)
+    log = Log(a.out)
+    out_dir, say = log.out_dir, log.say
 
     props = torch.cuda.get_device_properties(0)
     say(f"{props.name} L2 {props.L2_cache_size / 2**20:.0f} MiB, flush buffer "
@@ -92,7 +88,7 @@ def main() -> None:
         wv, rv = sum(d["write"]) / 2, sum(d["read"]) / 2
         say(f"{name:32s} {wv:8.2f} {rv:8.2f} {rv / wv:10.3f}")
     (out_dir / "flush_study.json").write_text(json.dumps(res, indent=1))
-    (out_dir / "flush_study.txt").write_text("\n".join(lines) + "\n")
+    log.write("flush_study.txt")
 
 
 if __name__ == "__main__":

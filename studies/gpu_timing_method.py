@@ -2,7 +2,7 @@
 replay, eager launches after the same flush, and (the harness default since session 3) a graph whose own
 event-record nodes bracket the work (the graph launch itself outside the timed span). For 1 and 3 trivial kernels and a 3 MB copy, both flush modes.
 
-Usage (GPU machine): PYTHONPATH=<dir with hotpaths -> src> python scripts/gpu_timing_method.py [--out DIR]
+Usage (GPU machine): PYTHONPATH=<dir with hotpaths -> src> python studies/gpu_timing_method.py [--out DIR]
 """
 
 from __future__ import annotations

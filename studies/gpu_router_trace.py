@@ -1,7 +1,7 @@
 """Where the time of the router GEMM prefill kernels goes (a per-CTA timeline), and a same-process A/B of
 configurations.
 
-Usage (GPU machine, hotpaths importable): python scripts/gpu_router_trace.py [--out DIR] [--configs v/s,...]
+Usage (GPU machine, hotpaths importable): python studies/gpu_router_trace.py [--out DIR] [--configs v/s,...]
     [--ms 2048,4096] [--trace-configs v/s,...] [--no-trace]
 1. Timeline: in the HP_ROUTER_TRACE=1 build (rg.load_traced_library(): a separate cached build; production builds
    carry no trace code) router_wgmma_ws_kernel records %globaltimer per CTA (entry, first k-tile landed, last wgmma

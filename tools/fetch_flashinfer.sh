@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch the FlashInfer 0.3.1 source distribution into .peers/ (git-ignored) and lay it out so it runs
 # uninstalled in JIT mode on the GPU machine, which has no internet (see docs: PEERS.md / notebook 02).
-# Usage: scripts/fetch_flashinfer.sh [dest_dir]   (default: <repo>/.peers)
+# Usage: tools/fetch_flashinfer.sh [dest_dir]   (default: <repo>/.peers)
 # Idempotent: re-running keeps an existing unpacked tree and only (re)creates the links and _build_meta.py.
 set -euo pipefail
 
