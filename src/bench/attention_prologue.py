@@ -498,8 +498,8 @@ def _run(args) -> int:
 def stored_table(device_tag: str = "h200"):
     """The stored table data/results/<device_tag>/attention_prologue.csv (None when absent): what notebook 03 shows
     on a machine without the GPU."""
-    from hotpaths.harness.env import REPO_ROOT
     from hotpaths.harness import tables
+    from hotpaths.harness.env import REPO_ROOT
 
     p = REPO_ROOT / "data" / "results" / device_tag / "attention_prologue.csv"
     return tables.load(p) if p.exists() else None

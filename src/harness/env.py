@@ -8,7 +8,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from hotpaths.reference.common import device_tag  # noqa: F401  (re-exported: the harness's name for it)
+from hotpaths.reference.common import device_tag, sm90_skip_reason  # noqa: F401  (re-exported for the harness)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,17 +30,6 @@ def has_sm90() -> bool:
     import torch
 
     return torch.cuda.get_device_capability() == (9, 0)
-
-
-def sm90_skip_reason() -> str | None:
-    if not has_cuda():
-        return "needs an SM90 (Hopper) CUDA GPU; this machine has none (CPU-only torch or no device)"
-    if not has_sm90():
-        import torch
-
-        sm = "".join(map(str, torch.cuda.get_device_capability()))
-        return f"needs an SM90 (Hopper) GPU; found {torch.cuda.get_device_name()} (sm_{sm})"
-    return None
 
 
 def requires_sm90():

@@ -93,8 +93,8 @@ def compile_op(op: str, *, force: bool = False, defines: tuple[str, ...] = ()) -
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}.so")
-    cmd = [nvcc_path(), *NVCC_FLAGS, *define_flags(defines), "--shared", "-cudart", "static", "-I", str(KERNELS_DIR / op),
-           "-I", str(KERNELS_DIR), "-o", str(tmp), *map(str, sources(op))]
+    cmd = [nvcc_path(), *NVCC_FLAGS, *define_flags(defines), "--shared", "-cudart", "static",
+           "-I", str(KERNELS_DIR / op), "-I", str(KERNELS_DIR), "-o", str(tmp), *map(str, sources(op))]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     (out.parent / "ptxas.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:

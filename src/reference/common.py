@@ -120,6 +120,19 @@ def device_tag(device: str = "auto") -> str:
     return "".join(ch for ch in name.replace("nvidia", "") if ch.isalnum()) or "gpu"
 
 
+def sm90_skip_reason() -> str | None:
+    """None on an SM90 (Hopper) CUDA device, else why the SM90 kernels cannot run here (the same sentence the GPU
+    tests skip with and the kernels' public functions raise with)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs an SM90 (Hopper) CUDA GPU; this machine has none (CPU-only torch or no device)"
+    if torch.cuda.get_device_capability() != (9, 0):
+        sm = "".join(map(str, torch.cuda.get_device_capability()))
+        return f"needs an SM90 (Hopper) GPU; found {torch.cuda.get_device_name()} (sm_{sm})"
+    return None
+
+
 class ResourceError(ValueError):
     """A request that would not fit in host or device memory; the message carries the estimate and what is free."""
 

@@ -20,6 +20,7 @@ import functools
 import torch
 
 from hotpaths.reference import attention_prologue as ref
+from hotpaths.reference.common import sm90_skip_reason
 
 OP = "attention_prologue"
 HEAD_DIMS = ref.HEAD_DIMS
@@ -48,8 +49,6 @@ def _is_capturing() -> bool:
 
 
 def _check_device(cfg, tensors: dict) -> torch.device:
-    from hotpaths.harness.env import sm90_skip_reason
-
     dev = tensors["qkv"].device
     if dev.type != "cuda":
         raise RuntimeError("attention_prologue: the kernel needs CUDA tensors on an SM90 GPU "

@@ -422,8 +422,8 @@ def _register_op() -> None:
 
     @torch.library.custom_op("hotpaths::fused_moe", mutates_args=())
     def _op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
-            w2: torch.Tensor, w13_scale: torch.Tensor, w2_scale: torch.Tensor, a1_scale: Optional[torch.Tensor],
-            a2_scale: Optional[torch.Tensor], shared_out: Optional[torch.Tensor], scales: str,
+            w2: torch.Tensor, w13_scale: torch.Tensor, w2_scale: torch.Tensor, a1_scale: torch.Tensor | None,
+            a2_scale: torch.Tensor | None, shared_out: torch.Tensor | None, scales: str,
             expert_offset: int) -> torch.Tensor:
         return fused_moe(x, topk_ids, topk_weights, w13, w2, scales=scales, w13_scale=w13_scale,
                          w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale, expert_offset=expert_offset,
