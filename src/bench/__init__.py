@@ -11,3 +11,7 @@ The CLI (hotpaths.harness.cli) imports these modules by name from OPS, so the ha
 # Op slugs, in notebook order; each has data/shapes/<op>.yaml, src/reference/<op>.py, src/kernels/<op>/,
 # this package's <op>.py, tests/test_<op>_*.py and a notebook (docs/adding_an_op.md).
 OPS = ("split_kv_decode", "attention_prologue", "router_gemm", "fused_moe")
+
+# Commands that are not ops (compose ops or read their tables), registered the same way (register(subparsers)):
+# hotpaths step (hotpaths.bench.decode_step) and the report's README updater (hotpaths.bench.report).
+COMMANDS = ("decode_step", "report")
