@@ -121,7 +121,8 @@ def decode_vs_peers(device: str = DEFAULT_DEVICE, *, dtype: str = "fp8_kv"):
 
     df = load_result(device, "decode_kv_distribution")
     if df is None:
-        return missing(f"data/results/{device}/decode_kv_distribution.csv", "notebook 02 (hotpaths reproduce --only 02)")
+        return missing(f"data/results/{device}/decode_kv_distribution.csv",
+                       "notebook 02 (hotpaths reproduce --only 02)")
     df = df[df["dtype"] == dtype] if "dtype" in df.columns else df
     pub = load_reported("decode_fp8_kv_distribution_h20")
     rows = []
@@ -141,7 +142,8 @@ def decode_vs_peers(device: str = DEFAULT_DEVICE, *, dtype: str = "fp8_kv"):
                "hpc_ops_us": min(hpc.values()) if hpc else _first(d, "hpc_ops_h200_us", impl="dynamic")}
         if pub is not None and case in set(pub["case"]):
             p = pub[pub["case"] == case].iloc[0]
-            row.update(published_h20_dynamic_us=1e3 * p["hpc_dynamic_ms"], published_h20_static_us=1e3 * p["hpc_static_ms"],
+            row.update(published_h20_dynamic_us=1e3 * p["hpc_dynamic_ms"],
+                       published_h20_static_us=1e3 * p["hpc_static_ms"],
                        published_h20_flashinfer_us=1e3 * p["flashinfer_ms"],
                        published_dynamic_vs_static=p["dynamic_vs_static"])
         rows.append(row)
@@ -331,8 +333,7 @@ def accuracy_beside_speed(device: str = DEFAULT_DEVICE):
     import pandas as pd
 
     rows = []
-    for name, impls in (("decode_kv_distribution", None), ("router_gemm_latency", None),
-                        ("fused_moe_tp8_ep1", None), ("attention_prologue", None)):
+    for name in ("decode_kv_distribution", "router_gemm_latency", "fused_moe_tp8_ep1", "attention_prologue"):
         df = load_result(device, name)
         if df is None:
             rows.append({"table": name, "status": "missing"})
