@@ -179,6 +179,64 @@ class ContinuousBatch:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# the stage graph and the two numbers (CPU)
+
+STAGE_IMPLS = {
+    "qkv": ("torch.mm BF16", "torch.mm BF16", "torch.mm BF16"),
+    "meta": ("positions / slots / kv_lens from device lengths (3 small torch kernels)",) * 3,
+    "prologue": ("torch ops: RMSNorm, RoPE, FP8 K/V casts, index_copy_ (BF16 Q)",
+                 "hotpaths attention_prologue (FP8 Q + scales, PDL trigger)", "hpc.rope_norm_store_kv_fp8"),
+    "attention": ("FlashInfer 0.7.2 XQA (BF16 Q, FP8 KV)", "split_kv_decode plan.update (assign) + run",
+                  "hpc.assign_attention_decode_task + attention_decode_fp8"),
+    "o_proj": ("torch.mm BF16", "torch.mm BF16", "torch.mm BF16"),
+    "router": ("FP32 cuBLAS (router_gemm impl=fp32_cublas)", "router_gemm impl=dispatch (BF16x2 kernel)",
+               "hpc.gemm_bf16xfp32"),
+    "topk": ("torch.topk + softmax over the k logits",) * 3,
+    "moe": ("shared expert (torch) + sort/gather + torch._grouped_mm BF16 x2 + index_add",
+            "shared expert (torch) + fused_moe plan.update + run(shared_out=...)",
+            "shared expert (torch) + FP8 cast of x + hpc.fuse_moe(shared_output=...)"),
+}
+
+
+def stage_graph():
+    """The step's stages and what each configuration runs for them (a DataFrame, in order)."""
+    import pandas as pd
+
+    return pd.DataFrame([{"stage": st, "baseline": b, "hotpaths": h, "hpc_ops": c}
+                         for st, (b, h, c) in STAGE_IMPLS.items()])
+
+
+def experts_hit(batch: int, shape: LayerShape = HY3_TP8) -> float:
+    """Expected distinct experts a batch routes to (uniform routing): E (1 - (1 - k/E)^batch)."""
+    return shape.experts * (1.0 - (1.0 - shape.topk / shape.experts) ** int(batch))
+
+
+def step_bytes(batch: int, kv_lens, shape: LayerShape = HY3_TP8) -> dict:
+    """Bytes one layer's step must move from HBM at least, per stage (weights once, the KV cache once, activations
+    ignored: they are KBs at decode sizes). kv_lens: the attended lengths. Returns {stage: bytes, "total": ...}."""
+    s = shape
+    D = s.head_dim
+    b = {"qkv": s.qkv_width * s.hidden * 2, "o_proj": s.hidden * s.q_heads * D * 2,
+         "router": s.experts * s.hidden * 4,
+         "attention": int(sum(int(x) for x in kv_lens)) * s.kv_heads * D * 2,  # FP8 K and V
+         "prologue": int(batch) * s.kv_heads * D * 2,
+         "moe": int(experts_hit(batch, s) * 3 * s.hidden * s.inter) + 3 * s.hidden * s.shared_inter * 2}
+    b["total"] = sum(b.values())
+    return b
+
+
+def step_flops(batch: int, kv_lens, shape: LayerShape = HY3_TP8) -> int:
+    """Multiply-add FLOPs (x2) of one layer's step: projections, router, attention (QK and PV), routed and shared
+    experts."""
+    s, B = shape, int(batch)
+    D = s.head_dim
+    mm = B * (s.qkv_width * s.hidden + s.hidden * s.q_heads * D + s.experts * s.hidden
+              + s.topk * 3 * s.hidden * s.inter + 3 * s.hidden * s.shared_inter)
+    att = sum(int(x) for x in kv_lens) * s.q_heads * D * 2
+    return 2 * (mm + att)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # TPOT arithmetic, the stored table and the published points (CPU)
 
 def tpot_ms(layer_us: float, layers: int = HY3_TP8.layers) -> float:
@@ -455,7 +513,9 @@ class StepModel:
         t["block_table"] = torch.arange(B * P, dtype=torch.int32, device=dev).view(B, P)
         # static step buffers
         t["ctx"] = torch.as_tensor(np.asarray(lengths0, dtype=np.int32)).to(dev)
-        t["ctx_host"] = torch.empty(B, dtype=torch.int32).pin_memory()
+        t["ctx_host"] = torch.empty(B, dtype=torch.int32)
+        if dev.type == "cuda":  # pinned: the host-to-device copy of the next lengths is asynchronous
+            t["ctx_host"] = t["ctx_host"].pin_memory()
         t["kv_lens"] = t["ctx"] + 1
         t["positions"] = t["ctx"].clone()
         t["slots"] = torch.zeros(B, dtype=torch.int64, device=dev)
@@ -476,7 +536,8 @@ class StepModel:
                 m.stage_fns[name]()
             m._calibrate()
             m.step()
-            torch.cuda.synchronize()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
         except StepUnavailable:
             raise
         except Exception as e:
