@@ -250,7 +250,8 @@ def tpot_ms(layer_us: float, layers: int = HY3_TP8.layers) -> float:
 NOT_MODELLED = (
     "The model times one layer's kernels on one GPU and multiplies by the layer count. It leaves out the two "
     "all-reduces per layer across the 8 GPUs (TP8: after attention and after the MoE; tens of us per layer at "
-    "small batches on H20's NVLink), the embedding, final norm, LM head and sampling, the scheduler and the host "
+    "small batches on H20's NVLink), the layer's two RMSNorms and residual adds (small elementwise kernels), the "
+    "embedding, final norm, LM head and sampling, the scheduler and the host "
     "work between steps, and attention for prefill (chunked prefills mixed into decode steps). All of these are the "
     "same for both configurations, so they add to both TPOTs: our TPOT is lower than a served one and our "
     "reduction (baseline - hotpaths) / baseline is LARGER than the end-to-end one would be for the same kernels; "
@@ -849,7 +850,8 @@ def run_trajectory(model: StepModel, sched: ContinuousBatch, steps: int, *, cold
 
 
 def measure(*, batches, lengths: str = "8k4k", configs=DEFAULT_CONFIGS, steps: int = 64, iters: int = 50,
-            seed: int = 0, stages: bool = True, pdl_variant: bool = True, log=print) -> list[dict]:
+            seed: int = 0, stages: bool = True, pdl_variant: bool = True, layers: int = HY3_TP8.layers,
+            log=print) -> list[dict]:
     """The step table on this GPU: per (config, batch): the step (graph replayed over ``steps`` continuous-batching
     steps), each stage alone (bench, own graph, at the final lengths), peak memory. With pdl_variant and
     "hotpaths" in configs, also "hotpaths_nopdl". A configuration that cannot run gets one row with the reason.
@@ -870,7 +872,7 @@ def measure(*, batches, lengths: str = "8k4k", configs=DEFAULT_CONFIGS, steps: i
         for cfg in cfgs:
             sched = ContinuousBatch(trace, batch, seed=seed)
             base = dict(op="decode_step", case=f"{lengths} B={batch}", impl=cfg, dtype="fp8 kv, fp8 experts",
-                        device=dev, run_id=rid, lengths=lengths, batch=batch, layers=HY3_TP8.layers,
+                        device=dev, run_id=rid, lengths=lengths, batch=batch, layers=layers,
                         repro=f"hotpaths step --batch {batch} --lengths {lengths} --config {cfg} --steps {steps}")
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -890,7 +892,7 @@ def measure(*, batches, lengths: str = "8k4k", configs=DEFAULT_CONFIGS, steps: i
                 del m
                 continue
             rows.append({**base, "stage": "step", "median_us": traj["median_us"], "p10_us": traj["p10_us"],
-                         "p90_us": traj["p90_us"], "tpot_ms": tpot_ms(traj["median_us"]),
+                         "p90_us": traj["p90_us"], "tpot_ms": tpot_ms(traj["median_us"], layers),
                          "steps": traj["steps"], "finished": traj["finished"], "joined": traj["joined"],
                          "resident_gib": resident / 2**30, "step_transient_mib": step_extra / 2**20,
                          "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
@@ -920,7 +922,8 @@ def _rows_or_stored(args) -> tuple[list[dict] | None, str]:
     trace_of(args.lengths)  # validates the name / case string before anything runs
     if reason is None:
         rows = measure(batches=batches, lengths=args.lengths, configs=configs, steps=args.steps, iters=args.iters,
-                       seed=args.seed, stages=not args.no_stages, log=(lambda s: None) if args.json else print)
+                       seed=args.seed, stages=not args.no_stages, layers=args.layers,
+                       log=(lambda s: None) if args.json else print)
         return rows, "measured"
     df = stored_rows(args.device_table)
     if df is None:
