@@ -65,7 +65,7 @@ def test_hotpaths_attention_matches_the_baseline_attention():
         m.set_lengths(sched.lengths())
         m.step()
     torch.cuda.synchronize()
-    assert _rel(hp.t["attn"], base.t["attn"]) < 5e-2
+    assert _rel(hp.t["attn"], base.t["attn"]) < 8e-2  # FP8 Q (ours) vs XQA (~3.5e-2 from exact on its own)
 
 
 def test_measure_rows_for_one_batch():

@@ -634,10 +634,10 @@ class StepModel:
 
         def moe():
             self.shared()
-            mplan.update(t["topk_ids"], pdl=pdl)
+            mplan.update(t["topk_ids"], pdl=pdl)  # the route kernel: this step's routing plan, in the graph
             kmoe.run(mplan, t["o"], t["w13"], t["w2"], t["topk_w"], scales="pertensor", w13_scale=t["w13_scale"],
                      w2_scale=t["w2_scale"], a1_scale=t["a1_scale"], a2_scale=t["a2_scale"],
-                     shared_out=t["shared_out"], out=t["out"], pdl=pdl)
+                     shared_out=t["shared_out"], out=t["out"], stages=("gate_up", "down", "reduce"), pdl=pdl)
         self.stage_fns.update(prologue=prologue, attention=attention, router=router, moe=moe)
         self._keep = (dplan, rw, mplan)
 
