@@ -211,3 +211,74 @@ def test_report_on_stored_h200_tables():
         assert (inv["batch_invariant_us"] > 0).all()
     fig = report.fig_latency_vs_batch("h200")
     assert len(fig.axes) == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the baseline's PyTorch stages composed on CPU (a dense stand-in for FlashInfer's XQA, a small layer)
+
+def _dense_xqa(q, kv, ws, bt, seq, max_len, bmm1_scale, bmm2_scale, out, kv_layout, backend):
+    import torch
+
+    kc, vc = kv
+    ps = kc.shape[1]
+    for r in range(q.shape[0]):
+        L = int(seq[r])
+        pages = bt[r, : -(-L // ps)].long()
+        k = kc[pages].reshape(-1, kc.shape[3])[:L].float()
+        v = vc[pages].reshape(-1, kc.shape[3])[:L].float()
+        out[r] = (torch.softmax(q[r].float() @ k.t() * bmm1_scale, -1) @ v * bmm2_scale).to(out.dtype)
+
+
+def test_baseline_stages_compose_on_cpu(monkeypatch):
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip(f"torch {torch.__version__} has no _grouped_mm")
+    fi = types.ModuleType("flashinfer")
+    dec = types.ModuleType("flashinfer.decode")
+    dec.trtllm_batch_decode_with_kv_cache = _dense_xqa
+    monkeypatch.setitem(sys.modules, "flashinfer", fi)
+    monkeypatch.setitem(sys.modules, "flashinfer.decode", dec)
+    monkeypatch.setattr(ds, "_import_flashinfer", lambda: fi)
+    small = ds.LayerShape(experts=64, hidden=256, inter=64, shared_inter=64)
+    sched = ds.ContinuousBatch(ds.trace_of("3x100+1x300", out_tokens=2), 4, seed=0)
+    try:
+        m = ds.StepModel.build("baseline", 4, sched.lengths(), max_kv_len=sched.max_kv_len, shape=small,
+                               device="cpu")
+    except ds.StepUnavailable as e:
+        pytest.skip(str(e))
+    t = m.t
+    for _ in range(3):
+        ctx = sched.advance()
+        m.set_lengths(ctx)
+        m.step()
+        assert t["kv_lens"].tolist() == (ctx + 1).tolist()
+        pos = t["positions"].long()
+        assert torch.equal(t["slots"], t["block_table"].long().gather(1, (pos // 64)[:, None])[:, 0] * 64 + pos % 64)
+    # the new token's K and V are in the cache at its slot (norm -> RoPE -> FP8, as the exact prologue), and the
+    # attention output is the softmax over ctx + 1 tokens that include it
+    from hotpaths.reference.attention_prologue import attention_prologue_ref
+
+    _, k, v = attention_prologue_ref(t["qkv"], t["q_norm_w"], t["k_norm_w"], t["cos_sin"], t["positions"], kv_heads=1,
+                                     eps=small.eps)
+    kc = t["k_cache"].view(-1, 1, small.head_dim)[t["slots"]].double()
+    vc = t["v_cache"].view(-1, 1, small.head_dim)[t["slots"]].double()
+    assert float((kc - k).norm() / k.norm()) < 0.05 and float((vc - v).norm() / v.norm()) < 0.05  # e4m3 rounding
+    assert torch.isfinite(t["attn"].float()).all() and torch.isfinite(t["out"].float()).all()
+    # the MoE equals a per-token loop over the selected experts on the same dequantized weights (+ shared expert)
+    o, ref = t["o"].float(), t["shared_out"].float().clone()
+    for i in range(4):
+        for j in range(small.topk):
+            e, w = int(t["topk_ids"][i, j]), float(t["topk_w"][i, j])
+            w13 = (t["w13"][e].float() * t["w13_scale"][e]).to(torch.bfloat16).float()
+            w2 = (t["w2"][e].float() * t["w2_scale"][e]).to(torch.bfloat16).float()
+            gu = o[i] @ w13.t()
+            ref[i] += w * ((F.silu(gu[: small.inter]) * gu[small.inter:]) @ w2.t())
+    assert float((t["out"].float() - ref).norm() / ref.norm()) < 1e-2
+    # top-k weights: softmax over the selected logits, ids the k largest scores
+    top = torch.topk(t["scores"], small.topk, dim=-1)
+    assert torch.equal(t["topk_ids"].long(), top.indices)
+    assert torch.allclose(t["topk_w"].sum(-1), torch.ones(4))
