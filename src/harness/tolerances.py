@@ -49,6 +49,17 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("router_gemm", "fp32_vs_exact"): Tolerance(rel_l2=1.5e-6, max_abs=5e-6),
     ("router_gemm", "tf32_vs_exact"): Tolerance(rel_l2=4e-4, max_abs=2.5e-3),
     ("router_gemm", "bf16_vs_exact"): Tolerance(rel_l2=3e-3, max_abs=1.6e-2),
+    # fused_moe: the staged FP8 emulation vs the exact fp64 MoE (unquantized x, dequantized weights), measured by
+    # hotpaths.reference.fused_moe.measure_emulation_error() over E 16-32, H 512-1024, I 192-1024, T 1/16/64,
+    # TP8 and EP8, two seeds: worst rel_l2 4.9e-2, cosine 0.9988, max rel 6.3e-2 (one token: few pairs, so one
+    # activation's FP8 rounding shows; at T >= 16 cosine 0.9997, as published). *_vs_exact = ~2x the worst.
+    # *_vs_emulation: the kernel's FP32 accumulation order against the emulation's exact-then-rounded sums flips a
+    # bf16 rounding of act now and then, which its FP8 requant can turn into one e4m3 ulp (6%) of one element:
+    # rel_l2 1e-2 and the cosine >= 0.9999.
+    ("fused_moe", "pertensor_vs_exact"): Tolerance(rel_l2=1e-1, min_cosine=0.995),
+    ("fused_moe", "block_vs_exact"): Tolerance(rel_l2=1e-1, min_cosine=0.995),
+    ("fused_moe", "pertensor_vs_emulation"): Tolerance(rel_l2=1e-2, min_cosine=0.9999),
+    ("fused_moe", "block_vs_emulation"): Tolerance(rel_l2=1e-2, min_cosine=0.9999),
 }
 
 

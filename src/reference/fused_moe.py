@@ -938,3 +938,27 @@ def error_vs(out, ref) -> dict:
     d = (o - r).abs()
     return {"cosine": cos, "max_rel_err": float(d.max()) / rmax if rmax > 0 else float(d.max()),
             "rel_l2_err": float((o - r).norm()) / rn if rn > 0 else float((o - r).norm())}
+
+
+def measure_emulation_error(*, seeds=(0, 1), tokens=(1, 16, 64)) -> dict:
+    """Worst emulation-vs-exact error per scale mode over small shapes of both parallel modes (the measurement the
+    tolerance rows ("fused_moe", "<scales>_vs_exact") are derived from). Returns {scales: {rel_l2_err, cosine,
+    max_rel_err}}."""
+    shapes = (("tp8ep1", dict(experts=32, hidden=512)), ("tp1ep8", dict(experts=32, hidden=512, inter=512)),
+              ("tp8ep1", dict(experts=16, hidden=1024, inter=1024)))
+    out = {}
+    for scales in SCALE_MODES:
+        w = {"rel_l2_err": 0.0, "cosine": 1.0, "max_rel_err": 0.0}
+        for mode, kw in shapes:
+            for t in tokens:
+                for seed in seeds:
+                    inp = make_moe_inputs(t, mode=mode, scales=scales, seed=seed, **kw)
+                    if not valid_pairs(inp["topk_ids"], num_experts=inp["num_experts"],
+                                       expert_offset=inp["expert_offset"]):
+                        continue
+                    a, k = call_args(inp)
+                    e = error_vs(fused_moe_emulation(*a, **k), fused_moe_ref(*a, **k))
+                    w = {"rel_l2_err": max(w["rel_l2_err"], e["rel_l2_err"]), "cosine": min(w["cosine"], e["cosine"]),
+                         "max_rel_err": max(w["max_rel_err"], e["max_rel_err"])}
+        out[scales] = w
+    return out
