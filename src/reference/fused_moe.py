@@ -587,7 +587,7 @@ def _weighted_reduce(ybuf, topk_ids, topk_weights, expert_offset, num_experts, s
     t, k = topk_ids.shape
     valid = _local_valid(topk_ids, expert_offset, num_experts)
     acc = torch.zeros(t, ybuf.shape[1], dtype=torch.float32, device=ybuf.device)
-    y = ybuf.reshape(t, k, -1)
+    y = ybuf.reshape(t, k, ybuf.shape[1])
     for kk in range(k):
         wk = torch.where(valid[:, kk], topk_weights[:, kk], torch.zeros_like(topk_weights[:, kk]))
         acc = acc + wk[:, None] * y[:, kk].float()
