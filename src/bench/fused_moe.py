@@ -100,6 +100,7 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
     from hotpaths.harness.check import check
     from hotpaths.harness.env import device_tag
     from hotpaths.harness.runs import run_id
+    from hotpaths.harness.tables import COLUMNS
     from hotpaths.harness.tolerances import tolerance
     from hotpaths.reference import fused_moe as fm
 
@@ -151,11 +152,12 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
                 if key not in emu_cache:
                     emu_cache[key] = emu if key == "fp8" else peers.emulate(impl, inputs)
                 out = emu_cache[key]
-            row = {"op": OP, "case": f"{model}_{mode}_{scales}_b{b}", "impl": label,
+            row = dict.fromkeys(COLUMNS + EXTRA_COLUMNS)
+            row.update({"op": OP, "case": f"{model}_{mode}_{scales}_b{b}", "impl": label,
                    "dtype": "bf16" if impl == "torch_grouped_mm_bf16" else f"fp8_{scales}", "device": tag,
                    "bytes": c["bytes"], "run_id": rid, "repro": _repro(model, mode, scales, b, impl, over),
                    "batch": b, "mode": mode, "scales": scales, "model": model, "experts_hit": c["experts_hit"],
-                   "weight_bytes": c["weight_bytes"], "reason": reason}
+                   "weight_bytes": c["weight_bytes"], "reason": reason})
             col = PUBLISHED_COLUMN.get(impl)
             row["published_h20_us"] = pub.get(col) if col else None
             for k_, v_ in pub.items():
