@@ -962,3 +962,27 @@ def measure_emulation_error(*, seeds=(0, 1), tokens=(1, 16, 64)) -> dict:
                          "max_rel_err": max(w["max_rel_err"], e["max_rel_err"])}
         out[scales] = w
     return out
+
+
+def make_topk_ids(num_tokens: int, *, model: str = "hy3", mode: str = "tp8ep1", experts=None, topk=None,
+                  seed: int = 0, routing: str = "random", rank: int = 0, device="cpu") -> tuple[torch.Tensor, dict]:
+    """The routing alone (no weights): topk_ids int32 [T, K] as make_moe_inputs draws it for the same model, mode,
+    routing and rank (not the same random stream), and the per-rank sizes (model_dims plus expert_offset). Cheap at
+    full model size: for histograms, plans and byte counts. Raises ValueError as make_moe_inputs."""
+    if not isinstance(num_tokens, (int, np.integer)) or isinstance(num_tokens, bool) or num_tokens < 0:
+        raise ValueError(f"num_tokens: expected an integer >= 0, got {num_tokens!r}")
+    dims = model_dims(model, mode, experts=experts, topk=topk)
+    ranks = EP_RANKS if mode == "tp1ep8" else 1
+    if not isinstance(rank, (int, np.integer)) or not 0 <= rank < ranks:
+        raise ValueError(f"rank: expected 0..{ranks - 1} in mode {mode}, got {rank!r}")
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(int(seed))
+    offset = rank * dims["experts"]
+    ids = _routing(int(num_tokens), dims["topk"], dims["experts_total"], offset, dims["experts"], routing, gen, dev)
+    return ids, dict(dims, expert_offset=offset)
+
+
+def expected_experts_hit(num_tokens: int, *, experts_total: int, experts_local: int, topk: int) -> float:
+    """Expected distinct local experts hit by uniform top-k routing without replacement over experts_total:
+    E_local * (1 - (1 - k/E_total)^T)."""
+    return experts_local * (1.0 - (1.0 - topk / experts_total) ** num_tokens)
