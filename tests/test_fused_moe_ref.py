@@ -231,3 +231,19 @@ def test_malformed_call_arguments():
         fm.build_routing_plan(ids.long(), num_experts=8)
     with pytest.raises(ValueError, match="plan"):
         fm.fused_moe_emulation(*a, **kw, plan=fm.build_routing_plan(ids, num_experts=8, expert_offset=8))
+
+
+@pytest.mark.parametrize("block_m", [1, 3, 16])
+def test_emulation_independent_of_plan_shape(block_m):
+    inp = _inputs(10, experts=8, scales="block")
+    a, kw = fm.call_args(inp)
+    plan = fm.build_routing_plan(inp["topk_ids"], num_experts=8, block_m=block_m, max_tokens=32)
+    assert torch.equal(fm.fused_moe_emulation(*a, **kw, plan=plan), fm.fused_moe_emulation(*a, **kw))
+
+
+def test_make_topk_ids_matches_sizes():
+    ids, d = fm.make_topk_ids(100, mode="tp1ep8", rank=7)
+    assert ids.shape == (100, 8) and ids.dtype == torch.int32 and d["expert_offset"] == 7 * 24
+    assert (ids.sort(dim=1).values.diff(dim=1) > 0).all()  # top-k without replacement
+    hit = fm.experts_hit(ids, num_experts=24, expert_offset=168)
+    assert abs(hit - fm.expected_experts_hit(100, experts_total=192, experts_local=24, topk=8)) <= 3

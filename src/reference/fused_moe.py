@@ -485,7 +485,8 @@ def persistent_schedule(plan: RoutingPlan, num_ctas: int) -> np.ndarray:
 
 def _exact_dot(a8: torch.Tensor, w8: torch.Tensor) -> torch.Tensor:
     """a8 [R, K] x w8 [N, K]^T of FP8 values, summed exactly (fp64) and rounded once to FP32."""
-    return (a8.double() @ w8.double().T).float()
+    w = w8 if w8.dtype == torch.float64 else w8.double()
+    return (a8.double() @ w.T).float()
 
 
 def _scaled_gemm(a8: torch.Tensor, a_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
@@ -554,7 +555,7 @@ def fused_moe_emulation(x, topk_ids, topk_weights, w13, w2, *, scales: str, w13_
     cur_e, w13e, w2e = -1, None, None
     for _, ex, start, rows in plan.tiles():
         if ex != cur_e:  # tiles come in expert order: one expert's weights stay resident across its tiles
-            cur_e, w13e, w2e = ex, w13[ex], w2[ex]
+            cur_e, w13e, w2e = ex, w13[ex].double(), w2[ex].double()  # FP8 values are exact in fp64
         p = sp[start:start + rows]
         tok = torch.div(p, k, rounding_mode="floor")
         if scales == "pertensor":
