@@ -136,3 +136,30 @@ def test_gpu_stage_rows():
     t = {r["stage"]: r["median_us"] for r in rows}
     assert all(v and v > 0 for v in t.values())
     assert t["all"] <= t["gate_up"] + t["down"] + t["route"] + t["reduce"] + 5.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", fm.PAR_MODES)
+def test_gpu_device_plan_equals_host_plan(mode):
+    km, why = bm.kernel_module()
+    assert km is not None, why
+    for t, routing in ((0, "random"), (1, "random"), (37, "duplicates"), (64, "skip"), (200, "one_expert")):
+        ids, d = fm.make_topk_ids(t, mode=mode, routing=routing, seed=t)
+        ids = ids.cuda()
+        p = km.plan(ids, num_experts=d["experts"], expert_offset=d["expert_offset"], max_tokens=256)
+        torch.cuda.synchronize()
+        host = fm.build_routing_plan(ids, num_experts=d["experts"], expert_offset=d["expert_offset"],
+                                     max_tokens=256, block_m=p.block_m)
+        dev = p.workspace.cpu().numpy()
+        assert (dev == host.workspace).all(), f"{mode} t={t} {routing}\n" + fm.format_plan(host)
+
+
+@pytest.mark.gpu
+def test_gpu_peer_rows_time_or_say_why():
+    rows = bm.moe_rows([4, 64], impls=list(bm.IMPLS), iters=10)
+    for r in rows:
+        assert (r["median_us"] and r["median_us"] > 0) or r["reason"], r
+        if r["median_us"] and r["impl"] != "torch_grouped_mm_bf16":
+            assert r["cosine"] > 0.99, r  # a peer fed the wrong layout or scales shows here
+    fused = [r for r in rows if r["impl"] == "fused"]
+    assert len(fused) == 2 and all(r["median_us"] for r in fused)
