@@ -142,9 +142,15 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
                         try:
                             out = fn().clone()
                             torch.cuda.synchronize()
-                            timing = hb.bench(fn, iters=iters)
                         except Exception as e:
                             reason, out = f"failed: {type(e).__name__}: {str(e)[:300]}", None
+                        if out is not None:
+                            try:
+                                timing = hb.bench(fn, iters=iters)
+                            except Exception as e:  # not capturable: time it eagerly and say so
+                                torch.cuda.synchronize()
+                                reason = f"timed eager (CPU launch included): graph capture failed: {type(e).__name__}"
+                                timing = hb.bench(fn, iters=iters, graph=False)
             else:
                 label = f"{impl}_emulation"
                 reason = why
