@@ -148,9 +148,12 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
                             try:
                                 timing = hb.bench(fn, iters=iters)
                             except Exception as e:  # not capturable: time it eagerly and say so
-                                torch.cuda.synchronize()
                                 reason = f"timed eager (CPU launch included): graph capture failed: {type(e).__name__}"
-                                timing = hb.bench(fn, iters=iters, graph=False)
+                                try:
+                                    torch.cuda.synchronize()
+                                    timing = hb.bench(fn, iters=iters, graph=False)
+                                except Exception as e2:
+                                    reason = f"failed: capture {type(e).__name__}, eager {type(e2).__name__}: {e2}"[:400]
             else:
                 label = f"{impl}_emulation"
                 reason = why
