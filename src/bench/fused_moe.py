@@ -94,7 +94,6 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
     Raises ValueError on unknown impls or sizes (hotpaths.reference.fused_moe.model_dims).
     """
     import torch
-
     from hotpaths.bench import fused_moe_peers as peers
     from hotpaths.harness import bench as hb
     from hotpaths.harness.check import check
@@ -133,7 +132,7 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
                         f = _fused_fn(km, inputs, buf)
                         out = f().clone()
                         torch.cuda.synchronize()
-                        timing = hb.bench(lambda: f(), iters=iters)
+                        timing = hb.bench(lambda f=f: f(), iters=iters)
                     except Exception as e:
                         reason = f"failed: {type(e).__name__}: {str(e)[:300]}"
                 else:
@@ -210,7 +209,6 @@ def stage_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str
     PDL; ``pdl_saves_us`` on the all row. Without SM90 (or the kernel) one row per stage with the reason and no
     timing. Columns: tables.COLUMNS + batch, mode, scales, model, stage, pdl_saves_us, reason."""
     import torch
-
     from hotpaths.harness import bench as hb
     from hotpaths.harness.env import device_tag
     from hotpaths.harness.runs import run_id
@@ -235,7 +233,7 @@ def stage_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str
         times = {}
         for s in STAGES:
             st, pdl = ("all", False) if s == "all_no_pdl" else (s, True)
-            t = hb.bench(lambda st=st, pdl=pdl: f(stages=st, pdl=pdl), iters=iters)
+            t = hb.bench(lambda st=st, pdl=pdl, f=f: f(stages=st, pdl=pdl), iters=iters)
             times[s] = t.median_us
             rows.append(dict(base, stage=s, median_us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us))
         rows[-2]["pdl_saves_us"] = times["all_no_pdl"] - times["all"]

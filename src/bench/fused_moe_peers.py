@@ -30,9 +30,18 @@ from hotpaths.harness.peers import PeerUnavailable
 PEER_NAMES = ("hpc_ops", "torch_grouped_mm_bf16", "torch_scaled_grouped_mm_fp8", "triton_fused_moe",
               "flashinfer_cutlass")
 
-__all__ = ["PEER_NAMES", "PeerUnavailable", "make_hpc_ops", "make_torch_grouped_mm_bf16",
-           "make_torch_scaled_grouped_mm_fp8", "make_triton_fused_moe", "make_flashinfer_cutlass", "try_make",
-           "emulate", "hpc_ops_dir"]
+__all__ = [
+    "PEER_NAMES",
+    "PeerUnavailable",
+    "emulate",
+    "hpc_ops_dir",
+    "make_flashinfer_cutlass",
+    "make_hpc_ops",
+    "make_torch_grouped_mm_bf16",
+    "make_torch_scaled_grouped_mm_fp8",
+    "make_triton_fused_moe",
+    "try_make",
+]
 
 
 def _need_cuda(inputs) -> None:
@@ -114,7 +123,6 @@ def make_hpc_ops(inputs):
     num_expert_total: the global count (its block test passes the global count with rank_ep).
     """
     import torch
-
     from hotpaths.reference import fused_moe as fm
 
     _need_cuda(inputs)
@@ -152,7 +160,6 @@ def make_hpc_ops(inputs):
 def _group_quant_gpu(x):
     """Dynamic 1x128 FP8 groups of x [T, H] (H a multiple of 128 here): (fp8 [T, H], FP32 [T, H/128])."""
     import torch
-
     from hotpaths.reference import fused_moe as fm
 
     t, h = x.shape
@@ -221,7 +228,6 @@ def make_torch_grouped_mm_bf16(inputs):
 
 def _dequant_bf16(inputs):
     import torch
-
     from hotpaths.reference import fused_moe as fm
 
     w13, w2, s13, s2 = inputs["w13"], inputs["w2"], inputs["w13_scale"], inputs["w2_scale"]
@@ -234,7 +240,6 @@ def make_torch_scaled_grouped_mm_fp8(inputs):
     """``torch._scaled_grouped_mm`` FP8 (per-tensor only: row-wise scales a1 per row and w13_scale[e] per column);
     x and the activation quantized with the static scales inside fn. Block scales have no such entry point."""
     import torch
-
     from hotpaths.reference import fused_moe as fm
 
     _need_cuda(inputs)
@@ -309,7 +314,6 @@ def make_flashinfer_cutlass(inputs):
     takes up rows first: the halves of w13 (and of the block-scale grid) are swapped here, once. EP through
     ep_size=8 / ep_rank. First call JIT-compiles (tens of seconds)."""
     import torch
-
     from hotpaths.reference import fused_moe as fm
 
     _need_cuda(inputs)
@@ -371,12 +375,11 @@ def grouped_mm_bf16_emulation(inputs):
     rounded to bf16 (what torch._grouped_mm returns), SiLU-and-mul in FP32 rounded to bf16, FP32 weighted sum.
     Returns bf16 [T, H]."""
     import torch
-
     from hotpaths.reference import fused_moe as fm
 
     x, ids, tw, sh = inputs["x"], inputs["topk_ids"], inputs["topk_weights"], inputs.get("shared_out")
     e, i, off = inputs["num_experts"], inputs["inter"], inputs["expert_offset"]
-    t, k = ids.shape
+    t = ids.shape[0]
     acc = torch.zeros(t, inputs["hidden"], dtype=torch.float32, device=x.device)
     loc = ids.long() - off
     valid = (loc >= 0) & (loc < e)

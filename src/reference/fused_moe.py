@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
 from hotpaths.reference.common import check_fits, expect_tensor
 
 OP = "fused_moe"
