@@ -108,6 +108,11 @@ def _import_hpc():
     return hpc
 
 
+# Block-wise HPC-Ops at an intermediate that is not a multiple of 128 failed with an illegal memory access from 32
+# tokens up on the H200 (issue 13); it is attempted only when asked, since the fault kills the process's context.
+HPC_BLOCK_UNSAFE_TOKENS = 32
+
+
 def _ceil4(n: int) -> int:
     return -(-n // 4) * 4
 
@@ -144,6 +149,12 @@ def make_hpc_ops(inputs):
         return _smoke(fn, "hpc.fuse_moe")
     if not hasattr(hpc, "fuse_moe_blockwise_fp8"):
         raise PeerUnavailable("not available: this HPC-Ops build has no fuse_moe_blockwise_fp8")
+    t = x.shape[0]
+    if inputs["inter"] % 128 and t >= HPC_BLOCK_UNSAFE_TOKENS and os.environ.get("HOTPATHS_HPC_BLOCK_UNSAFE") != "1":
+        # an illegal memory access poisons the CUDA context for every later row of the process
+        raise PeerUnavailable(f"skipped: hpc.fuse_moe_blockwise_fp8 at I={inputs['inter']} (not a multiple of 128) "
+                              f"and {t} >= {HPC_BLOCK_UNSAFE_TOKENS} tokens raised an illegal memory access on the "
+                              "H200 (issue 13); set HOTPATHS_HPC_BLOCK_UNSAFE=1 to try it, alone in its process")
 
     def pad4(s):
         p = torch.zeros(*s.shape[:-1], _ceil4(s.shape[-1]), dtype=torch.float32, device=s.device)
