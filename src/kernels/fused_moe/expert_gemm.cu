@@ -113,7 +113,12 @@ __device__ __forceinline__ void load_stage(const GemmArgs& a, uint8_t* stage, co
   }
 }
 
-// Block mode: the 1x128 group scale of every token row of the stage (amax / 448, floored at 1e-12).
+// Block mode: the 1x128 group scale of every token row of the stage, max(amax * fp32(1/448), 1e-12): a multiply by
+// the rounded reciprocal, NOT the correctly rounded quotient amax / 448. That is what the contract's emulation
+// computes on a GPU (torch evaluates `cuda_tensor / python_float` as a times fp32(1 / b)), and the two differ by an
+// ulp in about 60% of the groups. An ulp matters: bf16 values over a scale with few significant bits land exactly on
+// e4m3 rounding ties (3.6% of the elements when amax = 2.625), a tie resolves differently under the two scales,
+// and the next dynamic quantization (act groups) amplifies those single-ulp flips to a 1-3% rel L2 difference.
 template <class T>
 __device__ __forceinline__ void group_scales(const uint8_t* stage, float* xs) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -126,7 +131,7 @@ __device__ __forceinline__ void group_scales(const uint8_t* stage, float* xs) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (lane == 0) {
-      const float sc = fmaxf(div_by(m, 448.0f, 1.0f / 448.0f), 1e-12f);
+      const float sc = fmaxf(__fmul_rn(m, 1.0f / 448.0f), 1e-12f);
       xs[n] = sc;
       xs[T::BM + n] = recip(sc);
     }
@@ -170,12 +175,13 @@ __device__ __forceinline__ void compute_slice(const uint8_t* stage, const float*
   }
 }
 
-// silu(g) * u with silu = g / (1 + exp(-g)) in fp32; a denominator of +inf (g very negative) gives -0 like the
-// reference's division.
+// (g * sigmoid(g)) * u in fp32 with sigmoid = 1 / (1 + exp(-g)) correctly rounded: the contract's
+// g * torch.sigmoid(g) * u operation for operation (torch's sigmoid is that division), so the bf16 act agrees with
+// the emulation to the accumulation order of g and u. A denominator of +inf (g very negative) gives sigmoid 0.
 __device__ __forceinline__ float silu_mul(float g, float u) {
   const float d = 1.0f + expf(-g);
-  const float s = isinf(d) ? -0.0f : div_by(g, d, recip(d));
-  return __fmul_rn(s, u);
+  const float sig = isinf(d) ? 0.0f : div_by(1.0f, d, recip(d));
+  return __fmul_rn(__fmul_rn(g, sig), u);
 }
 
 template <class T>
