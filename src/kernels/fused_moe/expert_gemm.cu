@@ -93,11 +93,12 @@ __device__ __forceinline__ int weight_row(int r, int nt, int inter) {
   }
 }
 
-// One stage: ROWS weight rows x 128 bytes and BM token rows x 128 bf16, 16-byte cp.async, zero-filled past kdim
-// and for missing token rows.
+// One stage: ROWS weight rows x 128 bytes and the token rows of the occupied n8 blocks (nb of them) x 128 bf16,
+// 16-byte cp.async, zero-filled past kdim and for missing rows of an occupied block. Rows of unoccupied blocks are
+// neither loaded nor read (every reader stops at nb blocks).
 template <class T>
 __device__ __forceinline__ void load_stage(const GemmArgs& a, uint8_t* stage, const uint8_t* w_e, const int* row_src,
-                                           const int* w_row, int kt) {
+                                           const int* w_row, int kt, int nb) {
   const int k0 = kt * kBK;
   for (int c = threadIdx.x; c < T::ROWS * 8; c += kThreads) {
     const int r = c >> 3, q = c & 7, kk = k0 + q * 16;
@@ -105,7 +106,7 @@ __device__ __forceinline__ void load_stage(const GemmArgs& a, uint8_t* stage, co
     cp_async16(stage + r * kAStride + q * 16, ok ? w_e + (size_t)w_row[r] * a.kdim + kk : w_e, ok);
   }
   uint8_t* bs = stage + T::A_BYTES;
-  for (int c = threadIdx.x; c < T::BM * 16; c += kThreads) {
+  for (int c = threadIdx.x; c < nb * 8 * 16; c += kThreads) {
     const int n = c >> 4, q = c & 15, kk = k0 + q * 8;
     const int off = row_src[n];
     const bool ok = off >= 0 && kk < a.kdim;
@@ -120,10 +121,10 @@ __device__ __forceinline__ void load_stage(const GemmArgs& a, uint8_t* stage, co
 // e4m3 rounding ties (3.6% of the elements when amax = 2.625), a tie resolves differently under the two scales,
 // and the next dynamic quantization (act groups) amplifies those single-ulp flips to a 1-3% rel L2 difference.
 template <class T>
-__device__ __forceinline__ void group_scales(const uint8_t* stage, float* xs) {
+__device__ __forceinline__ void group_scales(const uint8_t* stage, float* xs, int nb) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint8_t* bs = stage + T::A_BYTES;
-  for (int n = warp; n < T::BM; n += kThreads / 32) {
+  for (int n = warp; n < nb * 8; n += kThreads / 32) {
     const uint2 v = *reinterpret_cast<const uint2*>(bs + n * kBStride + lane * 8);
     const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
     const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
@@ -138,16 +139,19 @@ __device__ __forceinline__ void group_scales(const uint8_t* stage, float* xs) {
   }
 }
 
-// The warp's k32 slice of one stage: B fragments quantized from bf16, A by ldmatrix, MW x NN MMAs.
+// The warp's k32 slice of one stage: B fragments quantized from bf16, A by ldmatrix, MW x nb MMAs. n8 blocks past
+// nb hold no token of the tile: skipped (a uniform branch), so a tile sized for the busiest expert costs the others
+// no tensor-core or quantization work; their accumulators stay 0 and are never written out.
 template <class T>
 __device__ __forceinline__ void compute_slice(const uint8_t* stage, const float* xs, float a_s, float a_r, const float (&wsc)[T::MW],
-                                              float (&acc)[T::MW][T::NN][4]) {
+                                              float (&acc)[T::MW][T::NN][4], int nb) {
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, tig = lane & 3;
   const uint8_t* bs = stage + T::A_BYTES;
   uint32_t b0[T::NN], b1[T::NN];
 #pragma unroll
   for (int nn = 0; nn < T::NN; ++nn) {
+    if (nn >= nb) break;
     const uint8_t* rp = bs + (nn * 8 + g) * kBStride + ks * 64 + tig * 8;
     const float s = T::BLOCK ? xs[nn * 8 + g] : a_s;
     const float r = T::BLOCK ? xs[T::BM + nn * 8 + g] : a_r;
@@ -160,6 +164,7 @@ __device__ __forceinline__ void compute_slice(const uint8_t* stage, const float*
     ldmatrix_x4(af, stage + (mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kAStride + ks * 32 + (lane >> 4) * 16);
 #pragma unroll
     for (int nn = 0; nn < T::NN; ++nn) {
+      if (nn >= nb) break;
       if constexpr (T::BLOCK) {
         float t[4] = {0.f, 0.f, 0.f, 0.f};
         mma_e4m3(t, af, b0[nn], b1[nn]);
@@ -210,6 +215,7 @@ __global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(Gemm
     const int e = plan.tile_expert()[tile];
     const int start = plan.tile_start()[tile];
     const int rows = min(T::BM, plan.offsets()[e + 1] - start);
+    const int nb = (rows + 7) >> 3;  // occupied n8 token blocks
     const uint8_t* w_e = a.w + (size_t)e * a.w_rows * a.kdim;
     for (int n = tid; n < T::BM; n += kThreads) {
       int off = -1, p = -1;
@@ -233,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(Gemm
 
 #pragma unroll
     for (int s = 0; s < T::STAGES - 1; ++s) {
-      if (s < kt_count) load_stage<T>(a, smem + s * T::STAGE_BYTES, w_e, row_src, w_row, s);
+      if (s < kt_count) load_stage<T>(a, smem + s * T::STAGE_BYTES, w_e, row_src, w_row, s, nb);
       cp_commit();
     }
     for (int kt = 0; kt < kt_count; ++kt) {
@@ -244,15 +250,15 @@ __global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(Gemm
 #pragma unroll
       for (int mi = 0; mi < T::MW; ++mi) wsc[mi] = 1.0f;
       if constexpr (T::BLOCK) {
-        group_scales<T>(stage, xs);
+        group_scales<T>(stage, xs, nb);
 #pragma unroll
         for (int mi = 0; mi < T::MW; ++mi)
           wsc[mi] = a.w_scale[((size_t)e * row_groups + w_row[mi * 16] / 128) * k_groups + kt];
         __syncthreads();
       }
-      if (kt * kBK + warp * 32 < a.kdim) compute_slice<T>(stage, xs, a_s, a_r, wsc, acc);
+      if (kt * kBK + warp * 32 < a.kdim) compute_slice<T>(stage, xs, a_s, a_r, wsc, acc, nb);
       const int next = kt + T::STAGES - 1;
-      if (next < kt_count) load_stage<T>(a, smem + (next % T::STAGES) * T::STAGE_BYTES, w_e, row_src, w_row, next);
+      if (next < kt_count) load_stage<T>(a, smem + (next % T::STAGES) * T::STAGE_BYTES, w_e, row_src, w_row, next, nb);
       cp_commit();
     }
     cp_wait<0>();
