@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(Gemm
   }
   const int num_units = num_items * split;
   int* counters = a.splitk;
-  float* partials = reinterpret_cast<float*>(a.splitk + splitk_counter_ints(gridDim.x));
+  float* partials = split > 1 ? reinterpret_cast<float*>(a.splitk + splitk_counter_ints(gridDim.x)) : nullptr;
   __shared__ int last_flag;
   const int k_groups = kt_count;
   const int row_groups = (a.w_rows + 127) / 128;
