@@ -12,7 +12,7 @@ FP8 formats (e4m3, quantization ``q = e4m3(clamp(v / s, -448, 448))``, round to 
 - ``"pertensor"``: one scale per expert weight (``w13_scale [E]``, ``w2_scale [E]``) and static activation scales
   ``a1_scale [1]`` (x) and ``a2_scale [1]`` (the SiLU-and-mul output).
 - ``"block"``: 128x128 weight blocks (``w13_scale [E, ceil(2I/128), ceil(H/128)]``, ``w2_scale [E, ceil(H/128),
-  ceil(I/128)]``) and dynamic 1x128 activation groups, ``s = max(amax(group) / 448, 1e-12)``. When I is not a
+  ceil(I/128)]``) and dynamic 1x128 activation groups, ``s = max(amax(group) * fp32(1/448), 1e-12)``. When I is not a
   multiple of 128 (Hy3 TP8: I = 1536 / 8 = 192) the last block along I covers the remainder: two blocks along I,
   the second 64 wide, for both the w2 weight scale and the activation groups of the down GEMM; the gate-up output
   has 2I = 384 rows = 3 full blocks, the third holding up-rows 64..191 (gate and up share no block only when I is a
@@ -84,7 +84,9 @@ def group_scales(v: torch.Tensor, group: int = BLOCK) -> torch.Tensor:
     if pad:
         a = torch.nn.functional.pad(a, (0, pad))  # zeros never raise an amax
     amax = a.reshape(n, ng, group).amax(dim=2)
-    return torch.clamp(amax / FP8_MAX, min=GROUP_EPS)
+    # amax * fp32(1/448), not amax / 448: the same rounding on every device (torch turns a division by a Python
+    # float into this multiply on CUDA, not on CPU) and the one the kernels compute
+    return torch.clamp(amax * (1.0 / FP8_MAX), min=GROUP_EPS)
 
 
 def expand_groups(s: torch.Tensor, width: int, group: int = BLOCK) -> torch.Tensor:
