@@ -15,9 +15,13 @@ shared): "v2" (row layout: bank-conflict-free shared-memory patterns, FP8 V frag
 stages, coalesced output / partial stores: docs/notes/split_kv_decode.md) and "v3" (FP8 KV: products transposed so
 the 64-token tile fills the MMA's 16-row side, QK on the FP8 tensor-core instruction, P transposed in registers with
 movmatrix; BF16 KV runs v2). "v3s3c3", "v3s5", "v3s2c4" are v3 with other (stages, CTAs per SM) choices, kept for
-the measurement that picked v3's (the first kernel, "v1", was removed; its lesson is in the notes). "auto" (the
+the measurement that picked v3's (the first kernel, "v1", was removed; its lesson is in the notes). "v3m" and
+"v3ms4c1" (MTP): v3 with one row group of up to 32 query rows (8:1 GQA at q_len 3-4 reads each K/V tile once) on a
+grid of 2 resp. 1 CTAs per SM; "v2f", "v2fs3c1", "v2fs4c1": v2 with v3's start-up and the online combine at BF16
+{stages, CTAs per SM} 2/2, 3/1, 4/1 (for the BF16 gap; see docs/notes/split_kv_decode.md section 9). "auto" (the
 default) picks per plan: v3s2c4 (a finer grid: 4 CTAs per SM of 2 stages) for FP8 KV in dynamic mode when its
-longest (head, request) stays within AUTO_MAX_CHUNKS chunks, else v2 (choose_variant). plan(variant=None) reads the environment variable HOTPATHS_DECODE_VARIANT (default
+longest (head, request) stays within AUTO_MAX_CHUNKS chunks, else v2 (choose_variant); with more than 8 query rows
+per pair (q_len x GQA ratio) v3m takes v3s2c4's place. plan(variant=None) reads the environment variable HOTPATHS_DECODE_VARIANT (default
 DEFAULT_VARIANT).
 
 The static modes size their grid from the lengths on the host (plan() reads kv_lens, or takes max_kv_len): later
