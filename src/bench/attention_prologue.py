@@ -255,7 +255,7 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
                 else:
                     a, kw = op_args(inputs)
                     out = ref.attention_prologue_emulation(*a, **kw)
-                    row.update(impl="fused_emulation", note="no SM90 GPU: the same-precision emulation, untimed")
+                    row.update(impl=impl + "_emulation", note="no SM90 GPU: the same-precision emulation, untimed")
                     row.update(_errors(out, inputs, ERR_TOKENS))
                     rows.append(row)
                     continue
