@@ -4,9 +4,12 @@ attention, and the ``hotpaths prologue`` subcommand.
 Tables:
 - ``prologue_rows``: one row per (head configuration, token count, impl): median/p10/p90 us (CUDA-graph replay, L2
   flushed before each replay; ``torch_unfused`` eager), bytes (read QKV once, write Q + scales and the cache once),
-  the read probe of the same bytes and our fraction of it, the one-kernel timing floor, the error of Q (dequantized)
-  and K (from the cache) vs the exact fp64 reference on the first 256 tokens, and with ``check`` the bit-exact
-  comparison with the same-precision emulation on the first 1024 tokens. Without an SM90 GPU, ``fused`` and the
+  the read probe of the same bytes and our fraction of it, the one-kernel timing floor, the error of Q (dequantized:
+  rel_l2_err, max_abs_err...) and K (from the cache: k_rel_l2_err) vs the exact fp64 reference on the first 256
+  tokens, for every impl (the columns to compare impls by), and with ``check`` q_mismatch / cache_mismatch: bytes
+  that differ from OUR same-precision emulation on the first 1024 tokens (0 for our kernel by design; a peer that
+  rounds differently (division instead of a reciprocal, another eps, FMA) shows thousands, which says nothing
+  about its accuracy: its rows say so in the note). Without an SM90 GPU, ``fused`` and the
   torch impls run their CPU emulation (impl ``*_emulation``, untimed) and the GPU-only peers give their reason.
 - ``chain_rows``: prologue + split-KV decode attention in one CUDA graph with the prologue's early PDL trigger
   (``chain_pdl``) and without it (``chain_no_trigger``: the decode kernel launches only when the prologue has
@@ -283,6 +286,9 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
                 row.update(_errors(out, inputs, ERR_TOKENS))
                 if check:
                     row.update(_mismatch(out, inputs, CHECK_TOKENS))
+                    if not (impl == "fused" or impl in FUSED_VARIANTS):
+                        row["note"] = ("mismatch columns count bytes that differ from our reference's; compare "
+                                       "rel_l2_err / k_rel_l2_err (vs the exact reference)")
             except Exception as e:  # a peer whose output we cannot read still gets its timing
                 row["note"] = f"output not compared: {type(e).__name__}: {str(e)[:200]}"
             if impl in ("flashinfer_fused",):
