@@ -33,7 +33,8 @@ IMPLS = ("fused", "hpc_ops", "flashinfer_fused", "torch_unfused", "torch_unfused
 # keywords. "fused" itself runs the defaults (DEFAULT_ITEMS, early_inputs=False); "_early" reads positions, cos_sin
 # and the norm weights before the PDL wait (valid here: they are host-written inputs).
 FUSED_VARIANTS = {"fused_i1": dict(items=1), "fused_i2": dict(items=2), "fused_i4": dict(items=4),
-                  "fused_i1_early": dict(items=1, early_inputs=True), "fused_i2_early": dict(items=2, early_inputs=True),
+                  "fused_i1_early": dict(items=1, early_inputs=True),
+                  "fused_i2_early": dict(items=2, early_inputs=True),
                   "fused_i4_early": dict(items=4, early_inputs=True)}
 DECODE_MAX = 256
 ERR_TOKENS = 256     # tokens compared with the exact reference (per-token op: a prefix is a fair sample)
@@ -532,6 +533,6 @@ def stored_table(device_tag: str = "h200"):
     return tables.load(p) if p.exists() else None
 
 
-__all__ = ["IMPLS", "FUSED_VARIANTS", "CHAIN_VARIANTS", "case_name", "mode_of", "request_layout", "make_bench_inputs", "make_fused", "prologue_rows",
-           "make_chain_inputs", "make_chain", "chain_rows", "register", "stored_table",
+__all__ = ["IMPLS", "FUSED_VARIANTS", "CHAIN_VARIANTS", "case_name", "mode_of", "request_layout", "make_bench_inputs",
+           "make_fused", "prologue_rows", "make_chain_inputs", "make_chain", "chain_rows", "register", "stored_table",
            "unfused_traffic"]

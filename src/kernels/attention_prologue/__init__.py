@@ -172,7 +172,7 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
     return q_out, q_scale_out
 
 
-# registers torch.ops.hotpaths.attention_prologue (ops.py) bound to the function above
+# registers torch.ops.hotpaths.attention_prologue (ops.py), bound to the function above
 from hotpaths.kernels.attention_prologue import ops as _ops  # noqa: E402
 
 _ops.register(attention_prologue)
