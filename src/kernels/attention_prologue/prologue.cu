@@ -204,8 +204,15 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(const Params p) {
   for (int i = 0; i < ITEMS; ++i) {
     const long long unit = ((long long)blockIdx.x * ITEMS + i) * kUnitsPerChunk + threadIdx.x / G;
     it[i].active = unit < units;
-    it[i].t = it[i].active ? unit / heads : 0;
-    it[i].h = it[i].active ? int(unit - it[i].t * heads) : 0;
+    // 32-bit division where the unit count fits (every realistic batch): a 64-bit one is a long software sequence
+    if (units <= 0x7fffffffLL) {
+      const unsigned u = it[i].active ? unsigned(unit) : 0u;
+      it[i].t = u / unsigned(heads);
+      it[i].h = int(u - unsigned(it[i].t) * unsigned(heads));
+    } else {
+      it[i].t = it[i].active ? unit / heads : 0;
+      it[i].h = it[i].active ? int(unit - it[i].t * heads) : 0;
+    }
     it[i].kind = it[i].h < p.q_heads ? 0 : (it[i].h < p.q_heads + p.kv_heads ? 1 : 2);
     it[i].qk = it[i].active && it[i].kind < 2;
     it[i].x = it[i].w = make_uint4(0, 0, 0, 0);
@@ -214,12 +221,22 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(const Params p) {
     for (int e = 0; e < kElems; ++e) it[i].c[e] = it[i].s[e] = 0.f;
   }
 
-  if (EARLY) {  // the caller guarantees the predecessor writes neither positions, cos_sin nor the norm weights
+  // the static scales: loaded with the other independent loads (before the wait with EARLY: like the weights they
+  // are parameters of the step), their reciprocals taken once per thread below
+  const bool kv_fp8 = p.kv_fp8 != 0;
+  float k_scale = 1.f, v_scale = 1.f, q_static = 1.f;
+  if (EARLY) {  // the caller guarantees the predecessor writes neither positions, cos_sin, weights nor scales
+    if (kv_fp8) k_scale = *p.k_scale, v_scale = *p.v_scale;
+    if (p.q_mode == 1) q_static = *p.q_scale_static;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
       if (it[i].qk) load_rope_inputs(p, it[i], load_pos(p, it[i].t), sub);
   }
   hp::pdl_wait();  // qkv, slots and the caches (and without EARLY the rest) may be written by the previous kernel
+  if (!EARLY) {
+    if (kv_fp8) k_scale = *p.k_scale, v_scale = *p.v_scale;
+    if (p.q_mode == 1) q_static = *p.q_scale_static;
+  }
   long long pos[ITEMS];
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {  // every independent load first: qkv, position, slot
@@ -236,12 +253,7 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(const Params p) {
   if (p.trigger == 1) hp::pdl_launch_dependents();
 
   const bool interleaved = p.interleaved != 0;
-  const bool kv_fp8 = p.kv_fp8 != 0;
-  // static scales: one reciprocal per thread (not per element)
-  const float k_inv = kv_fp8 ? __frcp_rn(*p.k_scale) : 1.f;
-  const float v_inv = kv_fp8 ? __frcp_rn(*p.v_scale) : 1.f;
-  const float q_static = p.q_mode == 1 ? *p.q_scale_static : 1.f;
-  const float q_static_inv = p.q_mode == 1 ? __frcp_rn(q_static) : 1.f;
+  const float k_inv = __frcp_rn(k_scale), v_inv = __frcp_rn(v_scale), q_static_inv = __frcp_rn(q_static);
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     float x[kElems], w[kElems];
