@@ -152,7 +152,7 @@ def test_launch_variant_resolution(monkeypatch):
     with pytest.raises(ValueError, match=ap.ITEMS_ENV):
         ap.resolve_variant(None, True)
     with pytest.raises(ValueError, match="items"):
-        ap.resolve_variant(8, True)
+        ap.resolve_variant(16, True)
     with pytest.raises(ValueError, match="trigger"):
         ap.resolve_variant(1, "end")
 

@@ -32,10 +32,8 @@ IMPLS = ("fused", "hpc_ops", "flashinfer_fused", "torch_unfused", "torch_unfused
 # Launch variants of our kernel for A/B rows (``--variants`` or by name in --impl): name -> attention_prologue()
 # keywords. "fused" itself runs the defaults (DEFAULT_ITEMS, early_inputs=False); "_early" reads positions, cos_sin
 # and the norm weights before the PDL wait (valid here: they are host-written inputs).
-FUSED_VARIANTS = {"fused_i1": dict(items=1), "fused_i2": dict(items=2), "fused_i4": dict(items=4),
-                  "fused_i1_early": dict(items=1, early_inputs=True),
-                  "fused_i2_early": dict(items=2, early_inputs=True),
-                  "fused_i4_early": dict(items=4, early_inputs=True)}
+FUSED_VARIANTS = {f"fused_i{n}{'_early' if e else ''}": dict(items=n, early_inputs=True) if e else dict(items=n)
+                  for e in (False, True) for n in (1, 2, 4, 8)}
 DECODE_MAX = 256
 ERR_TOKENS = 256     # tokens compared with the exact reference (per-token op: a prefix is a fair sample)
 CHECK_TOKENS = 1024  # tokens compared bit for bit with the emulation under check=True

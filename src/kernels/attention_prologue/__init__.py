@@ -27,10 +27,10 @@ OP = "attention_prologue"
 HEAD_DIMS = ref.HEAD_DIMS
 _Q_MODE = {"dynamic": 0, "static": 1, "bf16": 2}
 # Launch variants (configurations of the one kernel template), chosen by argument or, for the benchmark's A/B runs,
-# by environment variable: ITEMS (1, 2, 4) = (token, head) units per lane group, all their loads issued before any
+# by environment variable: ITEMS (1, 2, 4, 8) = (token, head) units per lane group, all their loads issued before any
 # arithmetic (more bytes in flight per thread, more registers); TRIGGER ("loads": launch_dependents after the loads,
 # "start": at the very start, so a PDL successor's pre-wait part overlaps the whole prologue).
-ITEMS = (1, 2, 4)
+ITEMS = (1, 2, 4, 8)
 DEFAULT_ITEMS = 2
 ITEMS_ENV = "HOTPATHS_PROLOGUE_ITEMS"
 TRIGGERS = ("loads", "start")
@@ -139,6 +139,9 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
                               q_scale_static=q_scale_static, k_scale=k_scale, v_scale=v_scale,
                               check_values=check_inputs)
     T, Hq, D = cfg.tokens, cfg.q_heads, cfg.head_dim
+    if T * (cfg.q_heads + 2 * cfg.kv_heads) >= 2 ** 31:
+        raise ValueError(f"qkv: {T} tokens x {cfg.q_heads + 2 * cfg.kv_heads} heads >= 2^31 (head units are indexed "
+                         "in 32 bits); split the batch")
     q_torch_dtype = torch.bfloat16 if cfg.q_mode == "bf16" else ref.FP8_DTYPE
     dev = _check_device(cfg, dict(qkv=qkv, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, cos_sin=cos_sin,
                                   positions=positions, slot_mapping=slot_mapping, k_cache=k_cache, v_cache=v_cache,

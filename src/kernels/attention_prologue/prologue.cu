@@ -151,104 +151,104 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&x)[kElems]) {
   }
 }
 
-// One (token, head) unit of this lane group: where it is, and what has been loaded for it.
-struct Item {
-  long long t;
-  int h, kind;  // kind 0 Q, 1 K, 2 V
+// One (token, head) unit of this lane group: where it is.
+struct Unit {
+  int t, h, kind;  // kind 0 Q, 1 K, 2 V (the host keeps tokens * heads < 2^31)
   bool active, qk;
-  uint4 x, w;   // raw bf16 (converted at compute time: fewer live registers across the loads)
-  float c[kElems], s[kElems];
-  long long slot;
 };
 
-__device__ __forceinline__ long long load_pos(const Params& p, long long t) {
-  long long pos = p.pos64 ? static_cast<const int64_t*>(p.positions)[t]
-                          : (long long)static_cast<const int32_t*>(p.positions)[t];
-  return pos < 0 ? 0 : (pos >= p.max_pos ? p.max_pos - 1 : pos);  // host validates; never read out of bounds
+// What RoPE and the norm need for one unit: the norm weight (raw bf16) and the lane's cos/sin angles.
+struct RopeIn {
+  uint4 w;
+  float c[kElems], s[kElems];
+};
+
+__device__ __forceinline__ int load_pos(const Params& p, int t) {
+  const long long pos = p.pos64 ? static_cast<const int64_t*>(p.positions)[t]
+                                : (long long)static_cast<const int32_t*>(p.positions)[t];
+  return int(pos < 0 ? 0 : (pos >= p.max_pos ? p.max_pos - 1 : pos));  // host validates; never read out of bounds
 }
 
-// norm weight, and the cos/sin row of `pos` (the lane's 8 neox angles or 4 interleaved ones)
-__device__ __forceinline__ void load_rope_inputs(const Params& p, Item& it, long long pos, int sub) {
-  if (!it.qk) return;
-  it.w = *reinterpret_cast<const uint4*>((it.kind == 0 ? p.q_norm_w : p.k_norm_w) + sub * kElems);
-  const float* row = p.cos_sin + pos * p.rot;
+// norm weight, and the cos/sin row of `pos` (the lane's 8 neox angles or 4 interleaved ones); lanes that use none
+// of them (V units, lanes past rotary_dim) keep zeros
+__device__ __forceinline__ void load_rope_inputs(const Params& p, const Unit& u, int pos, int sub, RopeIn& r) {
+  r.w = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) r.c[e] = r.s[e] = 0.f;
+  if (!u.qk) return;
+  r.w = *reinterpret_cast<const uint4*>((u.kind == 0 ? p.q_norm_w : p.k_norm_w) + sub * kElems);
+  const float* row = p.cos_sin + (long long)pos * p.rot;
   const int hr = p.rot / 2;
   if (sub * kElems >= p.rot) return;
   if (!p.interleaved) {
-    const int base = (sub * kElems) % hr;
+    const int base = sub * kElems < hr ? sub * kElems : sub * kElems - hr;
     const float4* cp = reinterpret_cast<const float4*>(row + base);
     const float4* sp = reinterpret_cast<const float4*>(row + hr + base);
     const float4 c0 = cp[0], c1 = cp[1], s0 = sp[0], s1 = sp[1];
-    it.c[0] = c0.x; it.c[1] = c0.y; it.c[2] = c0.z; it.c[3] = c0.w;
-    it.c[4] = c1.x; it.c[5] = c1.y; it.c[6] = c1.z; it.c[7] = c1.w;
-    it.s[0] = s0.x; it.s[1] = s0.y; it.s[2] = s0.z; it.s[3] = s0.w;
-    it.s[4] = s1.x; it.s[5] = s1.y; it.s[6] = s1.z; it.s[7] = s1.w;
+    r.c[0] = c0.x; r.c[1] = c0.y; r.c[2] = c0.z; r.c[3] = c0.w;
+    r.c[4] = c1.x; r.c[5] = c1.y; r.c[6] = c1.z; r.c[7] = c1.w;
+    r.s[0] = s0.x; r.s[1] = s0.y; r.s[2] = s0.z; r.s[3] = s0.w;
+    r.s[4] = s1.x; r.s[5] = s1.y; r.s[6] = s1.z; r.s[7] = s1.w;
   } else {
     const float4 c0 = *reinterpret_cast<const float4*>(row + sub * 4);
     const float4 s0 = *reinterpret_cast<const float4*>(row + hr + sub * 4);
-    it.c[0] = c0.x; it.c[1] = c0.y; it.c[2] = c0.z; it.c[3] = c0.w;
-    it.s[0] = s0.x; it.s[1] = s0.y; it.s[2] = s0.z; it.s[3] = s0.w;
+    r.c[0] = c0.x; r.c[1] = c0.y; r.c[2] = c0.z; r.c[3] = c0.w;
+    r.s[0] = s0.x; r.s[1] = s0.y; r.s[2] = s0.z; r.s[3] = s0.w;
   }
 }
 
+// Items: every unit's qkv row (the HBM bytes), position and slot are loaded up front (ITEMS 16-byte loads in flight
+// per lane); the norm weight and cos/sin row (L1/L2-resident after the first unit of a token) are fetched one unit
+// ahead of the arithmetic, so only two sets of them are live at a time.
 template <int D, int ITEMS, bool EARLY>
 __global__ void __launch_bounds__(kThreads) prologue_kernel(const Params p) {
   constexpr int G = D / kElems;
   constexpr int kUnitsPerChunk = kThreads / G;
   if (p.trigger == 2) hp::pdl_launch_dependents();
   const int heads = p.q_heads + 2 * p.kv_heads;
-  const long long units = p.tokens * heads;
+  const unsigned units = unsigned(p.tokens) * unsigned(heads);  // < 2^31: the host checks
   const int sub = int(threadIdx.x % G);
-  Item it[ITEMS];
+  Unit u[ITEMS];
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
-    const long long unit = ((long long)blockIdx.x * ITEMS + i) * kUnitsPerChunk + threadIdx.x / G;
-    it[i].active = unit < units;
-    // 32-bit division where the unit count fits (every realistic batch): a 64-bit one is a long software sequence
-    if (units <= 0x7fffffffLL) {
-      const unsigned u = it[i].active ? unsigned(unit) : 0u;
-      it[i].t = u / unsigned(heads);
-      it[i].h = int(u - unsigned(it[i].t) * unsigned(heads));
-    } else {
-      it[i].t = it[i].active ? unit / heads : 0;
-      it[i].h = it[i].active ? int(unit - it[i].t * heads) : 0;
-    }
-    it[i].kind = it[i].h < p.q_heads ? 0 : (it[i].h < p.q_heads + p.kv_heads ? 1 : 2);
-    it[i].qk = it[i].active && it[i].kind < 2;
-    it[i].x = it[i].w = make_uint4(0, 0, 0, 0);
-    it[i].slot = -1;
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) it[i].c[e] = it[i].s[e] = 0.f;
+    // 32-bit index math (a 64-bit division is a long software sequence)
+    const unsigned unit = (blockIdx.x * unsigned(ITEMS) + i) * kUnitsPerChunk + threadIdx.x / G;
+    u[i].active = unit < units;
+    const unsigned v = u[i].active ? unit : 0u;
+    u[i].t = int(v / unsigned(heads));
+    u[i].h = int(v - unsigned(u[i].t) * unsigned(heads));
+    u[i].kind = u[i].h < p.q_heads ? 0 : (u[i].h < p.q_heads + p.kv_heads ? 1 : 2);
+    u[i].qk = u[i].active && u[i].kind < 2;
   }
 
   // the static scales: loaded with the other independent loads (before the wait with EARLY: like the weights they
   // are parameters of the step), their reciprocals taken once per thread below
   const bool kv_fp8 = p.kv_fp8 != 0;
   float k_scale = 1.f, v_scale = 1.f, q_static = 1.f;
+  int pos[ITEMS];
+  RopeIn cur;
   if (EARLY) {  // the caller guarantees the predecessor writes neither positions, cos_sin, weights nor scales
     if (kv_fp8) k_scale = *p.k_scale, v_scale = *p.v_scale;
     if (p.q_mode == 1) q_static = *p.q_scale_static;
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
-      if (it[i].qk) load_rope_inputs(p, it[i], load_pos(p, it[i].t), sub);
+    for (int i = 0; i < ITEMS; ++i) pos[i] = u[i].qk ? load_pos(p, u[i].t) : 0;
+    load_rope_inputs(p, u[0], pos[0], sub, cur);
   }
   hp::pdl_wait();  // qkv, slots and the caches (and without EARLY the rest) may be written by the previous kernel
+  uint4 xr[ITEMS];
+  long long slot[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {  // every independent load first: qkv, position, slot
+    xr[i] = u[i].active ? *reinterpret_cast<const uint4*>(p.qkv + ((long long)u[i].t * heads + u[i].h) * D +
+                                                          sub * kElems)
+                        : make_uint4(0, 0, 0, 0);
+    if (!EARLY) pos[i] = u[i].qk ? load_pos(p, u[i].t) : 0;
+    slot[i] = u[i].active && u[i].kind > 0 ? p.slots[u[i].t] : -1;
+  }
   if (!EARLY) {
     if (kv_fp8) k_scale = *p.k_scale, v_scale = *p.v_scale;
     if (p.q_mode == 1) q_static = *p.q_scale_static;
-  }
-  long long pos[ITEMS];
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {  // every independent load first: qkv, position, slot
-    if (it[i].active) it[i].x = *reinterpret_cast<const uint4*>(p.qkv + (it[i].t * heads + it[i].h) * (long long)D +
-                                                                 sub * kElems);
-    if (!EARLY && it[i].qk) pos[i] = load_pos(p, it[i].t);
-    if (it[i].active && it[i].kind > 0) it[i].slot = p.slots[it[i].t];
-  }
-  if (!EARLY) {
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
-      if (it[i].qk) load_rope_inputs(p, it[i], pos[i], sub);
+    load_rope_inputs(p, u[0], pos[0], sub, cur);
   }
   if (p.trigger == 1) hp::pdl_launch_dependents();
 
@@ -256,17 +256,20 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(const Params p) {
   const float k_inv = __frcp_rn(k_scale), v_inv = __frcp_rn(v_scale), q_static_inv = __frcp_rn(q_static);
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
+    RopeIn nxt;
+    if (i + 1 < ITEMS) load_rope_inputs(p, u[i + 1 < ITEMS ? i + 1 : i], pos[i + 1 < ITEMS ? i + 1 : i], sub, nxt);
     float x[kElems], w[kElems];
-    unpack8(it[i].x, x);
-    unpack8(it[i].w, w);
-    const bool qk = it[i].qk;
+    unpack8(xr[i], x);
+    unpack8(cur.w, w);
+    const bool qk = u[i].qk;
     if (p.rope_first) {
-      rope<G>(x, it[i].c, it[i].s, sub, p.rot, interleaved, qk);
+      rope<G>(x, cur.c, cur.s, sub, p.rot, interleaved, qk);
       rms_norm<G>(x, w, p.eps, qk);
     } else {
       rms_norm<G>(x, w, p.eps, qk);
-      rope<G>(x, it[i].c, it[i].s, sub, p.rot, interleaved, qk);
+      rope<G>(x, cur.c, cur.s, sub, p.rot, interleaved, qk);
     }
+    if (i + 1 < ITEMS) cur = nxt;
     // Q amax over the head (every lane shuffles; only Q units use it)
     float amax = 0.f;
 #pragma unroll
@@ -274,10 +277,10 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(const Params p) {
 #pragma unroll
     for (int o = G / 2; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
 
-    if (!it[i].active) continue;
-    const long long t = it[i].t;
-    const int h = it[i].h;
-    if (it[i].kind == 0) {
+    if (!u[i].active) continue;
+    const long long t = u[i].t;  // 64-bit offsets below
+    const int h = u[i].h;
+    if (u[i].kind == 0) {
       const long long row = t * p.q_heads + h;
       if (p.q_mode == 2) {
         store_bf16x8(static_cast<__nv_bfloat16*>(p.q_out) + row * D + sub * kElems, x);
@@ -289,14 +292,14 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(const Params p) {
         if (sub == 0) p.q_scale[row] = scale;
       }
     } else {
-      long long slot = it[i].slot;
-      if (slot >= p.cache_slots) slot = -1;  // host validates; an out-of-range slot is never written
-      if (slot < 0) continue;
-      const int hk = it[i].kind == 1 ? h - p.q_heads : h - p.q_heads - p.kv_heads;
-      const long long off = (slot * p.kv_heads + hk) * D + sub * kElems;
-      void* cache = it[i].kind == 1 ? p.k_cache : p.v_cache;
+      long long sl = slot[i];
+      if (sl >= p.cache_slots) sl = -1;  // host validates; an out-of-range slot is never written
+      if (sl < 0) continue;
+      const int hk = u[i].kind == 1 ? h - p.q_heads : h - p.q_heads - p.kv_heads;
+      const long long off = (sl * p.kv_heads + hk) * D + sub * kElems;
+      void* cache = u[i].kind == 1 ? p.k_cache : p.v_cache;
       if (kv_fp8) {
-        store_fp8x8(static_cast<uint8_t*>(cache) + off, x, it[i].kind == 1 ? k_inv : v_inv);
+        store_fp8x8(static_cast<uint8_t*>(cache) + off, x, u[i].kind == 1 ? k_inv : v_inv);
       } else {
         store_bf16x8(static_cast<__nv_bfloat16*>(cache) + off, x);
       }
@@ -308,8 +311,8 @@ template <int D, int ITEMS, bool EARLY>
 int launch_dv(const Params& p, int pdl, cudaStream_t stream) {
   constexpr long long kUnitsPerCta = (long long)(kThreads / (D / kElems)) * ITEMS;
   const long long units = p.tokens * (p.q_heads + 2 * p.kv_heads);
+  if (units > 0x7fffffffLL) return int(cudaErrorInvalidValue);  // the kernel indexes units in 32 bits
   const long long blocks = (units + kUnitsPerCta - 1) / kUnitsPerCta;
-  if (blocks > 0x7fffffffLL) return int(cudaErrorInvalidConfiguration);
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
   return int(hp::launch(prologue_kernel<D, ITEMS, EARLY>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, opt, p));
@@ -324,6 +327,8 @@ int launch_d(const Params& p, int items, int early, int pdl, cudaStream_t stream
     case 5: return launch_dv<D, 2, true>(p, pdl, stream);
     case 8: return launch_dv<D, 4, false>(p, pdl, stream);
     case 9: return launch_dv<D, 4, true>(p, pdl, stream);
+    case 16: return launch_dv<D, 8, false>(p, pdl, stream);
+    case 17: return launch_dv<D, 8, true>(p, pdl, stream);
     default: return int(cudaErrorInvalidValue);
   }
 }
