@@ -143,6 +143,11 @@ def test_launch_variant_resolution(monkeypatch):
     monkeypatch.delenv(ap.TRIGGER_ENV, raising=False)
     assert ap.resolve_variant(None, True) == (ap.DEFAULT_ITEMS, ap.DEFAULT_TRIGGER)
     assert ap.resolve_variant(4, False) == (4, "none")
+    assert ap.resolve_variant("auto", "loads") == ("auto", "loads")
+    # auto: decode sizes keep one unit per lane group, prefill deepens while every SM still gets 2 CTAs
+    assert ap.auto_items(10, 128, 132) == 1 and ap.auto_items(64 * 80, 128, 132) == 2
+    assert ap.auto_items(4096 * 10, 128, 132) == 8 and ap.auto_items(16384 * 10, 256, 132) == 8
+    assert ap.auto_items(1024 * 10, 128, 132) == 4
     assert ap.resolve_variant(1, "start") == (1, "start")
     monkeypatch.setenv(ap.ITEMS_ENV, "4")
     monkeypatch.setenv(ap.TRIGGER_ENV, "start")

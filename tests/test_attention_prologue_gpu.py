@@ -111,7 +111,7 @@ def test_token_counts_and_exact_tolerance(ap, T):
     assert check(kd, kr, tol=tolerance("attention_prologue", "fp8_kv_vs_exact")).passed
 
 
-@pytest.mark.parametrize("items", (1, 2, 4, 8))
+@pytest.mark.parametrize("items", (1, 2, 4, 8, "auto"))
 @pytest.mark.parametrize("early", (False, True))
 @pytest.mark.parametrize("trigger", (False, "loads", "start"))
 @pytest.mark.parametrize("T,D,style", [(1, 128, "neox"), (13, 64, "interleaved"), (301, 256, "neox")])

@@ -34,6 +34,7 @@ IMPLS = ("fused", "hpc_ops", "flashinfer_fused", "torch_unfused", "torch_unfused
 # and the norm weights before the PDL wait (valid here: they are host-written inputs).
 FUSED_VARIANTS = {f"fused_i{n}{'_early' if e else ''}": dict(items=n, early_inputs=True) if e else dict(items=n)
                   for e in (False, True) for n in (1, 2, 4, 8)}
+FUSED_VARIANTS["fused_early"] = dict(early_inputs=True)  # the default items rule, early reads
 DECODE_MAX = 256
 ERR_TOKENS = 256     # tokens compared with the exact reference (per-token op: a prefix is a fair sample)
 CHECK_TOKENS = 1024  # tokens compared bit for bit with the emulation under check=True

@@ -31,7 +31,10 @@ _Q_MODE = {"dynamic": 0, "static": 1, "bf16": 2}
 # arithmetic (more bytes in flight per thread, more registers); TRIGGER ("loads": launch_dependents after the loads,
 # "start": at the very start, so a PDL successor's pre-wait part overlaps the whole prologue).
 ITEMS = (1, 2, 4, 8)
-DEFAULT_ITEMS = 2
+# "auto": the largest ITEMS that still gives every SM AUTO_CTAS_PER_SM CTAs (fill the machine first, then deepen
+# each thread's queue of loads): decode sizes get 1, prefill 4-8.
+DEFAULT_ITEMS = "auto"
+AUTO_CTAS_PER_SM = 2
 ITEMS_ENV = "HOTPATHS_PROLOGUE_ITEMS"
 TRIGGERS = ("loads", "start")
 DEFAULT_TRIGGER = "loads"
@@ -60,17 +63,30 @@ def _is_capturing() -> bool:
         return False
 
 
-def resolve_variant(items: int | None, trigger) -> tuple[int, str]:
-    """(items, trigger mode) from the arguments, else the environment (ITEMS_ENV, TRIGGER_ENV), else the defaults.
+def auto_items(units: int, head_dim: int, num_sms: int) -> int:
+    """The largest ITEMS whose grid still has AUTO_CTAS_PER_SM CTAs per SM (1 if none does). units = tokens x
+    (q_heads + 2 kv_heads); a CTA holds 128 / (head_dim / 8) units per item."""
+    chunks = -(-units // (128 // (head_dim // 8)))
+    return max([n for n in ITEMS if -(-chunks // n) >= AUTO_CTAS_PER_SM * num_sms] or [1])
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def resolve_variant(items, trigger) -> tuple[int | str, str]:
+    """(items or "auto", trigger mode) from the arguments, else the environment (ITEMS_ENV, TRIGGER_ENV), else the
+    defaults.
     trigger: False -> "none", True -> the default/environment mode, or a mode of TRIGGERS. Raises ValueError on an
     unknown value (naming the argument or variable)."""
     if items is None:
         env = os.environ.get(ITEMS_ENV)
-        if env is not None and (not env.strip().isdigit() or int(env) not in ITEMS):
-            raise ValueError(f"{ITEMS_ENV}: expected one of {ITEMS}, got {env!r}")
-        items = DEFAULT_ITEMS if env is None else int(env)
-    elif items not in ITEMS:
-        raise ValueError(f"items: expected one of {ITEMS}, got {items!r}")
+        if env is not None and env != "auto" and (not env.strip().isdigit() or int(env) not in ITEMS):
+            raise ValueError(f"{ITEMS_ENV}: expected 'auto' or one of {ITEMS}, got {env!r}")
+        items = DEFAULT_ITEMS if env is None else (env if env == "auto" else int(env))
+    elif items != "auto" and items not in ITEMS:
+        raise ValueError(f"items: expected 'auto' or one of {ITEMS}, got {items!r}")
     if trigger is False:
         return items, "none"
     if trigger is True:
@@ -107,7 +123,8 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
                        eps: float = ref.DEFAULT_EPS, norm_order: str = "norm_rope", rope: str = "neox",
                        rotary_dim: int | None = None, q_dtype: str = "fp8", q_scale_static=None, k_scale=None,
                        v_scale=None, q_out=None, q_scale_out=None, pdl: bool = True, trigger: bool | str = True,
-                       early_inputs: bool = False, items: int | None = None, check_inputs: bool | None = None):
+                       early_inputs: bool = False, items: int | str | None = None,
+                       check_inputs: bool | None = None):
     """QK-Norm -> RoPE (or RoPE -> norm) -> Q in FP8/BF16 + K/V into the paged cache, in one kernel.
 
     Shape/Dtype: qkv [tokens, (q_heads + 2*kv_heads) * head_dim] bf16 (Q heads, then K, then V); q_norm_weight,
@@ -124,7 +141,8 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
     False: never). early_inputs: the kernel launched just before this one writes none of positions, cos_sin,
     q_norm_weight, k_norm_weight (true when they are host-written inputs or written earlier in the step), so they
     and the cos/sin rows are read before the PDL wait (two dependent loads off the critical path); False waits
-    first. items: (token, head) units per lane group (ITEMS; None: $HOTPATHS_PROLOGUE_ITEMS or DEFAULT_ITEMS).
+    first. items: (token, head) units per lane group (ITEMS or "auto": auto_items(); None: $HOTPATHS_PROLOGUE_ITEMS
+    or DEFAULT_ITEMS).
     check_inputs (default: True unless a CUDA graph is being captured) reads slot_mapping and positions on the
     host to reject out-of-range values; without it the kernel skips out-of-range slots and clamps positions.
     Raises TypeError/ValueError naming the argument (dtype, shape, unsupported head_dim / rotary_dim / option,
@@ -159,6 +177,8 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
         q_out = torch.empty((T, Hq, D), dtype=q_torch_dtype, device=dev)
     if q_scale_out is None and cfg.q_mode != "bf16":
         q_scale_out = torch.empty((T, Hq), dtype=torch.float32, device=dev)
+    if items == "auto":
+        items = auto_items(T * (cfg.q_heads + 2 * cfg.kv_heads), D, _num_sms(dev.index or 0))
     from hotpaths.kernels._build import check_status, ptr, stream_ptr
 
     lib = _lib()
