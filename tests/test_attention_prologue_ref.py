@@ -269,3 +269,13 @@ def test_quantize_is_multiply_by_the_rounded_reciprocal():
     assert int(diff.max()) <= 1 and int((diff > 0).sum()) < x.numel() // 1000
     # the fp32 values the two definitions round to e4m3 really differ (by one ulp) on a fraction of the elements
     assert int(((x * inv) != (x.double() / s.double()).float()).sum()) > 0
+
+
+def test_tiny_q_head_gets_a_finite_reciprocal():
+    """A Q head whose amax / 448 underflows below the normal range keeps a scale whose reciprocal is finite, so its
+    zeros stay zeros (0 * inf would be NaN) and its bytes dequantize close to the values."""
+    inp = ref.make_prologue_inputs(2, q_heads=2, kv_heads=1, head_dim=64, page_size=16, seed=1)
+    inp["q_norm_weight"] = torch.full_like(inp["q_norm_weight"], 1e-38)  # Q after the norm ~1e-38
+    q, qs, _, _ = ref.attention_prologue_emulation(*(inp[k] for k in ARGS), **{k: inp[k] for k in KW})
+    assert torch.all(qs >= torch.finfo(torch.float32).tiny) and torch.isfinite(ref.inverse_scale(qs)).all()
+    assert not torch.isnan(q.float()).any()

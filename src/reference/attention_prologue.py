@@ -8,7 +8,8 @@ From the fused QKV projection output ``qkv [tokens, (q_heads + 2*kv_heads) * hea
    through): ``neox`` rotates halves (element i pairs with i + rotary_dim/2), ``interleaved`` rotates adjacent
    pairs (2j, 2j+1); angles from ``cos_sin[positions[t]]`` ([max_pos, rotary_dim] fp32: cos in the first half,
    sin in the second);
-3. Q out: FP8 e4m3 with a per-token, per-head scale ``amax / 448`` (an all-zero head gets scale 1), or FP8 with a
+3. Q out: FP8 e4m3 with a per-token, per-head scale ``amax / 448`` (an all-zero head gets scale 1; floored at the
+   smallest normal fp32 so its reciprocal is finite), or FP8 with a
    static scale (``q_scale_static`` [1]; the q_scale output is then filled with it so the decode kernel reads the
    same layout), or bf16. Layout: q [tokens, q_heads, head_dim], q_scale [tokens, q_heads] fp32: what
    hotpaths.kernels.split_kv_decode.run() reads;
@@ -303,7 +304,9 @@ def attention_prologue_emulation(qkv, q_norm_weight, k_norm_weight, cos_sin, pos
         q_out, q_scale = quantize_fp8(q, s), s.expand(T, Hq).clone()
     else:
         amax = q.abs().amax(-1) if T else torch.zeros(0, Hq)
-        q_scale = torch.where(amax > 0, _div_rn(amax, FP8_MAX), torch.ones_like(amax))
+        # floored at the smallest normal fp32 so 1/scale stays finite (only a head with amax < 448 * 2^-126 sees it)
+        q_scale = torch.where(amax > 0, _div_rn(amax, FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny),
+                              torch.ones_like(amax))
         q_out = quantize_fp8(q, q_scale[..., None])
     kc, vc = cpu(k_cache).clone(), cpu(v_cache).clone()
     if cfg.kv_fp8:

@@ -286,7 +286,8 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(const Params p) {
         store_bf16x8(static_cast<__nv_bfloat16*>(p.q_out) + row * D + sub * kElems, x);
       } else {
         const bool dyn = p.q_mode == 0;
-        const float scale = dyn ? (amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f) : q_static;
+        // floored at the smallest normal float so its reciprocal stays finite (0 * inf would be NaN)
+        const float scale = dyn ? (amax > 0.f ? fmaxf(__fdiv_rn(amax, 448.f), 1.17549435e-38f) : 1.f) : q_static;
         const float inv = dyn ? __frcp_rn(scale) : q_static_inv;
         store_fp8x8(static_cast<uint8_t*>(p.q_out) + row * D + sub * kElems, x, inv);
         if (sub == 0) p.q_scale[row] = scale;
