@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from hotpaths.bench.split_kv_decode_peers import PeerUnavailable  # one exception type for every peer adapter
+from hotpaths.harness.peers import PeerUnavailable
 
 PEER_NAMES = ("hpc_ops", "flashinfer_fused", "torch_unfused")
 FLASHINFER_VERSION = "0.7.2"
