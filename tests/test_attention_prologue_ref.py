@@ -252,3 +252,30 @@ def test_fake_impl_gives_output_shapes():
         qb, qsb = torch.ops.hotpaths.attention_prologue(*(fake[k] for k in ARGS), 1e-5, "norm_rope", "neox", 128,
                                                         "bf16", None, fake["k_scale"], fake["v_scale"])
         assert qb.dtype == torch.bfloat16 and qsb.numel() == 0
+
+
+def test_quantize_is_multiply_by_the_rounded_reciprocal():
+    """The documented definition: x * fp32(1/scale), one rounding, then e4m3; it agrees with x / scale except within
+    an fp32 ulp of an e4m3 rounding boundary (rare, and then by one e4m3 code)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1 << 18, generator=g) * 3
+    s = torch.tensor(0.0137)  # 1/s is not exact in fp32
+    inv = ref.inverse_scale(s)
+    assert inv.dtype == torch.float32 and float(inv) == float(torch.tensor(1.0 / 0.0137, dtype=torch.float64).float())
+    mul = ref.quantize_fp8(x, s)
+    assert torch.equal(mul.view(torch.uint8), (x * inv).clamp(-448, 448).to(ref.FP8_DTYPE).view(torch.uint8))
+    div = (x.double() / s.double()).float().clamp(-448, 448).to(ref.FP8_DTYPE)
+    diff = (mul.view(torch.uint8).int() - div.view(torch.uint8).int()).abs()
+    assert int(diff.max()) <= 1 and int((diff > 0).sum()) < x.numel() // 1000
+    # the fp32 values the two definitions round to e4m3 really differ (by one ulp) on a fraction of the elements
+    assert int(((x * inv) != (x.double() / s.double()).float()).sum()) > 0
+
+
+def test_tiny_q_head_gets_a_finite_reciprocal():
+    """A Q head whose amax / 448 underflows below the normal range keeps a scale whose reciprocal is finite, so its
+    zeros stay zeros (0 * inf would be NaN) and its bytes dequantize close to the values."""
+    inp = ref.make_prologue_inputs(2, q_heads=2, kv_heads=1, head_dim=64, page_size=16, seed=1)
+    inp["q_norm_weight"] = torch.full_like(inp["q_norm_weight"], 1e-38)  # Q after the norm ~1e-38
+    q, qs, _, _ = ref.attention_prologue_emulation(*(inp[k] for k in ARGS), **{k: inp[k] for k in KW})
+    assert torch.all(qs >= torch.finfo(torch.float32).tiny) and torch.isfinite(ref.inverse_scale(qs)).all()
+    assert not torch.isnan(q.float()).any()

@@ -142,7 +142,7 @@ def test_generalised_decode_other_shapes(rg, variant):
 
 
 @pytest.mark.parametrize("variant,splits,m", [("decode_c16", 0, 3), ("decode_c16w8", 0, 48), ("decode_w8", 0, 64),
-                                              ("tiled64d", 8, 208), ("wg128n96", 2, 2048), ("wg128n128", 4, 2048),
+                                              ("tiled64d", 8, 208), ("wg128n96", 2, 2048), ("wg128n96", 4, 4096),
                                               ("ws128n192g", 1, 4096), ("ws128n192g", 4, 4096),
                                               ("ws128n192g", 8, 2048), ("ws128n192p", 4, 4096),
                                               ("ws128n192p", 2, 1100), ("ws128n192p", 8, 2048),

@@ -163,8 +163,8 @@ def _layout(inputs):
 
 
 def _as_our_scale(qs, T: int, Hq: int, lay):
-    """A peer's q_scale -> [T, Hq]: decode layout [T, Hq] as is; prefill layout [num_req, Hq, >= max_len] (HPC-Ops)
-    gathered per request."""
+    """A peer's q_scale -> [T, Hq]: decode layout [T, Hq] as is; prefill layout [num_req, Hq, >= max_len] (HPC-Ops,
+    FlashInfer's dynamic prefill: entry [r, h, i] is token i of request r) gathered per request."""
     import torch
 
     if qs is None:
@@ -334,7 +334,12 @@ def make_flashinfer_fused(inputs):
     lay = _layout(inputs)
     sig = inspect.signature(f)
     out_q = torch.empty((T, Hq, D), dtype=torch.float8_e4m3fn, device=kc.device)
-    q_scale = torch.empty((T, Hq), dtype=torch.float32, device=kc.device)
+    max_len = int(lay["max_seqlen"])
+    if lay["is_prefill"]:  # dynamic prefill: [B, Hq, round_up(max_seqlen, 128)] by token index inside its request
+        nreq = int(lay["q_indptr"].numel()) - 1
+        q_scale = torch.empty((nreq, Hq, -(-max_len // 128) * 128), dtype=torch.float32, device=kc.device)
+    else:
+        q_scale = torch.empty((T, Hq), dtype=torch.float32, device=kc.device)
     cand = dict(qkv=inputs["qkv"], cos_sin_cache=inputs["cos_sin"], cos_sin=inputs["cos_sin"],
                 seq_lens=lay["seq_lens"].to(torch.int32).contiguous(),
                 q_indptr=lay["q_indptr"].to(torch.int32).contiguous(),
@@ -342,8 +347,7 @@ def make_flashinfer_fused(inputs):
                 kv_indices=lay["block_table"].to(torch.int32).contiguous(),
                 paged_kv_cache=(kc, vc), key_cache=kc, value_cache=vc, is_prefill=bool(lay["is_prefill"]),
                 k_scale=inputs["k_scale"], v_scale=inputs["v_scale"], quant_policy=1,
-                max_seqlen=int(lay["max_seqlen"]), upper_max=FP8_MAX,
-                q_norm_weight=inputs["q_norm_weight"].float().contiguous(),
+                max_seqlen=max_len, upper_max=FP8_MAX, q_norm_weight=inputs["q_norm_weight"].float().contiguous(),
                 k_norm_weight=inputs["k_norm_weight"].float().contiguous(),
                 qk_norm_policy=2 if inputs["norm_order"] == "norm_rope" else 1, out_q=out_q, q_scale=q_scale)
     kwargs = {k: cand[k] for k in sig.parameters if k in cand}

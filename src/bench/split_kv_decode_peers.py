@@ -22,13 +22,10 @@ import sys
 from pathlib import Path
 
 from hotpaths.harness.env import REPO_ROOT
+from hotpaths.harness.peers import PeerUnavailable  # noqa: F401  (re-exported: callers catch it from here)
 
 PEER_NAMES = ("torch_sdpa_gathered", "flex_attention_decode", "flashinfer")
 FLASHINFER_VERSION = "0.3.1"
-
-
-class PeerUnavailable(RuntimeError):
-    """A peer cannot run here; ``str(e)`` is the reason recorded in the table."""
 
 
 def _need_cuda(inputs, allow_cpu: bool) -> None:

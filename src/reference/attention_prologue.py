@@ -8,20 +8,28 @@ From the fused QKV projection output ``qkv [tokens, (q_heads + 2*kv_heads) * hea
    through): ``neox`` rotates halves (element i pairs with i + rotary_dim/2), ``interleaved`` rotates adjacent
    pairs (2j, 2j+1); angles from ``cos_sin[positions[t]]`` ([max_pos, rotary_dim] fp32: cos in the first half,
    sin in the second);
-3. Q out: FP8 e4m3 with a per-token, per-head scale ``amax / 448`` (an all-zero head gets scale 1), or FP8 with a
+3. Q out: FP8 e4m3 with a per-token, per-head scale ``amax / 448`` (an all-zero head gets scale 1; floored at the
+   smallest normal fp32 so its reciprocal is finite), or FP8 with a
    static scale (``q_scale_static`` [1]; the q_scale output is then filled with it so the decode kernel reads the
    same layout), or bf16. Layout: q [tokens, q_heads, head_dim], q_scale [tokens, q_heads] fp32: what
    hotpaths.kernels.split_kv_decode.run() reads;
 4. K and V into k_cache / v_cache [num_pages, page_size, kv_heads, head_dim] at ``slot_mapping[t]`` (slot = page *
-   page_size + offset), FP8 ``e4m3(clamp(x / scale, -448, 448))`` (round to nearest even) with per-tensor scales
+   page_size + offset), FP8 ``e4m3(clamp(x * inv_scale, -448, 448))`` (round to nearest even; inv_scale =
+   fp32(1 / scale), see quantize_fp8) with per-tensor scales
    k_scale / v_scale [1], or bf16 (RNE). slot -1 is a pad: its cache write is skipped, its Q row is written
    normally (the decode kernel never reads it; writing it keeps Q's layout dense and the op branch-free).
 
 Two functions: ``attention_prologue_ref`` (exact: fp64, returns unquantized Q/K/V) and
 ``attention_prologue_emulation`` (what the kernel computes, bit for bit: fp32 math with every multiply and add
-rounded separately, the kernel's summation order for the sum of squares, IEEE sqrt and division). No rounding
-path differs by design (the kernel uses __fmul_rn / __fadd_rn so nvcc cannot contract into FMAs); the GPU tests
-still allow 1 e4m3 ulp on Q in case a platform's conversion differs.
+rounded separately, the kernel's summation order for the sum of squares, IEEE sqrt, one correctly rounded
+reciprocal per scale). No rounding path differs by design (the kernel uses __fmul_rn / __fadd_rn so nvcc cannot
+contract into FMAs); the GPU tests still allow 1 e4m3 ulp on Q in case a platform's conversion differs.
+
+Quantization is defined as ``x * fp32(1 / scale)``, not ``x / scale``: the kernel then pays one reciprocal per
+(token, head) for Q and one per launch for the static K/V scales instead of an IEEE division per element (a
+correctly rounded fp32 division is a multi-instruction sequence and was most of the kernel's per-element work at
+prefill sizes). The two definitions differ by at most one fp32 ulp before the e4m3 rounding, i.e. on the rare
+element that lands within an fp32 ulp of an e4m3 rounding boundary; the payload dequantizes with ``scale`` as before.
 """
 
 from __future__ import annotations
@@ -218,13 +226,20 @@ def _sqrt_rn(a) -> torch.Tensor:
     return torch.sqrt(a.double()).float()
 
 
+def inverse_scale(scale) -> torch.Tensor:
+    """fp32(1 / scale), correctly rounded (what __frcp_rn gives). Shape/Dtype: scale fp32 tensor (or a float);
+    returns fp32 of its shape."""
+    s = scale if isinstance(scale, torch.Tensor) else torch.tensor(float(scale))
+    return _div_rn(torch.ones_like(s, dtype=torch.float32), s)
+
+
 def quantize_fp8(x: torch.Tensor, scale) -> torch.Tensor:
-    """``e4m3(clamp(x / scale, -448, 448))`` with x / scale correctly rounded in fp32, then round to nearest even
-    (what __fdiv_rn + cvt.rn.satfinite do).
+    """``e4m3(clamp(x * inv_scale, -448, 448))`` with inv_scale = inverse_scale(scale) and the product rounded once
+    in fp32, then to e4m3 by round to nearest even (what __frcp_rn, __fmul_rn and cvt.rn.satfinite do).
 
     Shape/Dtype: x fp32 [...], scale fp32 tensor broadcastable to x (or a float). Returns float8_e4m3fn of x's shape.
     """
-    return _div_rn(x.float(), scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return (x.float() * inverse_scale(scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 def _sum_squares_kernel_order(x: torch.Tensor) -> torch.Tensor:
@@ -289,7 +304,9 @@ def attention_prologue_emulation(qkv, q_norm_weight, k_norm_weight, cos_sin, pos
         q_out, q_scale = quantize_fp8(q, s), s.expand(T, Hq).clone()
     else:
         amax = q.abs().amax(-1) if T else torch.zeros(0, Hq)
-        q_scale = torch.where(amax > 0, _div_rn(amax, FP8_MAX), torch.ones_like(amax))
+        # floored at the smallest normal fp32 so 1/scale stays finite (only a head with amax < 448 * 2^-126 sees it)
+        q_scale = torch.where(amax > 0, _div_rn(amax, FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny),
+                              torch.ones_like(amax))
         q_out = quantize_fp8(q, q_scale[..., None])
     kc, vc = cpu(k_cache).clone(), cpu(v_cache).clone()
     if cfg.kv_fp8:

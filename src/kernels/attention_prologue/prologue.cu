@@ -4,9 +4,11 @@
 //
 // Launch shape: one group of G = head_dim / 8 lanes per (token, head) unit (8, 16 or 32 lanes for head_dim 64, 128,
 // 256), every lane holding 8 consecutive elements (one 16-byte bf16 load); units are numbered token-major over the
-// q_heads + 2*kv_heads heads of a token, 128 threads per CTA. Reductions (sum of squares, amax) are xor butterflies
-// inside the group; neox RoPE takes its partner's 8 elements with one indexed shuffle per element (partner lane
-// +-rotary_dim/16); interleaved pairs are adjacent inside a lane, so it needs no shuffle.
+// q_heads + 2*kv_heads heads of a token, 128 threads per CTA, and each thread group handles ITEMS units (the CTA
+// covers ITEMS consecutive 128-thread chunks, so every item's accesses stay coalesced): all items' loads are issued
+// before any item's arithmetic, so a lane has ITEMS 16-byte qkv loads (and the dependent cos/sin rows) in flight.
+// Reductions (sum of squares, amax) are xor butterflies inside the group; neox RoPE takes its partner's 8 elements
+// with one indexed shuffle per element (partner lane +-rotary_dim/16); interleaved pairs are adjacent inside a lane.
 // Why a lane group per head and not a warp per head or a CTA per token: a warp per head at head_dim 128 gives each
 // lane 4 elements (8-byte loads) and at 64 only 2; 16-byte accesses need 8 elements per lane, which fixes the group
 // at head_dim / 8 lanes. A CTA per token would put every head of a token on one SM and make decode (1-64 tokens)
@@ -14,13 +16,20 @@
 // shared memory and no __syncthreads. Q, K and V units share one code path (V skips the arithmetic by a select), so
 // every shuffle runs with the full mask in uniform control flow.
 // Traffic: qkv read once (bf16), the cos/sin row and the norm weight per Q/K unit (L2-resident after the first),
-// Q (+ scale) written once, K and V written once at their slot (pads skipped). Memory-bound.
-// Precision: fp32, every multiply / add / divide / sqrt rounded once (__fmul_rn etc.: no FMA contraction), the sum
-// of squares in a fixed order (8 per lane in sequence, then the butterfly); hotpaths.reference.attention_prologue.
-// attention_prologue_emulation computes the same bits on the CPU. FP8: cvt.rn.satfinite.e4m3x2.f32 of x / scale.
-// PDL: griddepcontrol.wait before reading anything a predecessor may write (qkv, positions, slots, caches); with
-// `trigger`, launch_dependents right after the loads so the decode kernel launched next is scheduled while this
-// grid computes and stores (its own wait still waits for this grid's completion and memory flush).
+// Q (+ scale) written once, K and V written once at their slot (pads skipped).
+// Precision: fp32, every multiply / add rounded once (__fmul_rn etc.: no FMA contraction), the sum of squares in a
+// fixed order (8 per lane in sequence, then the butterfly), one IEEE sqrt and one correctly rounded reciprocal per
+// head for the norm; FP8 is cvt.rn.satfinite.e4m3x2.f32 of x * fp32(1/scale), the reciprocal taken once per
+// (token, head) for Q's dynamic scale and once per thread for the static scales (a per-element IEEE division was
+// most of the per-element work). hotpaths.reference.attention_prologue.attention_prologue_emulation computes the
+// same bits on the CPU.
+// PDL: griddepcontrol.wait before reading anything a predecessor may write (qkv, slots, the caches and, unless the
+// caller says the predecessor does not write them (`early`), positions, cos_sin and the norm weights: with `early`
+// those and the dependent cos/sin row are loaded before the wait, taking two dependent loads off the decode-size
+// critical path). Trigger (launch_dependents: the decode kernel launched next may be scheduled; its own wait still
+// waits for this grid's completion and memory flush): 0 none, 1 after the loads, 2 at the very start (the
+// dependent's pre-wait part then overlaps the whole prologue; it costs SM slots only if the grid is larger than the
+// machine).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -55,24 +64,13 @@ struct Params {
   int q_mode;                     // 0: fp8 computed scale, 1: fp8 static scale, 2: bf16
   int kv_fp8;
   int pos64;
-  int trigger;
+  int trigger;                    // 0 none, 1 after the loads, 2 at the start
 };
 
 __device__ __forceinline__ uint16_t fp8x2(float lo, float hi) {
   uint16_t r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));  // first source -> upper byte
   return r;
-}
-
-__device__ __forceinline__ void load8(const __nv_bfloat16* src, float (&x)[kElems]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    x[2 * i] = f.x;
-    x[2 * i + 1] = f.y;
-  }
 }
 
 __device__ __forceinline__ void store_bf16x8(void* dst, const float (&x)[kElems]) {
@@ -83,13 +81,13 @@ __device__ __forceinline__ void store_bf16x8(void* dst, const float (&x)[kElems]
   *reinterpret_cast<uint4*>(dst) = raw;
 }
 
-// x / scale to e4m3 (IEEE division, RNE, saturating), 8 bytes.
-__device__ __forceinline__ void store_fp8x8(void* dst, const float (&x)[kElems], float scale) {
+// x * inv_scale to e4m3 (one fp32 rounding, then RNE, saturating), 8 bytes.
+__device__ __forceinline__ void store_fp8x8(void* dst, const float (&x)[kElems], float inv_scale) {
   uint32_t w[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const uint16_t a = fp8x2(__fdiv_rn(x[4 * i], scale), __fdiv_rn(x[4 * i + 1], scale));
-    const uint16_t b = fp8x2(__fdiv_rn(x[4 * i + 2], scale), __fdiv_rn(x[4 * i + 3], scale));
+    const uint16_t a = fp8x2(__fmul_rn(x[4 * i], inv_scale), __fmul_rn(x[4 * i + 1], inv_scale));
+    const uint16_t b = fp8x2(__fmul_rn(x[4 * i + 2], inv_scale), __fmul_rn(x[4 * i + 3], inv_scale));
     w[i] = uint32_t(a) | (uint32_t(b) << 16);
   }
   *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
@@ -105,7 +103,7 @@ __device__ __forceinline__ void rms_norm(float (&x)[kElems], const float (&w)[kE
 #pragma unroll
   for (int o = G / 2; o >= 1; o /= 2) ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, o));
   const float ms = __fmul_rn(ss, 1.0f / float(G * kElems));  // 1/D exact: D is a power of two
-  const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+  const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(ms, eps)));  // = __fdiv_rn(1, .): both correctly rounded
   if (apply) {
 #pragma unroll
     for (int i = 0; i < kElems; ++i) x[i] = __fmul_rn(__fmul_rn(x[i], inv), w[i]);
@@ -143,101 +141,197 @@ __device__ __forceinline__ void rope(float (&x)[kElems], const float (&c)[kElems
   }
 }
 
-template <int D>
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&x)[kElems]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    x[2 * i] = f.x;
+    x[2 * i + 1] = f.y;
+  }
+}
+
+// One (token, head) unit of this lane group: where it is.
+struct Unit {
+  int t, h, kind;  // kind 0 Q, 1 K, 2 V (the host keeps tokens * heads < 2^31)
+  bool active, qk;
+};
+
+// What RoPE and the norm need for one unit: the norm weight (raw bf16) and the lane's cos/sin angles.
+struct RopeIn {
+  uint4 w;
+  float c[kElems], s[kElems];
+};
+
+__device__ __forceinline__ int load_pos(const Params& p, int t) {
+  const long long pos = p.pos64 ? static_cast<const int64_t*>(p.positions)[t]
+                                : (long long)static_cast<const int32_t*>(p.positions)[t];
+  return int(pos < 0 ? 0 : (pos >= p.max_pos ? p.max_pos - 1 : pos));  // host validates; never read out of bounds
+}
+
+// norm weight, and the cos/sin row of `pos` (the lane's 8 neox angles or 4 interleaved ones); lanes that use none
+// of them (V units, lanes past rotary_dim) keep zeros
+__device__ __forceinline__ void load_rope_inputs(const Params& p, const Unit& u, int pos, int sub, RopeIn& r) {
+  r.w = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) r.c[e] = r.s[e] = 0.f;
+  if (!u.qk) return;
+  r.w = *reinterpret_cast<const uint4*>((u.kind == 0 ? p.q_norm_w : p.k_norm_w) + sub * kElems);
+  const float* row = p.cos_sin + (long long)pos * p.rot;
+  const int hr = p.rot / 2;
+  if (sub * kElems >= p.rot) return;
+  if (!p.interleaved) {
+    const int base = sub * kElems < hr ? sub * kElems : sub * kElems - hr;
+    const float4* cp = reinterpret_cast<const float4*>(row + base);
+    const float4* sp = reinterpret_cast<const float4*>(row + hr + base);
+    const float4 c0 = cp[0], c1 = cp[1], s0 = sp[0], s1 = sp[1];
+    r.c[0] = c0.x; r.c[1] = c0.y; r.c[2] = c0.z; r.c[3] = c0.w;
+    r.c[4] = c1.x; r.c[5] = c1.y; r.c[6] = c1.z; r.c[7] = c1.w;
+    r.s[0] = s0.x; r.s[1] = s0.y; r.s[2] = s0.z; r.s[3] = s0.w;
+    r.s[4] = s1.x; r.s[5] = s1.y; r.s[6] = s1.z; r.s[7] = s1.w;
+  } else {
+    const float4 c0 = *reinterpret_cast<const float4*>(row + sub * 4);
+    const float4 s0 = *reinterpret_cast<const float4*>(row + hr + sub * 4);
+    r.c[0] = c0.x; r.c[1] = c0.y; r.c[2] = c0.z; r.c[3] = c0.w;
+    r.s[0] = s0.x; r.s[1] = s0.y; r.s[2] = s0.z; r.s[3] = s0.w;
+  }
+}
+
+// Items: every unit's qkv row (the HBM bytes), position and slot are loaded up front (ITEMS 16-byte loads in flight
+// per lane); the norm weight and cos/sin row (L1/L2-resident after the first unit of a token) are fetched one unit
+// ahead of the arithmetic, so only two sets of them are live at a time.
+template <int D, int ITEMS, bool EARLY>
 __global__ void __launch_bounds__(kThreads) prologue_kernel(const Params p) {
   constexpr int G = D / kElems;
+  constexpr int kUnitsPerChunk = kThreads / G;
+  if (p.trigger == 2) hp::pdl_launch_dependents();
   const int heads = p.q_heads + 2 * p.kv_heads;
-  const long long gid = (long long)blockIdx.x * kThreads + threadIdx.x;
-  const long long unit = gid / G;
-  const int sub = int(gid % G);
-  const bool active = unit < p.tokens * heads;
-  const long long t = active ? unit / heads : 0;
-  const int h = active ? int(unit % heads) : 0;
-  const int kind = h < p.q_heads ? 0 : (h < p.q_heads + p.kv_heads ? 1 : 2);  // Q, K, V
-  const bool qk = active && kind < 2;
-
-  hp::pdl_wait();  // qkv, positions, slots and the caches may be written by the previous kernel
-
-  float x[kElems], w[kElems], c[kElems], s[kElems];
+  const unsigned units = unsigned(p.tokens) * unsigned(heads);  // < 2^31: the host checks
+  const int sub = int(threadIdx.x % G);
+  Unit u[ITEMS];
 #pragma unroll
-  for (int i = 0; i < kElems; ++i) x[i] = w[i] = c[i] = s[i] = 0.f;
-  long long slot = -1;
-  if (active) load8(p.qkv + (t * heads + h) * (long long)D + sub * kElems, x);
-  if (qk) {
-    load8((kind == 0 ? p.q_norm_w : p.k_norm_w) + sub * kElems, w);
-    long long pos = p.pos64 ? static_cast<const int64_t*>(p.positions)[t]
-                            : (long long)static_cast<const int32_t*>(p.positions)[t];
-    pos = pos < 0 ? 0 : (pos >= p.max_pos ? p.max_pos - 1 : pos);  // host validates; never read out of bounds
-    const float* row = p.cos_sin + pos * p.rot;
-    const int hr = p.rot / 2;
-    if (!p.interleaved) {
-      if (sub * kElems < p.rot) {
-        const int base = (sub * kElems) % hr;
-        const float4* cp = reinterpret_cast<const float4*>(row + base);
-        const float4* sp = reinterpret_cast<const float4*>(row + hr + base);
-        const float4 c0 = cp[0], c1 = cp[1], s0 = sp[0], s1 = sp[1];
-        c[0] = c0.x; c[1] = c0.y; c[2] = c0.z; c[3] = c0.w; c[4] = c1.x; c[5] = c1.y; c[6] = c1.z; c[7] = c1.w;
-        s[0] = s0.x; s[1] = s0.y; s[2] = s0.z; s[3] = s0.w; s[4] = s1.x; s[5] = s1.y; s[6] = s1.z; s[7] = s1.w;
-      }
-    } else if (sub * kElems < p.rot) {
-      const float4 c0 = *reinterpret_cast<const float4*>(row + sub * 4);
-      const float4 s0 = *reinterpret_cast<const float4*>(row + hr + sub * 4);
-      c[0] = c0.x; c[1] = c0.y; c[2] = c0.z; c[3] = c0.w;
-      s[0] = s0.x; s[1] = s0.y; s[2] = s0.z; s[3] = s0.w;
-    }
+  for (int i = 0; i < ITEMS; ++i) {
+    // 32-bit index math (a 64-bit division is a long software sequence)
+    const unsigned unit = (blockIdx.x * unsigned(ITEMS) + i) * kUnitsPerChunk + threadIdx.x / G;
+    u[i].active = unit < units;
+    const unsigned v = u[i].active ? unit : 0u;
+    u[i].t = int(v / unsigned(heads));
+    u[i].h = int(v - unsigned(u[i].t) * unsigned(heads));
+    u[i].kind = u[i].h < p.q_heads ? 0 : (u[i].h < p.q_heads + p.kv_heads ? 1 : 2);
+    u[i].qk = u[i].active && u[i].kind < 2;
   }
-  if (active && kind > 0) {
-    slot = p.slots[t];
-    if (slot >= p.cache_slots) slot = -1;  // host validates; an out-of-range slot is never written
+
+  // the static scales: loaded with the other independent loads (before the wait with EARLY: like the weights they
+  // are parameters of the step), their reciprocals taken once per thread below
+  const bool kv_fp8 = p.kv_fp8 != 0;
+  float k_scale = 1.f, v_scale = 1.f, q_static = 1.f;
+  int pos[ITEMS];
+  RopeIn cur;
+  if (EARLY) {  // the caller guarantees the predecessor writes neither positions, cos_sin, weights nor scales
+    if (kv_fp8) k_scale = *p.k_scale, v_scale = *p.v_scale;
+    if (p.q_mode == 1) q_static = *p.q_scale_static;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) pos[i] = u[i].qk ? load_pos(p, u[i].t) : 0;
+    load_rope_inputs(p, u[0], pos[0], sub, cur);
   }
-  if (p.trigger) hp::pdl_launch_dependents();
+  hp::pdl_wait();  // qkv, slots and the caches (and without EARLY the rest) may be written by the previous kernel
+  uint4 xr[ITEMS];
+  long long slot[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {  // every independent load first: qkv, position, slot
+    xr[i] = u[i].active ? *reinterpret_cast<const uint4*>(p.qkv + ((long long)u[i].t * heads + u[i].h) * D +
+                                                          sub * kElems)
+                        : make_uint4(0, 0, 0, 0);
+    if (!EARLY) pos[i] = u[i].qk ? load_pos(p, u[i].t) : 0;
+    slot[i] = u[i].active && u[i].kind > 0 ? p.slots[u[i].t] : -1;
+  }
+  if (!EARLY) {
+    if (kv_fp8) k_scale = *p.k_scale, v_scale = *p.v_scale;
+    if (p.q_mode == 1) q_static = *p.q_scale_static;
+    load_rope_inputs(p, u[0], pos[0], sub, cur);
+  }
+  if (p.trigger == 1) hp::pdl_launch_dependents();
 
   const bool interleaved = p.interleaved != 0;
-  if (p.rope_first) {
-    rope<G>(x, c, s, sub, p.rot, interleaved, qk);
-    rms_norm<G>(x, w, p.eps, qk);
-  } else {
-    rms_norm<G>(x, w, p.eps, qk);
-    rope<G>(x, c, s, sub, p.rot, interleaved, qk);
-  }
-
-  // Q amax over the head (every lane shuffles; only Q units use it)
-  float amax = 0.f;
+  const float k_inv = __frcp_rn(k_scale), v_inv = __frcp_rn(v_scale), q_static_inv = __frcp_rn(q_static);
 #pragma unroll
-  for (int i = 0; i < kElems; ++i) amax = fmaxf(amax, fabsf(x[i]));
-#pragma unroll
-  for (int o = G / 2; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-
-  if (!active) return;
-  if (kind == 0) {
-    const long long row = t * p.q_heads + h;
-    if (p.q_mode == 2) {
-      store_bf16x8(static_cast<__nv_bfloat16*>(p.q_out) + row * D + sub * kElems, x);
+  for (int i = 0; i < ITEMS; ++i) {
+    RopeIn nxt;
+    if (i + 1 < ITEMS) load_rope_inputs(p, u[i + 1 < ITEMS ? i + 1 : i], pos[i + 1 < ITEMS ? i + 1 : i], sub, nxt);
+    float x[kElems], w[kElems];
+    unpack8(xr[i], x);
+    unpack8(cur.w, w);
+    const bool qk = u[i].qk;
+    if (p.rope_first) {
+      rope<G>(x, cur.c, cur.s, sub, p.rot, interleaved, qk);
+      rms_norm<G>(x, w, p.eps, qk);
     } else {
-      const float scale = p.q_mode == 1 ? *p.q_scale_static : (amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f);
-      store_fp8x8(static_cast<uint8_t*>(p.q_out) + row * D + sub * kElems, x, scale);
-      if (sub == 0) p.q_scale[row] = scale;
+      rms_norm<G>(x, w, p.eps, qk);
+      rope<G>(x, cur.c, cur.s, sub, p.rot, interleaved, qk);
     }
-  } else if (slot >= 0) {
-    const int hk = kind == 1 ? h - p.q_heads : h - p.q_heads - p.kv_heads;
-    const long long off = (slot * p.kv_heads + hk) * D + sub * kElems;
-    void* cache = kind == 1 ? p.k_cache : p.v_cache;
-    if (p.kv_fp8) {
-      store_fp8x8(static_cast<uint8_t*>(cache) + off, x, *(kind == 1 ? p.k_scale : p.v_scale));
+    if (i + 1 < ITEMS) cur = nxt;
+    // Q amax over the head (every lane shuffles; only Q units use it)
+    float amax = 0.f;
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) amax = fmaxf(amax, fabsf(x[e]));
+#pragma unroll
+    for (int o = G / 2; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+
+    if (!u[i].active) continue;
+    const long long t = u[i].t;  // 64-bit offsets below
+    const int h = u[i].h;
+    if (u[i].kind == 0) {
+      const long long row = t * p.q_heads + h;
+      if (p.q_mode == 2) {
+        store_bf16x8(static_cast<__nv_bfloat16*>(p.q_out) + row * D + sub * kElems, x);
+      } else {
+        const bool dyn = p.q_mode == 0;
+        // floored at the smallest normal float so its reciprocal stays finite (0 * inf would be NaN)
+        const float scale = dyn ? (amax > 0.f ? fmaxf(__fdiv_rn(amax, 448.f), 1.17549435e-38f) : 1.f) : q_static;
+        const float inv = dyn ? __frcp_rn(scale) : q_static_inv;
+        store_fp8x8(static_cast<uint8_t*>(p.q_out) + row * D + sub * kElems, x, inv);
+        if (sub == 0) p.q_scale[row] = scale;
+      }
     } else {
-      store_bf16x8(static_cast<__nv_bfloat16*>(cache) + off, x);
+      long long sl = slot[i];
+      if (sl >= p.cache_slots) sl = -1;  // host validates; an out-of-range slot is never written
+      if (sl < 0) continue;
+      const int hk = u[i].kind == 1 ? h - p.q_heads : h - p.q_heads - p.kv_heads;
+      const long long off = (sl * p.kv_heads + hk) * D + sub * kElems;
+      void* cache = u[i].kind == 1 ? p.k_cache : p.v_cache;
+      if (kv_fp8) {
+        store_fp8x8(static_cast<uint8_t*>(cache) + off, x, u[i].kind == 1 ? k_inv : v_inv);
+      } else {
+        store_bf16x8(static_cast<__nv_bfloat16*>(cache) + off, x);
+      }
     }
   }
 }
 
-template <int D>
-int launch_d(const Params& p, int pdl, cudaStream_t stream) {
-  const long long threads = p.tokens * (p.q_heads + 2 * p.kv_heads) * (long long)(D / kElems);
-  const long long blocks = (threads + kThreads - 1) / kThreads;
-  if (blocks > 0x7fffffffLL) return int(cudaErrorInvalidConfiguration);
+template <int D, int ITEMS, bool EARLY>
+int launch_dv(const Params& p, int pdl, cudaStream_t stream) {
+  constexpr long long kUnitsPerCta = (long long)(kThreads / (D / kElems)) * ITEMS;
+  const long long units = p.tokens * (p.q_heads + 2 * p.kv_heads);
+  if (units > 0x7fffffffLL) return int(cudaErrorInvalidValue);  // the kernel indexes units in 32 bits
+  const long long blocks = (units + kUnitsPerCta - 1) / kUnitsPerCta;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
-  return int(hp::launch(prologue_kernel<D>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, opt, p));
+  return int(hp::launch(prologue_kernel<D, ITEMS, EARLY>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, opt, p));
+}
+
+template <int D>
+int launch_d(const Params& p, int items, int early, int pdl, cudaStream_t stream) {
+  switch (items * 2 + (early ? 1 : 0)) {
+    case 2: return launch_dv<D, 1, false>(p, pdl, stream);
+    case 3: return launch_dv<D, 1, true>(p, pdl, stream);
+    case 4: return launch_dv<D, 2, false>(p, pdl, stream);
+    case 5: return launch_dv<D, 2, true>(p, pdl, stream);
+    case 8: return launch_dv<D, 4, false>(p, pdl, stream);
+    case 9: return launch_dv<D, 4, true>(p, pdl, stream);
+    case 16: return launch_dv<D, 8, false>(p, pdl, stream);
+    case 17: return launch_dv<D, 8, true>(p, pdl, stream);
+    default: return int(cudaErrorInvalidValue);
+  }
 }
 
 }  // namespace
@@ -247,7 +341,8 @@ extern "C" int hp_attention_prologue(const void* qkv, const void* q_norm_w, cons
                                      void* q_out, void* q_scale, const void* q_scale_static, const void* k_scale,
                                      const void* v_scale, long long tokens, int q_heads, int kv_heads, int head_dim,
                                      int rot, long long cache_slots, int max_pos, float eps, int rope_first,
-                                     int interleaved, int q_mode, int kv_fp8, int pdl, int trigger, void* stream) {
+                                     int interleaved, int q_mode, int kv_fp8, int pdl, int trigger, int items,
+                                     int early, void* stream) {
   if (tokens <= 0) return 0;
   Params p;
   p.qkv = static_cast<const __nv_bfloat16*>(qkv);
@@ -278,9 +373,9 @@ extern "C" int hp_attention_prologue(const void* qkv, const void* q_norm_w, cons
   p.trigger = trigger;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (head_dim) {
-    case 64: return launch_d<64>(p, pdl, s);
-    case 128: return launch_d<128>(p, pdl, s);
-    case 256: return launch_d<256>(p, pdl, s);
+    case 64: return launch_d<64>(p, items, early, pdl, s);
+    case 128: return launch_d<128>(p, items, early, pdl, s);
+    case 256: return launch_d<256>(p, items, early, pdl, s);
     default: return int(cudaErrorInvalidValue);
   }
 }
