@@ -174,6 +174,10 @@ def _row(case, impl, kv, *, device, bytes_, kv_bytes, ceilings, timing=None, chk
     return row
 
 
+def _join_note(note: str | None, extra: str) -> str:
+    return f"{note}; {extra}" if note else extra
+
+
 def _fill_ratios(rows: list[dict]) -> None:
     """dynamic_vs_static: on static rows their median / dynamic's; on the dynamic row the faster static's / its.
     hpc_ops_us / vs_hpc_ops: on every row that is not HPC-Ops' own, the faster HPC-Ops decode impl that ran on the
@@ -199,9 +203,6 @@ def _fill_ratios(rows: list[dict]) -> None:
                 r["note"] = _join_note(r.get("note"), "vs_hpc_ops empty (HPC-Ops not requested: --impl "
                                                       "hpc_ops_dynamic,hpc_ops_static)")
 
-
-def _join_note(note: str | None, extra: str) -> str:
-    return f"{note}; {extra}" if note else extra
         dyn = g.get("dynamic")
         if not dyn or not dyn["median_us"]:
             continue
