@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import inspect
 
-from hotpaths.bench._peers_common import FLASHINFER_VERSION, PeerUnavailable
+from hotpaths.bench._peers_common import PeerUnavailable, hpc_ops_dir, need_cuda
 from hotpaths.bench._peers_common import flashinfer_072_dir as flashinfer_dir
-from hotpaths.bench._peers_common import hpc_ops_dir
 from hotpaths.bench._peers_common import import_flashinfer_072 as _import_flashinfer
 from hotpaths.bench._peers_common import import_hpc_ops as _import_hpc
-from hotpaths.bench._peers_common import need_cuda
 from hotpaths.bench._peers_common import short_error as _short
 
 PEER_NAMES = ("hpc_ops", "flashinfer_fused", "torch_unfused")

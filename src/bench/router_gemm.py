@@ -311,7 +311,8 @@ def _peer_row(peer, x, w, m, n, k, *, r64, f32, emu, base_t, tag, rid, seed, cas
         return row
     med = t.median_us
     gbps = nbytes / med / 1e3 if med else None
-    row.update(median_us=med, p10_us=t.p10_us, p90_us=t.p90_us, gbps=gbps, pct_of_ceiling=pct_of_ceiling(gbps, ceilings),
+    row.update(median_us=med, p10_us=t.p10_us, p90_us=t.p90_us, gbps=gbps,
+               pct_of_ceiling=pct_of_ceiling(gbps, ceilings),
                **read_probe_columns(med, nbytes), rel_l2_err=c.rel_l2_err, max_abs_err=c.max_abs_err, cosine=c.cosine,
                speedup_vs_fp32=base_t["fp32_cublas"].median_us / med if med and "fp32_cublas" in base_t else None,
                speedup_vs_tf32=base_t["tf32_cublas"].median_us / med if med and "tf32_cublas" in base_t else None,

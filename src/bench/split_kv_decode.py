@@ -214,11 +214,10 @@ def _fill_ratios(rows: list[dict]) -> None:
             dyn["dynamic_vs_static"] = min(stat) / dyn["median_us"]
 
 
-def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS + ("torch_sdpa_gathered",
-                "flex_attention_decode", "flashinfer_xqa", "flashinfer_tc", "hpc_ops_dynamic", "hpc_ops_static"), q_heads=8, kv_heads=1, head_dim=128, page_size=64,
-                q_len=1, ceilings=None, iters=100, warmup=10, seed=0, num_ctas=None, min_tiles=DEFAULT_MIN_TILES,
-                num_splits=None,
-                chunk_tiles=None, assign=True, log=print) -> list[dict]:
+def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS + P.PEER_NAMES, q_heads=8,
+                kv_heads=1, head_dim=128, page_size=64, q_len=1, ceilings=None, iters=100, warmup=10, seed=0,
+                num_ctas=None, min_tiles=DEFAULT_MIN_TILES, num_splits=None, chunk_tiles=None, assign=True,
+                log=print) -> list[dict]:
     """Rows of table ``decode_kv_distribution`` (see the module docstring).
 
     cases: case strings (``"1x128K+31x4K"``). impls: our modes (OUR_IMPLS) and peers

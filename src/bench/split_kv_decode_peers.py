@@ -24,8 +24,13 @@ from __future__ import annotations
 
 import math
 
-from hotpaths.bench._peers_common import (FLASHINFER_VERSION, PeerUnavailable, import_flashinfer_072, import_hpc_ops,
-                                          short_error)
+from hotpaths.bench._peers_common import FLASHINFER_VERSION as FLASHINFER_VERSION  # re-exported for row notes
+from hotpaths.bench._peers_common import (
+    PeerUnavailable,
+    import_flashinfer_072,
+    import_hpc_ops,
+    short_error,
+)
 
 PEER_NAMES = ("torch_sdpa_gathered", "flex_attention_decode", "flashinfer_xqa", "flashinfer_tc", "hpc_ops_dynamic",
               "hpc_ops_static")
