@@ -303,3 +303,22 @@ def test_auto_variant_choice_on_the_published_cases():
     assert K.resolve_variant("auto") == "auto" and K.DEFAULT_VARIANT == "auto"
     with pytest.raises(ValueError, match="auto"):
         K.resolve_variant("fastest")
+
+
+def test_cli_q_len_and_dtype_lists_and_hpc_rows():
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "hotpaths", "decode", "--cases", "2x100", "--kv-dtype", "fp8,bf16",
+                        "--q-len", "1,2", "--impl", "dynamic,hpc_ops_dynamic,flashinfer_xqa", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    assert {(row["dtype"], row["q_len"]) for row in rows} == {(d, q) for d in ("fp8_kv", "bf16_kv") for q in (1, 2)}
+    assert all(f"--q-len {row['q_len']}" in row["repro"] for row in rows)
+    hpc = [row for row in rows if row["impl"] == "hpc_ops_dynamic"]
+    assert len(hpc) == 4 and all(row["note"].startswith("not available") for row in hpc)
+    bad = subprocess.run([sys.executable, "-m", "hotpaths", "decode", "--cases", "1x64", "--q-len", "1,5"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--q-len" in bad.stderr
