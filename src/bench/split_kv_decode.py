@@ -619,7 +619,9 @@ def register(subparsers) -> None:
     p.add_argument("--num-ctas", type=int, default=None, help="persistent CTAs (default: the kernel's default)")
     p.add_argument("--min-tiles", type=int, default=DEFAULT_MIN_TILES,
                    help=f"minimum-work floor in 64-token tiles (default {DEFAULT_MIN_TILES})")
-    p.add_argument("--check", action="store_true", help="exit with status 1 if any row is outside its tolerance")
+    p.add_argument("--check", action="store_true",
+                   help="exit with status 1 if any row of our impls is outside its tolerance (peers' errors are "
+                   "reported, not gated)")
 
 
 def parse_impls(spec: str) -> tuple[list[str], bool]:
@@ -669,7 +671,8 @@ def _run(args) -> int:
                             assign=assign, log=None)
     if not emit_rows(rows, args):
         _print_table(rows, args)
-    failed = [r for r in rows if r.get("check_passed") is False]
+    # --check gates our kernels; a peer's accuracy (HPC-Ops / XQA FP8 are ~2-4e-2 from exact) is reported, not gated
+    failed = [r for r in rows if r.get("check_passed") is False and _base_impl(r["impl"]) in OUR_IMPLS]
     if args.check and failed:
         print(f"hotpaths decode: {len(failed)} row(s) outside tolerance: "
               + ", ".join(f"{r['case']}/{r['impl']}" for r in failed), file=sys.stderr)
