@@ -149,13 +149,15 @@ def test_vs_hpc_ops_is_the_same_run_ratio_per_q_len():
         return dict(case="c", dtype="fp8_kv", impl=impl, median_us=us, q_len=q_len, note=note,
                     dynamic_vs_static=None, hpc_ops_us=None, vs_hpc_ops=None)
     rows = [mk("dynamic", 10.0), mk("hpc_ops_dynamic", 12.0), mk("hpc_ops_static", 11.0), mk("flashinfer_xqa", 22.0),
-            mk("dynamic", 20.0, q_len=2), mk("hpc_ops_dynamic", None, q_len=2, note="not available: boom")]
+            mk("dynamic", 20.0, q_len=2), mk("hpc_ops_dynamic", None, q_len=2, note="not available: boom"),
+            mk("assign_only", 5.0)]
     D._fill_ratios(rows)
     assert rows[0]["hpc_ops_us"] == 11.0 and rows[0]["vs_hpc_ops"] == pytest.approx(1.1)  # HPC-Ops' faster impl
     assert rows[3]["vs_hpc_ops"] == pytest.approx(0.5)
     assert rows[1]["vs_hpc_ops"] is None and rows[2]["vs_hpc_ops"] is None  # not against itself
     # q_len 2: HPC-Ops did not run there: empty, with its reason (q_len 1's time is never borrowed)
     assert rows[4]["vs_hpc_ops"] is None and "not available: boom" in rows[4]["note"]
+    assert rows[6]["vs_hpc_ops"] is None  # the assign kernel alone is not a decode step
 
 
 def test_ncu_regex_names_the_timed_instantiation():

@@ -190,8 +190,8 @@ def _fill_ratios(rows: list[dict]) -> None:
         hpc = {i: g[i] for i in P.HPC_OPS_IMPLS if i in g}
         ran = {i: r["median_us"] for i, r in hpc.items() if r["median_us"]}
         for impl, r in g.items():
-            if impl in P.HPC_OPS_IMPLS or not r.get("median_us"):
-                continue
+            if impl in P.HPC_OPS_IMPLS or impl == "assign_only" or not r.get("median_us"):
+                continue  # not against itself, nor the assign kernel alone (a part of a step, not a step)
             if ran:
                 best = min(ran, key=ran.get)
                 r["hpc_ops_us"] = ran[best]
