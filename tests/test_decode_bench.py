@@ -164,16 +164,23 @@ def test_ncu_regex_names_the_timed_instantiation():
     import re
 
     names = {
-        "v3s2c4": "void (anonymous namespace)::attention_kernel<(anonymous namespace)::Traits<true, true, 2, 4, 1>>"
-                  "((anonymous namespace)::Params)",
-        "v2": "void attention_kernel<Traits<(bool)1, (bool)0, (int)4, (int)2, (int)1>>(Params)",
+        "v3s2c4": "void (anonymous namespace)::attention_kernel<(anonymous namespace)::Traits<true, true, 2, 4, 1, "
+                  "false>>((anonymous namespace)::Params)",
+        "v2": "void attention_kernel<Traits<(bool)1, (bool)0, (int)4, (int)2, (int)1, (bool)0>>(Params)",
         "v3": "void attention_kernel<Traits<true, true, 4, 2, 1>>(Params)",
+        "v2f": "void attention_kernel<Traits<true, false, 4, 2, 1, true>>(Params)",
     }
     for variant, name in names.items():
         rx = D.attention_kernel_regex(variant)
         assert re.search(rx, name), (variant, rx)
         assert [v for v, n in names.items() if re.search(rx, n)] == [variant]  # only its own instantiation
-    assert re.search(D.attention_kernel_regex("v3s2c4", fp8=False), "attention_kernel<Traits<false, false, 2, 2, 1>>")
+    assert D.attention_traits("v3s2c4", fp8=False) == (False, False, 2, 2, 1, False)  # BF16 runs the row layout
+    assert D.attention_traits("v2fs3c1", fp8=False) == (False, False, 3, 1, 1, True)
+    assert D.attention_traits("v3s2c4", rows=16) == (True, True, 4, 2, 2, False)
+    assert D.attention_traits("v3m", rows=32) == (True, True, 2, 2, 4, False)
+    assert D.attention_traits("v3ms4c1", rows=24) == (True, True, 4, 1, 4, False)
+    assert D.attention_traits("v3m", rows=16) == (True, True, 4, 2, 2, False)
+    assert D.attention_traits("v3m", rows=8) == (True, True, 4, 2, 1, False)
     assert re.search(D.attention_kernel_regex("v3s2c4", rows=16), "attention_kernel<Traits<true, true, 4, 2, 2>>")
     assert not re.search(D.attention_kernel_regex("v3s2c4", rows=16), names["v3s2c4"])
     with pytest.raises(ValueError, match="variant"):
@@ -324,3 +331,28 @@ def test_cli_q_len_and_dtype_lists_and_hpc_rows():
     bad = subprocess.run([sys.executable, "-m", "hotpaths", "decode", "--cases", "1x64", "--q-len", "1,5"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--q-len" in bad.stderr
+
+
+def test_auto_variant_choice_above_eight_rows():
+    """variant="auto" with more than 8 query rows per pair (q_len x GQA ratio: MTP at 8:1): v3m (one row group of up
+    to 32 rows, 2 CTAs per SM) where its grid keeps the longest pair within AUTO_MAX_CHUNKS chunks, v2 where one
+    long request dominates; 8 rows (q_len 1 at 8:1) keep today's choice (v3s2c4 / v2) exactly."""
+    import torch
+
+    from hotpaths.harness.shapes import expand_lengths, parse_cases
+    from hotpaths.kernels import split_kv_decode as K
+
+    want = {"64x0.5K": ("v3m", 5), "64x4K": ("v3m", 5), "32x4K": ("v3m", 9), "32x0.125K+32x4K": ("v3m", 9),
+            "2x32K+30x4K": ("v3m", 44), "1x64K+31x4K": ("v3m", 87), "1x128K+31x4K": ("v2", 129),
+            "1x16K+15x64": ("v2", 129), "1x64K+7x4K": ("v2", 172)}
+    for case, (v, longest) in want.items():
+        lens = torch.tensor(expand_lengths(parse_cases(case)), dtype=torch.int32)
+        for rows in (12, 16, 24, 32, 64):
+            assert K._auto_choice(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=rows) == (v, longest)
+        got8 = K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=8)
+        assert got8 == K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132) != "v3m", case
+        assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="bf16", num_sms=132, rows=32) == K.AUTO_FALLBACK
+    assert K.AUTO_MTP in K.MTP_CONFIGS and set(K.MTP_CONFIGS) <= set(K.V3_CONFIGS)
+    assert set(K.ROW_CONFIGS) == {"v2", "v2f", "v2fs3c1", "v2fs4c1"} and not set(K.ROW_CONFIGS) & set(K.V3_CONFIGS)
+    assert set(K.CONFIGS) == set(K.VARIANTS) and len(set(K.CONFIGS.values())) == len(K.CONFIGS)
+    assert "v2" not in K.ONLINE_COMBINE and {"v2f", "v3m", "v3s2c4"} <= set(K.ONLINE_COMBINE)

@@ -1,5 +1,5 @@
-"""What every op's peers share: the PeerUnavailable error, the CUDA check, and the importers of the two measuring
-bundles that are not on any package index of the GPU machine.
+"""What every op's peers share: the CUDA check and the importers of the two measuring bundles that are not on any
+package index of the GPU machine (PeerUnavailable itself is hotpaths.harness.peers', re-exported here).
 
 - HPC-Ops (``import hpc``): the folder holding the ``hpc`` package is $HOTPATHS_HPC_OPS_DIR (tools/gpu/peers_env.sh
   exports it), else <repo>/.peers/hpc_ops. Prebuilt for sm_90a + torch 2.11 only: elsewhere the import fails and
@@ -16,11 +16,9 @@ import os
 import sys
 from pathlib import Path
 
+from hotpaths.harness.peers import PeerUnavailable as PeerUnavailable  # the one class every benchmark catches
+
 FLASHINFER_VERSION = "0.7.2"
-
-
-class PeerUnavailable(RuntimeError):
-    """A peer cannot run here; ``str(e)`` is the reason recorded in the table."""
 
 
 def short_error(e: BaseException) -> str:

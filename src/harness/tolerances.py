@@ -62,6 +62,18 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("attention_prologue", "bf16_kv_vs_exact"): Tolerance(rel_l2=2.5e-3, max_abs=2.5e-2, min_cosine=0.99999),
     ("attention_prologue", "q_vs_emulation"): Tolerance(rel_l2=0.0, max_abs=0.0),
     ("attention_prologue", "cache_vs_emulation"): Tolerance(rel_l2=0.0, max_abs=0.0),
+    # fused_moe: the staged FP8 emulation vs the exact fp64 MoE (unquantized x, dequantized weights), measured by
+    # hotpaths.reference.fused_moe.measure_emulation_error() over E 16-32, H 512-1024, I 192-1024, T 1/16/64,
+    # TP8 and EP8, two seeds: worst rel_l2 4.9e-2, cosine 0.9988, max rel 6.3e-2 (full Hy3 TP8 at T=16: 4.6e-2,
+    # 0.9989, 4.5e-2; two e4m3 roundings, x's and the activation's). The published 0.99974 / 0.024 is the form
+    # measured from the FP8 x (fused_moe_ref(fp8_input=True): 0.99965 / 0.026). *_vs_exact = ~2x the worst.
+    # *_vs_emulation: the kernel's FP32 accumulation order against the emulation's exact-then-rounded sums flips a
+    # bf16 rounding of act now and then, which its FP8 requant can turn into one e4m3 ulp (6%) of one element:
+    # rel_l2 1e-2 and the cosine >= 0.9999.
+    ("fused_moe", "pertensor_vs_exact"): Tolerance(rel_l2=1e-1, min_cosine=0.995),
+    ("fused_moe", "block_vs_exact"): Tolerance(rel_l2=1e-1, min_cosine=0.995),
+    ("fused_moe", "pertensor_vs_emulation"): Tolerance(rel_l2=1e-2, min_cosine=0.9999),
+    ("fused_moe", "block_vs_emulation"): Tolerance(rel_l2=1e-2, min_cosine=0.9999),
 }
 
 

@@ -11,7 +11,8 @@ hotpaths.reference.fused_moe.build_routing_plan (compared byte for byte in tests
 Intermediate buffers, kept in the plan (allocated on first use per (H, I), reused: CUDA-graph safe):
 ``act`` bf16 [max_pairs, I] indexed by SORTED position (a tile's rows are contiguous for the down GEMM);
 ``ybuf`` bf16 [max_pairs, H] indexed by the ORIGINAL pair index p = t*K + k (the reduce reads a token's slots
-contiguously). Rows of pairs that are not routed here are never written.
+contiguously). Rows of pairs that are not routed here are never written. Per GEMM, a split-K workspace (int32
+counters that are 0 between launches, then fp32 partials; ``MoEPlan.splitk_workspace``).
 """
 
 from __future__ import annotations
@@ -92,7 +93,9 @@ def _lib() -> ctypes.CDLL:
     lib.hp_moe_item_rows.restype = i
     lib.hp_moe_route.argtypes = [vp, vp, i, i, i, i, i, i, vp]
     lib.hp_moe_route.restype = i
-    gemm = [vp, vp, vp, vp, vp, vp, i, i, i, i, i, i, i, i, vp]
+    lib.hp_moe_splitk_ints.argtypes = [i, i, i]
+    lib.hp_moe_splitk_ints.restype = ctypes.c_longlong
+    gemm = [vp, vp, vp, vp, vp, vp, i, i, i, i, i, i, i, i, vp, vp]
     lib.hp_moe_gate_up.argtypes = gemm
     lib.hp_moe_gate_up.restype = i
     lib.hp_moe_down.argtypes = gemm
@@ -152,11 +155,19 @@ def _fits(what: str, nbytes: int, device) -> None:
 
 
 def choose_block_m(max_pairs: int, num_experts: int) -> int:
-    """Pairs per tile from the average rows per expert: the smallest instantiated tile holding it (8..64), so an
-    expert at decode sizes is one tile and its weights are read once."""
+    """Pairs per tile: the smallest instantiated tile (8..64) holding avg + 2 sqrt(avg) + 1 rows, avg = max_pairs / E.
+
+    An expert whose rows spill past one tile reads its weights once per tile, and with random routing an expert's
+    rows scatter around the average (roughly Poisson: sd sqrt(avg)), so sizing for the average alone (avg 5.3 at
+    Hy3 TP8 batch 128, avg 32 at batch 768) would give 10-50% of the experts hit a second tile. The headroom keeps
+    that to a few percent; an over-sized tile costs shared memory only, since the GEMMs skip the unoccupied n8
+    blocks of a tile (no MMA or quantization work for them). Under EP the local average is lower than this bound
+    (ids outside the rank count in max_pairs), which errs toward a larger tile: same cost argument.
+    """
     avg = max_pairs / max(num_experts, 1)
+    need = avg + 2.0 * math.sqrt(avg) + 1.0 if avg > 0 else 0.0
     for bm in BLOCK_MS:
-        if avg <= bm:
+        if need <= bm:
             return bm
     return BLOCK_MS[-1]
 
@@ -227,6 +238,18 @@ class MoEPlan:
             mp = max(self.max_pairs, 1)
             self._bufs[key] = (torch.empty(mp, inter, dtype=torch.bfloat16, device=self.device),
                                torch.empty(mp, hidden, dtype=torch.bfloat16, device=self.device))
+        return self._bufs[key]
+
+    def splitk_workspace(self, gate_up: bool) -> torch.Tensor:
+        """int32 split-K workspace of the gate-up (or down) GEMM at this plan's block_m: per-item arrival counters
+        (zero between launches: the kernel's last unit of an item puts its counter back) then fp32 partials.
+        Allocated zeroed once, sized for the launch's CTA slots (either scale mode)."""
+        key = ("splitk", bool(gate_up))
+        if key not in self._bufs:
+            n = max(int(_lib().hp_moe_splitk_ints(int(gate_up), self.block_m, b)) for b in (0, 1))
+            if n < 0:
+                raise ValueError(f"block_m: expected one of {BLOCK_MS}, got {self.block_m!r}")
+            self._bufs[key] = torch.zeros(n, dtype=torch.int32, device=self.device)
         return self._bufs[key]
 
     def describe(self) -> str:
@@ -353,7 +376,7 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
         scales: str = "pertensor", w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
         a1_scale: torch.Tensor | None = None, a2_scale: torch.Tensor | None = None,
         shared_out: torch.Tensor | None = None, out: torch.Tensor | None = None, stages="all",
-        pdl: bool = True) -> torch.Tensor:
+        pdl: bool = True, split_k: bool = True) -> torch.Tensor:
     """Run the expert layer on a plan: gate-up (+SiLU-and-mul), down, top-k reduce (+ shared_out).
 
     Shape/Dtype: x bf16 [T, H]; w13 float8_e4m3fn [E, 2I, H] (rows < I gate, >= I up); w2 float8_e4m3fn [E, H, I];
@@ -362,7 +385,9 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     (activation groups of 1x128 computed in the kernel; a1/a2 None); shared_out, out bf16 [T, H] or None.
     H and I positive multiples of 64; every tensor contiguous, on the plan's device, 16-byte aligned.
     stages: "all" or a subset of ("route", "gate_up", "down", "reduce") (stage timing; buffers persist in the
-    plan). pdl: programmatic dependent launch between the stages. Returns out bf16 [T, H].
+    plan). pdl: programmatic dependent launch between the stages. split_k: let a GEMM split its K stages across CTAs
+    when the routed items leave CTA slots idle (decided on the device per launch; deterministic; False never splits).
+    Returns out bf16 [T, H].
     Raises TypeError / ValueError on bad input (before anything is allocated or launched), ResourceError when
     the buffers do not fit, RuntimeError on a launch error.
     """
@@ -383,15 +408,19 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
         _fits(f"fused_moe buffers (max_pairs={p.max_pairs}, H={h}, I={i})", 2 * p.max_pairs * (h + i), p.device)
     act, ybuf = p.buffers(h, i)
     lib, stream, block = _lib(), _stream(p.device), int(scales == "block")
+    sk_gu = p.splitk_workspace(True) if split_k and "gate_up" in todo else None
+    sk_dn = p.splitk_workspace(False) if split_k and "down" in todo else None
     if "route" in todo:
         p._route(pdl)
     if "gate_up" in todo:
         _check(lib.hp_moe_gate_up(_ptr(p.workspace), _ptr(x), _ptr(w13), _ptr(w13_scale), _ptr(a1_scale), _ptr(act),
-                                  p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), stream),
+                                  p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), _ptr(sk_gu),
+                                  stream),
                "hp_moe_gate_up")
     if "down" in todo:
         _check(lib.hp_moe_down(_ptr(p.workspace), _ptr(act), _ptr(w2), _ptr(w2_scale), _ptr(a2_scale), _ptr(ybuf),
-                               p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), stream),
+                               p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), _ptr(sk_dn),
+                               stream),
                "hp_moe_down")
     if "reduce" in todo:
         _check(lib.hp_moe_reduce(_ptr(p.topk_ids), _ptr(topk_weights), _ptr(ybuf), _ptr(shared_out), _ptr(out), t,

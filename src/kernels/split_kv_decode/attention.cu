@@ -70,16 +70,27 @@ struct Params {
 
 // Traits of one attention kernel: everything a variant changes. Product layout (see the file comment), KV dtype,
 // pipeline depth, CTAs per SM (the __launch_bounds__ occupancy and the persistent grid size) and, in the transposed
-// layout, NT n-tiles of 8 query rows per row group (NT = 2: 9..16 rows). Shared memory per CTA:
+// layout, NT n-tiles of 8 query rows per row group (NT = 2: 9..16 rows; NT = 4: 17..32 rows, the MTP row group
+// that holds every draft token of a GQA 8:1 pair so each K/V tile is read and converted once for all of them).
+// FAST (row layout): the transposed layout's start-up (PDL trigger at entry, kv_lens fetched beside the bin bounds,
+// chunk counts by cp.async, one block-table lookup per tile when pages hold whole tiles). Shared memory per CTA:
 // STAGES x (K tile + V tile + Q rows + Q row scales) + the per-warp merge buffer + the descriptor cache.
-template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1> struct Traits {
+template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1, bool FAST_ = false> struct Traits {
   static constexpr bool FP8 = FP8_;
   static constexpr bool TRANSPOSED = TRANSPOSED_;
   static constexpr int STAGES = STAGES_;
   static constexpr int CPS = CPS_;
   static constexpr int NT = NT_;
+  static constexpr bool FAST = FAST_;
   static_assert(!TRANSPOSED || FP8, "the transposed layout uses the e4m3 MMA: FP8 KV only");
   static_assert(TRANSPOSED || NT == 1, "the row layout has one m16 tile of query rows");
+  static_assert(NT == 1 || NT == 2 || NT == 4, "tr_store splits 128 threads evenly over 8 NT rows");
+  static_assert(!TRANSPOSED || !FAST, "FAST is the row layout's copy of the transposed layout's start-up");
+  // NT = 4: the O^T accumulators alone are 128 fp32 per thread, so Q's B fragments are not held in registers
+  // across tiles but re-read from shared memory per n-tile (2 x 16 B per tile and n-tile). Q then has to outlive
+  // the stage of the descriptor's first tile: it lives in the Q area of stage (descriptor index % STAGES), which
+  // the loader (at most STAGES - 1 tiles, so descriptors, ahead) never rewrites while that descriptor computes.
+  static constexpr bool QSMEM = TRANSPOSED && NT > 2;
   static_assert(STAGES >= 2, "the pipeline waits for STAGES - 2 groups");
   static constexpr int MROWS = TRANSPOSED ? 8 * NT : 16;     // query rows per row group
   static constexpr int ES = FP8 ? 1 : 2;                     // bytes per element
@@ -99,8 +110,12 @@ template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1> struc
 using RowFp8 = Traits<true, false, 4, 2>;
 using RowBf16 = Traits<false, false, 2, 2>;
 template <int STAGES, int CPS, int NT = 1> using Transposed = Traits<true, true, STAGES, CPS, NT>;
+// BF16-gap configurations (row layout with FAST start-up; FP8 KV under them runs RowFp8Fast).
+template <int STAGES, int CPS> using RowBf16Fast = Traits<false, false, STAGES, CPS, 1, true>;
+using RowFp8Fast = Traits<true, false, 4, 2, 1, true>;
 
 struct Desc { int r, h, tb, te, slot, nch, kvlen; };
+constexpr int kLenCache = 256;  // kv_lens of batches up to this size are staged in smem at start-up (v3, FAST)
 
 // FP8 V, both layouts: 16 B (dims 16g..16g+15) of each of the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9
 // of the warp's 16 (the k slots of P's fragment), from the XOR-swizzled rows; the caller pairs their bytes with prmt.
@@ -447,6 +462,8 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
 
   // Wait for the producer of the workspace / the previous consumer of the partial buffers (PDL).
   cudaGridDependencySynchronize();
+  // FAST: let the combine grid launch now (it still waits for this grid in its own cudaGridDependencySynchronize).
+  if constexpr (CF::FAST) cudaTriggerProgrammaticLaunchCompletion();
 
   const int kv_cap = P.max_pages * P.page_size;  // never index the block table past its width
   int d_begin = 0, d_end = 0;
@@ -457,12 +474,31 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
     d_end = bin_start[blockIdx.x + 1];
     const int* desc = tm.desc();
     const int* nchunks = tm.num_chunks();
-    for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
-      int d = d_begin + i;
-      int r = desc[kDescInts * d], h = desc[kDescInts * d + 1];
-      int* e = dcache + 8 * i;
-      e[0] = r; e[1] = h; e[2] = desc[kDescInts * d + 2]; e[3] = desc[kDescInts * d + 3];
-      e[4] = d; e[5] = nchunks[h * P.batch + r]; e[6] = max(P.kv_lens[r], 0);
+    if constexpr (CF::FAST) {
+      // as the transposed layout: kv_lens beside the bin bounds (one round trip less before the first tile), the
+      // chunk counts (needed only at a descriptor's end) by cp.async with the first stage's group
+      __shared__ int s_len[kLenCache];
+      const bool lens_cached = P.batch <= kLenCache;
+      if (lens_cached)
+        for (int i = tid; i < P.batch; i += kThreads) s_len[i] = max(P.kv_lens[i], 0);
+      __syncthreads();
+      for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
+        const int d = d_begin + i;
+        const int* dp = desc + kDescInts * d;
+        const int r = dp[0], h = dp[1];
+        int* e = dcache + 8 * i;
+        e[0] = r; e[1] = h; e[2] = dp[2]; e[3] = dp[3];
+        e[4] = d; e[6] = lens_cached ? s_len[r] : max(P.kv_lens[r], 0);
+        cp_async4(e + 5, nchunks + h * P.batch + r, true);  // completes with the first stage's group
+      }
+    } else {
+      for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
+        int d = d_begin + i;
+        int r = desc[kDescInts * d], h = desc[kDescInts * d + 1];
+        int* e = dcache + 8 * i;
+        e[0] = r; e[1] = h; e[2] = desc[kDescInts * d + 2]; e[3] = desc[kDescInts * d + 3];
+        e[4] = d; e[5] = nchunks[h * P.batch + r]; e[6] = max(P.kv_lens[r], 0);
+      }
     }
   } else {
     d_end = cache_static_desc(P, dcache, tid);
@@ -486,20 +522,24 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
   const uint8_t* kbase = reinterpret_cast<const uint8_t*>(P.k);
   const uint8_t* vbase = reinterpret_cast<const uint8_t*>(P.v);
   const uint8_t* qbase = reinterpret_cast<const uint8_t*>(P.q);
+  const bool whole_pages = CF::FAST && P.page_size >= kTile;  // FAST: one block-table lookup per tile
   auto load_tile = [&](int stage, const Desc& d, int tile, bool first) {
     uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     uint8_t* sV = sK + CF::KV_BYTES;
     const int lim = min(d.kvlen, kv_cap);
     constexpr int RC = kD * CF::ES / 16;  // 16 B chunks per row
     constexpr int PER = kTile * RC / kThreads;
+    int page_once = 0;
+    if (whole_pages && tile * kTile < lim)
+      page_once = __ldg(P.block_table + (size_t)d.r * P.max_pages + ((tile * kTile) >> P.page_shift));
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
       const int c = tid + kThreads * i;
       const int tl = c / RC, ch = c % RC;
       const int tok = tile * kTile + tl;
       bool ok = tok < lim;
-      int page = 0;
-      if (ok) page = __ldg(P.block_table + (size_t)d.r * P.max_pages + (tok >> P.page_shift));
+      int page = page_once;
+      if (!whole_pages && ok) page = __ldg(P.block_table + (size_t)d.r * P.max_pages + (tok >> P.page_shift));
       ok = ok && page >= 0 && page < P.num_pages;
       const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
       const size_t off = ok ? (P.kv_row(slot, d.h) * kD) * CF::ES + ch * 16 : 0;
@@ -590,6 +630,9 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
     if (++ct >= cdd.te) {
       rows_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
       __syncthreads();
+      // FAST: the chunk count came by cp.async (complete: its group was waited for before this descriptor's first
+      // tile, and the barrier above follows that wait)
+      if (CF::FAST && P.mode == kDynamic && cd - d_begin < kDescCache) cdd.nch = dcache[8 * (cd - d_begin) + 5];
       rows_store<CF>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale);
       if (++cd >= d_end) break;
       cdd = fetch(cd);
@@ -627,38 +670,48 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
 // merge buffer of v3: 16 B unit u of row r stored at u ^ ((r >> 1) & 3): the float4 writes (8 lanes: rows 2t + c,
 // units 4g + q) and the read-out (8 lanes of one row, consecutive units) are conflict-free.
 __device__ __forceinline__ int merge3_swz(int r, int u) { return u ^ ((r >> 1) & 3); }
-constexpr int kLenCache = 256;  // v3: kv_lens of batches up to this size are staged in smem at start-up
-constexpr int kMaxRowGroups = 8;  // v3 fused merge: counters per pair (R <= 64 rows = 8 groups of 8)
+constexpr int kMaxRowGroups = 8;  // v3 fused merge: counters per pair (R <= 64 rows: at most 8 groups of >= 8)
 // fuse_max >= kFuseAll (dynamic mode): every split pair is merged by the attention kernel and no combine runs, so
 // the attention kernel also writes the zero rows of empty pairs (kv_len 0), which the combine writes otherwise.
 constexpr int kFuseAll = 1 << 20;
 
+// Score scale (log2 domain) and causal limit of row rowc of row group rg: draft token qi sees the first
+// kv_len - (q_len - 1 - qi) tokens; rows past R see none.
+template <class CF>
+__device__ __forceinline__ void tr_row_scale_lim(const Params& P, const float* sQs, const Desc& cdd, int rg, int rowc,
+                                                 float kscale, int kv_cap, float& sc, int& lim) {
+  const int rr = rg * CF::MROWS + rowc;
+  const int qi = rr < P.R ? rr / P.ratio : 0;
+  sc = P.sm_scale * kLog2e * sQs[rowc] * kscale;
+  lim = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
+}
+
 // Descriptor start: B fragments of Q (rows 8nt + g), the score scale and causal limit of rows 8nt + 2tig + c, fresh
-// online-softmax state and O^T.
+// online-softmax state and O^T. QSMEM: no Q fragments, and the scales / limits go to shared memory (the caller).
 template <class CF>
 __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg,
                                                     int g, int tig, float kscale, int kv_cap,
-                                                    uint32_t (&qb)[CF::NT][8], float (&o)[CF::NT][8][4],
-                                                    float (&m_)[CF::NT][2], float (&l_)[CF::NT][2],
-                                                    float (&sc)[CF::NT][2], int (&lim_)[CF::NT][2]) {
+                                                    uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8],
+                                                    float (&o)[CF::NT][8][4], float (&m_)[CF::NT][2],
+                                                    float (&l_)[CF::NT][2], float (&sc)[CF::QSMEM ? 1 : CF::NT][2],
+                                                    int (&lim_)[CF::QSMEM ? 1 : CF::NT][2]) {
   constexpr int NT = CF::NT, MROWS = CF::MROWS;
-  const uint8_t* sQ = sV + CF::KV_BYTES;
+  const uint8_t* sQ = sV + CF::KV_BYTES;  // sV: the V tile whose stage holds this descriptor's Q
   const float* sQs = reinterpret_cast<const float*>(sQ + MROWS * kD);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int row = 8 * nt + g;
+    if constexpr (!CF::QSMEM) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ (row & 7)) * 16));
-      qb[nt][4 * i] = u.x; qb[nt][4 * i + 1] = u.y; qb[nt][4 * i + 2] = u.z; qb[nt][4 * i + 3] = u.w;
+      for (int i = 0; i < 2; ++i) {
+        const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ (row & 7)) * 16));
+        qb[nt][4 * i] = u.x; qb[nt][4 * i + 1] = u.y; qb[nt][4 * i + 2] = u.z; qb[nt][4 * i + 3] = u.w;
+      }
     }
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const int rowc = 8 * nt + 2 * tig + c;
-      const int rr = rg * MROWS + rowc;
-      const int qi = rr < P.R ? rr / P.ratio : 0;
-      sc[nt][c] = P.sm_scale * kLog2e * sQs[rowc] * kscale;
-      lim_[nt][c] = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
+      if constexpr (!CF::QSMEM) tr_row_scale_lim<CF>(P, sQs, cdd, rg, 8 * nt + 2 * tig + c, kscale, kv_cap,
+                                                     sc[nt][c], lim_[nt][c]);
       m_[nt][c] = -INFINITY;
       l_[nt][c] = 0.f;
     }
@@ -668,10 +721,11 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
 }
 
 // S^T = K Q^T on the e4m3 MMA: A = K rows (tokens 16w + g, 16w + g + 8), 32 B each (units 2tig, 2tig + 1); s[nt]
-// holds (token g | g + 8, rows 8nt + 2tig + {0, 1}).
+// holds (token g | g + 8, rows 8nt + 2tig + {0, 1}). QSMEM: Q's B fragments of n-tile nt are read here from sQ
+// (the descriptor's Q rows) instead of qb.
 template <class CF>
-__device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF::NT][8], int warp, int g, int tig,
-                                      float (&s)[CF::NT][4]) {
+__device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8],
+                                      const uint8_t* sQ, int warp, int g, int tig, float (&s)[CF::NT][4]) {
   constexpr int NT = CF::NT;
   uint32_t ka[2][8];
 #pragma unroll
@@ -687,10 +741,22 @@ __device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF
   for (int nt = 0; nt < NT; ++nt) {
     float s2[4] = {0.f, 0.f, 0.f, 0.f};  // two accumulation chains (even / odd k32 steps)
     s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    uint32_t qs[8];
+    if constexpr (CF::QSMEM) {
+      const int row = 8 * nt + g;  // row & 7 == g
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ g) * 16));
+        qs[4 * i] = u.x; qs[4 * i + 1] = u.y; qs[4 * i + 2] = u.z; qs[4 * i + 3] = u.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qs[i] = qb[nt][i];
+    }
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       const uint32_t a[4] = {ka[0][2 * ks], ka[1][2 * ks], ka[0][2 * ks + 1], ka[1][2 * ks + 1]};
-      mma_e4m3_16832((ks & 1) ? s2 : s[nt], a, qb[nt][2 * ks], qb[nt][2 * ks + 1]);
+      mma_e4m3_16832((ks & 1) ? s2 : s[nt], a, qs[2 * ks], qs[2 * ks + 1]);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nt][e] += s2[e];
@@ -699,9 +765,11 @@ __device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF
 
 // Online softmax update per row (a column of S^T; max over the warp's 16 tokens = lanes of equal tig), O^T
 // rescaled when the running max moves, and P^T as PV's B operand (two movmatrix.trans).
+// QSMEM: scales and limits from s_sc / s_lim (rows of the group) instead of sc / lim_.
 template <class CF>
-__device__ __forceinline__ void tr_softmax_update(float (&s)[CF::NT][4], const float (&sc)[CF::NT][2],
-                                                  const int (&lim_)[CF::NT][2], int tok0, float (&m_)[CF::NT][2],
+__device__ __forceinline__ void tr_softmax_update(float (&s)[CF::NT][4], const float (&sc)[CF::QSMEM ? 1 : CF::NT][2],
+                                                  const int (&lim_)[CF::QSMEM ? 1 : CF::NT][2], const float* s_sc,
+                                                  const int* s_lim, int tig, int tok0, float (&m_)[CF::NT][2],
                                                   float (&l_)[CF::NT][2], float (&o)[CF::NT][8][4],
                                                   uint32_t (&pb)[CF::NT][2]) {
   constexpr int NT = CF::NT;
@@ -710,9 +778,18 @@ __device__ __forceinline__ void tr_softmax_update(float (&s)[CF::NT][4], const f
     float alpha[2], muse[2];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      float v0 = s[nt][c] * sc[nt][c], v1 = s[nt][c + 2] * sc[nt][c];
-      v0 = tok0 < lim_[nt][c] ? v0 : -INFINITY;
-      v1 = tok0 + 8 < lim_[nt][c] ? v1 : -INFINITY;
+      float scv;
+      int lim;
+      if constexpr (CF::QSMEM) {
+        scv = s_sc[8 * nt + 2 * tig + c];
+        lim = s_lim[8 * nt + 2 * tig + c];
+      } else {
+        scv = sc[nt][c];
+        lim = lim_[nt][c];
+      }
+      float v0 = s[nt][c] * scv, v1 = s[nt][c + 2] * scv;
+      v0 = tok0 < lim ? v0 : -INFINITY;
+      v1 = tok0 + 8 < lim ? v1 : -INFINITY;
       float mx = fmaxf(v0, v1);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
@@ -812,9 +889,11 @@ __device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, 
                                          const float* merge_l, const Desc& cdd, int rg, int tid, float vscale,
                                          Nch nch_of_cd) {
   constexpr int MROWS = CF::MROWS;
-  constexpr int TPR = kThreads / MROWS;  // threads per row
+  constexpr int PROWS = MROWS < 16 ? MROWS : 16;  // rows per pass (register budget: see tr_fused_merge)
+  constexpr int TPR = kThreads / PROWS;  // threads per row
   constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
-  const int row = tid / TPR, seg = tid % TPR;
+  const int seg = tid % TPR;
+  auto one_row = [&](const int row) {
   const int rr = rg * MROWS + row;
   if (rr < P.R) {
     float mw[4], M = -INFINITY;
@@ -854,6 +933,13 @@ __device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, 
       if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
     }
   }
+  };
+  if constexpr (PROWS == MROWS) {
+    one_row(tid / TPR);
+  } else {
+#pragma unroll 1
+    for (int row = tid / TPR; row < MROWS; row += PROWS) one_row(row);
+  }
 }
 
 // End of a descriptor, step 3 (fused merge, fuse_max > 0): the CTA that writes the last chunk of a pair with
@@ -862,10 +948,12 @@ template <class CF, class Nch, class FirstSlot>
 __device__ __forceinline__ void tr_fused_merge(const Params& P, const Desc& cdd, int rg, int tid, int& s_last,
                                                Nch nch_of_cd, FirstSlot first_slot) {
   constexpr int MROWS = CF::MROWS;
-  constexpr int TPR = kThreads / MROWS;  // threads per row
+  // At most 16 rows per pass: 4 chunks x 16 B units per thread in flight stay at 64 registers beside the O^T
+  // accumulators, which stay live across descriptors (NT = 4 holds 128 of them).
+  constexpr int PROWS = MROWS < 16 ? MROWS : 16;
+  constexpr int TPR = kThreads / PROWS;  // threads per row
   constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
-  const int row = tid / TPR, seg = tid % TPR;
-  const int rr = rg * MROWS + row;
+  const int seg = tid % TPR;
   // Fused merge: the CTA that writes the last of a pair's 2..fuse_max chunks (for this row group) merges
   // them, so no combine work is left for the pair. Arrival: every writer fences its stores, one atomic per
   // CTA; the last arriver resets the counter for the next launch and reads the partials from L2.
@@ -882,6 +970,8 @@ __device__ __forceinline__ void tr_fused_merge(const Params& P, const Desc& cdd,
     __syncthreads();
     if (s_last) {
       __threadfence();
+      auto one_row = [&](const int row) {
+      const int rr = rg * MROWS + row;
       if (rr < P.R) {
         const int first = first_slot();
         float m = -INFINITY, L = 0.f, acc[UPT][4];
@@ -925,6 +1015,13 @@ __device__ __forceinline__ void tr_fused_merge(const Params& P, const Desc& cdd,
         for (int i = 0; i < UPT; ++i)
           *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
               make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
+      }
+      };
+      if constexpr (PROWS == MROWS) {
+        one_row(tid / TPR);
+      } else {
+#pragma unroll 1
+        for (int row = tid / TPR; row < MROWS; row += PROWS) one_row(row);
       }
     }
   }
@@ -1028,7 +1125,11 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   const uint8_t* vbase = reinterpret_cast<const uint8_t*>(P.v);
   const uint8_t* qbase = reinterpret_cast<const uint8_t*>(P.q);
   const bool whole_pages = P.page_size >= kTile;  // a 64-token tile never straddles a page
-  auto load_tile = [&](int stage, const Desc& d, int tile, bool first) {
+  // QSMEM: the Q rows (+ scales) of descriptor d, in the Q area of stage (d - d_begin) % STAGES
+  auto q_area = [&](int d) -> uint8_t* {
+    return stages + ((d - d_begin) % STAGES) * CF::STAGE_BYTES + 2 * CF::KV_BYTES;
+  };
+  auto load_tile = [&](int stage, const Desc& d, int tile, bool first, int qd) {
     uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     uint8_t* sV = sK + CF::KV_BYTES;
     const int lim = min(d.kvlen, kv_cap);
@@ -1051,7 +1152,8 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       cp_async16(sV + tl * CF::ROWB + dcol, vbase + off, ok);
     }
     if (first) {
-      uint8_t* sQ = sV + CF::KV_BYTES;
+      // Q rides with the descriptor's first tile; QSMEM: in the Q area of stage (descriptor index % STAGES)
+      uint8_t* sQ = CF::QSMEM ? q_area(qd) : sV + CF::KV_BYTES;
       float* sQs = reinterpret_cast<float*>(sQ + MROWS * kD);
       constexpr int QPER = MROWS * 8;  // 16 B units
       for (int c = tid; c < QPER; c += kThreads) {
@@ -1084,7 +1186,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   };
 #pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (ld_ok) { load_tile(s, ldd, ld_t, ld_t == ldd.tb); ld_advance(); }
+    if (ld_ok) { load_tile(s, ldd, ld_t, ld_t == ldd.tb, ld_d); ld_advance(); }
     cp_commit();
   }
 
@@ -1094,32 +1196,43 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   int cd = d_begin;
   Desc cdd = fetch(cd);
   int ct = cdd.tb;
-  uint32_t qb[NT][8];      // B fragments of Q (row 8nt + g, dims 32tig..32tig+31)
+  uint32_t qb[CF::QSMEM ? 1 : NT][8];  // B fragments of Q (row 8nt + g, dims 32tig..32tig+31); QSMEM: unused
   float o[NT][8][4];       // O^T: m-tile j (dims 16g + j / 16g + 8 + j) x rows 8nt + 2tig + {0, 1}
-  float m_[NT][2], l_[NT][2], sc[NT][2];
-  int lim_[NT][2];
+  float m_[NT][2], l_[NT][2], sc[CF::QSMEM ? 1 : NT][2];
+  int lim_[CF::QSMEM ? 1 : NT][2];
+  // QSMEM: the rows' score scales and causal limits, written at each descriptor start (fewer live registers)
+  __shared__ float s_sc[CF::QSMEM ? MROWS : 1];
+  __shared__ int s_lim[CF::QSMEM ? MROWS : 1];
 
 #pragma unroll 1
   for (int it = 0;; ++it) {
     cp_wait<STAGES - 2>();
     __syncthreads();
-    if (ld_ok) { load_tile((it + STAGES - 1) % STAGES, ldd, ld_t, ld_t == ldd.tb); ld_advance(); }
+    if (ld_ok) { load_tile((it + STAGES - 1) % STAGES, ldd, ld_t, ld_t == ldd.tb, ld_d); ld_advance(); }
     cp_commit();
 
     const int stage = it % STAGES;
     const uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     const uint8_t* sV = sK + CF::KV_BYTES;
+    const uint8_t* sQd = CF::QSMEM ? q_area(cd) : sV + CF::KV_BYTES;  // this descriptor's Q rows
 
-    if (ct == cdd.tb)
-      tr_begin_descriptor<CF>(P, sV, cdd, rg, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
+    if (ct == cdd.tb) {
+      tr_begin_descriptor<CF>(P, sQd - CF::KV_BYTES, cdd, rg, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
+      if constexpr (CF::QSMEM) {  // the previous descriptor's last reads of s_sc / s_lim precede the loop's barrier
+        if (tid < MROWS)
+          tr_row_scale_lim<CF>(P, reinterpret_cast<const float*>(sQd + MROWS * kD), cdd, rg, tid, kscale, kv_cap,
+                               s_sc[tid], s_lim[tid]);
+        __syncthreads();
+      }
+    }
 
     // ---- S^T = K Q^T ----
     float s[NT][4];
-    tr_qk<CF>(sK, qb, warp, g, tig, s);
+    tr_qk<CF>(sK, qb, sQd, warp, g, tig, s);
 
     // ---- online softmax per row ----
     uint32_t pb[NT][2];
-    tr_softmax_update<CF>(s, sc, lim_, ct * kTile + warp * 16 + g, m_, l_, o, pb);
+    tr_softmax_update<CF>(s, sc, lim_, s_sc, s_lim, tig, ct * kTile + warp * 16 + g, m_, l_, o, pb);
 
     // ---- O^T += V^T P^T ----
     tr_pv<CF>(sV, pb, warp, g, tig, o);
@@ -1342,17 +1455,38 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 }
 
 // Kernel configurations, by the id the Python loader passes (hotpaths.kernels.split_kv_decode.CONFIGS maps the
-// variant names): 0 = row layout ("v2"), 1..4 = transposed layout {stages, CTAs per SM} 4/2 ("v3"), 3/3 ("v3s3c3"),
-// 5/2 ("v3s5"), 2/4 ("v3s2c4"). BF16 KV always runs the row layout (the transposed products are FP8 only). Row
-// groups of 9-16 rows in the transposed layout run 4 stages / 2 CTAs per SM (their merge buffer is twice as large);
-// a config whose CTAs per SM is higher then runs its persistent grid in more than one wave (correct, slower).
-// spills-ok(TraitsILb1ELb1ELi2ELi4ELi1EE): transposed, 2 stages / 4 CTAs per SM caps the kernel at 128 registers and it spills 4
+// variant names; kCfg* below):
+//   0 "v2": row layout (FP8 4 stages, BF16 2; 2 CTAs per SM).
+//   1..4 "v3", "v3s3c3", "v3s5", "v3s2c4": transposed layout {stages, CTAs per SM} 4/2, 3/3, 5/2, 2/4. Row groups
+//     of 9-16 rows run 4 stages / 2 CTAs per SM (their merge buffer is twice as large); a config whose CTAs per SM
+//     is higher then runs its persistent grid in more than one wave (correct, slower).
+//   5, 6 "v3m", "v3ms4c1" (MTP): transposed, every row group sized to the pair: R <= 8 rows as "v3", 9-16 one NT = 2
+//     group (4 stages), 17-32 one NT = 4 group, 33-64 two; NT = 4 with {stages, CTAs per SM} 2/2 ("v3m": the merge
+//     buffer of 32 rows leaves room for 2 stages at 2 CTAs per SM) or 4/1. The grid is sized 2 resp. 1 per SM for
+//     every R, so R = 9..16 no longer runs a 4-per-SM grid on a 2-per-SM kernel.
+//   7, 8, 9 "v2f", "v2fs3c1", "v2fs4c1" (the BF16 gap): row layout with the FAST start-up, BF16 {stages, CTAs per
+//     SM} 2/2, 3/1, 4/1; FP8 KV under any of them runs RowFp8Fast (4 stages, 2 per SM kernel on the config's grid).
+// BF16 KV runs the row layout under every transposed configuration (the transposed products are FP8 only).
+// spills-ok(TraitsILb1ELb1ELi2ELi4ELi1ELb0EE): transposed, 2 stages / 4 CTAs per SM caps the kernel at 128 registers and it spills 4
 // bytes; it is the configuration `auto` picks for batches without a dominant request, and the fastest there as
 // measured, spill included (docs/notes/split_kv_decode.md).
-constexpr int kNumConfigs = 5;
-constexpr int kConfigCps[kNumConfigs] = {RowFp8::CPS, Transposed<4, 2>::CPS, Transposed<3, 3>::CPS,
-                                         Transposed<5, 2>::CPS, Transposed<2, 4>::CPS};
+// spills-ok(TraitsILb1ELb1ELi2ELi2ELi4ELb0EE): MTP NT = 4 ("v3m"): 128 O^T accumulators per thread, live across
+// descriptors, leave ~16 words over the 255-register cap (stack 64 B, after Q, the row scales and the causal limits
+// moved to shared memory and the epilogues to 16-row passes); the alternative, two 16-row groups, reads every K/V
+// tile twice. Kept for the GPU A/B against auto (see the notes); remove the config if the spill costs more.
+// spills-ok(TraitsILb1ELb1ELi4ELi1ELi4ELb0EE): the same kernel at 4 stages / 1 CTA per SM ("v3ms4c1"), same reason.
+constexpr int kNumConfigs = 10;
+constexpr int kCfgMtp = 5, kCfgMtpS4C1 = 6, kCfgRowFast = 7, kCfgRowFastS3C1 = 8, kCfgRowFastS4C1 = 9;
+using MtpNt4 = Transposed<2, 2, 4>;
+using MtpNt4S4C1 = Transposed<4, 1, 4>;
+constexpr int kConfigCps[kNumConfigs] = {RowFp8::CPS,          Transposed<4, 2>::CPS,    Transposed<3, 3>::CPS,
+                                         Transposed<5, 2>::CPS, Transposed<2, 4>::CPS,    MtpNt4::CPS,
+                                         MtpNt4S4C1::CPS,       RowBf16Fast<2, 2>::CPS,   RowBf16Fast<3, 1>::CPS,
+                                         RowBf16Fast<4, 1>::CPS};
 static_assert(RowFp8::CPS == RowBf16::CPS, "the row layout sizes its grid the same for both dtypes");
+static_assert(Transposed<4, 2>::CPS == MtpNt4::CPS && Transposed<4, 2, 2>::CPS == MtpNt4::CPS,
+              "v3m's grid (2 per SM) fits every kernel it runs (R <= 8, 9-16, 17-64)");
+constexpr bool is_row_config(int config) { return config == 0 || config >= kCfgRowFast; }
 
 template <class T>
 int launch_attention(const dim3 grid, bool pdl, cudaStream_t stream, const Params& P) {
@@ -1377,12 +1511,22 @@ extern "C" int hp_decode_ctas_per_sm(int config) {
 // unknown configuration.
 extern "C" int hp_decode_smem_bytes(int config, int kv_fp8) {
   if (config < 0 || config >= kNumConfigs) return -1;
-  if (!kv_fp8) return RowBf16::SMEM;
+  if (!kv_fp8) {
+    switch (config) {
+      case kCfgRowFast: return RowBf16Fast<2, 2>::SMEM;
+      case kCfgRowFastS3C1: return RowBf16Fast<3, 1>::SMEM;
+      case kCfgRowFastS4C1: return RowBf16Fast<4, 1>::SMEM;
+      default: return RowBf16::SMEM;
+    }
+  }
   switch (config) {
     case 0: return RowFp8::SMEM;
     case 2: return Transposed<3, 3>::SMEM;
     case 3: return Transposed<5, 2>::SMEM;
     case 4: return Transposed<2, 4>::SMEM;
+    case kCfgMtp: return MtpNt4::SMEM;
+    case kCfgMtpS4C1: return MtpNt4S4C1::SMEM;
+    case kCfgRowFast: case kCfgRowFastS3C1: case kCfgRowFastS4C1: return RowFp8Fast::SMEM;
     default: return Transposed<4, 2>::SMEM;
   }
 }
@@ -1412,20 +1556,30 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
                          sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode,
                          splits, chunk_tiles);
   const cudaStream_t s = (cudaStream_t)stream;
-  const bool transposed = kv_fp8 && config > 0;
+  const bool transposed = kv_fp8 && !is_row_config(config);
   if (!transposed) {
     if (fuse_max != 0) return (int)cudaErrorInvalidValue;  // the fused merge is the transposed layout's
     const int G = (P.R + RowFp8::MROWS - 1) / RowFp8::MROWS;
     const dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
-    return kv_fp8 ? launch_attention<RowFp8>(grid, pdl, s, P) : launch_attention<RowBf16>(grid, pdl, s, P);
+    if (kv_fp8) return config == 0 ? launch_attention<RowFp8>(grid, pdl, s, P)
+                                   : launch_attention<RowFp8Fast>(grid, pdl, s, P);
+    switch (config) {
+      case kCfgRowFast: return launch_attention<RowBf16Fast<2, 2>>(grid, pdl, s, P);
+      case kCfgRowFastS3C1: return launch_attention<RowBf16Fast<3, 1>>(grid, pdl, s, P);
+      case kCfgRowFastS4C1: return launch_attention<RowBf16Fast<4, 1>>(grid, pdl, s, P);
+      default: return launch_attention<RowBf16>(grid, pdl, s, P);
+    }
   }
   if (fuse_max > 0 && (counters == nullptr || P.R > 8 * kMaxRowGroups)) return (int)cudaErrorInvalidValue;
   if (fuse_max >= kFuseAll && mode != kDynamic) return (int)cudaErrorInvalidValue;  // zero rows: dynamic map only
   P.counters = counters;
   P.fuse_max = fuse_max;
-  const int NT = P.R <= 8 ? 1 : 2;
+  const bool mtp = config == kCfgMtp || config == kCfgMtpS4C1;
+  const int NT = P.R <= 8 ? 1 : (P.R <= 16 || !mtp) ? 2 : 4;  // MTP configs: one pass over the KV up to 32 rows
   const int G = (P.R + 8 * NT - 1) / (8 * NT);
   const dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
+  if (NT == 4) return config == kCfgMtp ? launch_attention<MtpNt4>(grid, pdl, s, P)
+                                        : launch_attention<MtpNt4S4C1>(grid, pdl, s, P);
   if (NT == 2) return launch_attention<Transposed<4, 2, 2>>(grid, pdl, s, P);
   switch (config) {
     case 2: return launch_attention<Transposed<3, 3>>(grid, pdl, s, P);

@@ -1,0 +1,164 @@
+"""CPU tests of the fused-MoE benchmark module and the ``hotpaths moe`` command (emulation fallback), plus the GPU
+row checks (marker gpu: the kernel and its peers on an SM90 machine)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hotpaths.bench import fused_moe as bm
+from hotpaths.bench import fused_moe_peers as peers
+from hotpaths.harness.tables import COLUMNS
+from hotpaths.reference import fused_moe as fm
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--experts", "16", "--hidden", "256"]
+
+
+def _cli(*args, shell_tail: str | None = None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / ".hp"), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "hotpaths", "moe", *args]
+    if shell_tail:
+        line = " ".join(cmd) + " | " + shell_tail
+        return subprocess.run(["bash", "-o", "pipefail", "-c", line], capture_output=True, text=True, env=env,
+                              cwd=ROOT, timeout=300)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_rows_on_cpu_are_emulations_with_errors():
+    rows = bm.moe_rows([4, 16], model="hy3", mode="tp8ep1", scales="block", impls=list(bm.IMPLS), experts=16,
+                       hidden=256)
+    assert len(rows) == 2 * len(bm.IMPLS)
+    for r in rows:
+        assert r["impl"].endswith("_emulation") and r["median_us"] is None and r["reason"]
+        assert 0.99 < r["cosine"] <= 1.0 and r["rel_l2_err"] > 0
+        assert r["experts_hit"] >= 1 and r["weight_bytes"] > 0 and r["batch"] in (4, 16)
+    fused = [r for r in rows if r["impl"] == "fused_emulation"]
+    assert all(r["vs_emulation_rel_l2"] == 0.0 and r["passed"] for r in fused)
+    bf16 = [r for r in rows if r["impl"] == "torch_grouped_mm_bf16_emulation"]
+    assert all(r["rel_l2_err"] < f["rel_l2_err"] for r, f in zip(bf16, fused))  # BF16 weights+x: less error
+    assert rows[0]["published_h20_us"] == 42.0 and rows[0]["published_cutlass_h20_us"] == 74.5
+
+
+def test_weight_bytes_follow_experts_hit():
+    rows = bm.moe_rows([1, 64], impls=["fused"], experts=16, hidden=128, inter=1024)
+    per_expert = 3 * 128 * 128 + 8
+    for r in rows:
+        assert r["weight_bytes"] == r["experts_hit"] * per_expert
+    assert rows[0]["experts_hit"] == 8 and rows[1]["experts_hit"] == 16
+
+
+def test_unknown_impl_and_table():
+    with pytest.raises(ValueError, match="--impl"):
+        bm.parse_impls("fused,cublas")
+    with pytest.raises(ValueError, match="table"):
+        bm.table_rows("fused_moe_tp4")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_stage_rows_without_gpu_say_why():
+    rows = bm.stage_rows([4])
+    assert [r["stage"] for r in rows] == list(bm.STAGES) and all("SM90" in r["reason"] for r in rows)
+
+
+def test_peers_refuse_on_cpu_with_a_reason():
+    inp = fm.make_moe_inputs(4, experts=16, hidden=128, inter=1024)
+    for name in peers.PEER_NAMES:
+        fn, reason = peers.try_make(name, inp)
+        if not torch.cuda.is_available():
+            assert fn is None and "CUDA" in reason
+    assert peers.try_make("nope", inp)[1].startswith("not available: unknown peer")
+    with pytest.raises(KeyError):
+        peers.emulate("nope", inp)
+
+
+def test_hpc_ops_dir_from_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOTPATHS_HPC_OPS_DIR", str(tmp_path))
+    assert peers.hpc_ops_dir() == tmp_path
+    with pytest.raises(peers.PeerUnavailable, match="no HPC-Ops package"):
+        peers._import_hpc()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_cli_json_rows():
+    r = _cli("--batch", "4,5", "--mode", "tp1ep8", "--scales", "block", "--impl", "fused,hpc_ops", "--json", *SMALL)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(rows) == 4 and list(rows[0])[:len(COLUMNS)] == COLUMNS
+    assert {x["impl"] for x in rows} == {"fused_emulation", "hpc_ops_emulation"}
+    assert all(x["mode"] == "tp1ep8" and x["scales"] == "block" and x["cosine"] > 0.99 for x in rows)
+    assert "--experts 16" in rows[0]["repro"]
+
+
+def test_cli_check_and_text_output():
+    r = _cli("--batch", "3", "--impl", "fused", "--check", *SMALL)
+    assert r.returncode == 0, r.stderr
+    assert "batch" in r.stdout.splitlines()[0] and "fused" in r.stdout
+
+
+@pytest.mark.parametrize("args, name", [
+    (["--bogus"], "--bogus"), (["--scales", "fp4"], "--scales"), (["--batch", "4,x"], "--batch"),
+    (["--model", "llama"], "--model"), (["--impl", "cublas"], "--impl"), (["--hidden", "100"], "hidden"),
+    (["--topk", "17"], "topk"),
+])
+def test_cli_bad_flags_exit_2_naming_them(args, name):
+    r = _cli(*args, *SMALL[:2])
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert name in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_head_does_not_traceback():
+    r = _cli("--batch", "4,8,12", "--impl", "fused,torch_grouped_mm_bf16", "--json", *SMALL, shell_tail="head -1")
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+    assert len(r.stdout.splitlines()) == 1 and json.loads(r.stdout)["batch"] == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scales", fm.SCALE_MODES)
+@pytest.mark.parametrize("mode", fm.PAR_MODES)
+def test_gpu_fused_rows_pass_their_tolerance(scales, mode):
+    rows = bm.moe_rows([1, 4, 64, 512], model="hy3", mode=mode, scales=scales, impls=["fused"], iters=20)
+    for r in rows:
+        assert r["impl"] == "fused" and r["reason"] is None, r
+        assert r["passed"] and r["vs_emulation_cosine"] >= 0.9999, r
+        assert r["median_us"] > 0 and r["pct_of_read_probe"] > 0
+
+
+@pytest.mark.gpu
+def test_gpu_stage_rows():
+    rows = bm.stage_rows([64], iters=20)
+    t = {r["stage"]: r["median_us"] for r in rows}
+    assert all(v and v > 0 for v in t.values())
+    assert t["all"] <= t["gate_up"] + t["down"] + t["route"] + t["reduce"] + 5.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", fm.PAR_MODES)
+def test_gpu_device_plan_equals_host_plan(mode):
+    km, why = bm.kernel_module()
+    assert km is not None, why
+    for t, routing in ((0, "random"), (1, "random"), (37, "duplicates"), (64, "skip"), (200, "one_expert")):
+        ids, d = fm.make_topk_ids(t, mode=mode, routing=routing, seed=t)
+        ids = ids.cuda()
+        p = km.plan(ids, num_experts=d["experts"], expert_offset=d["expert_offset"], max_tokens=256)
+        torch.cuda.synchronize()
+        host = fm.build_routing_plan(ids, num_experts=d["experts"], expert_offset=d["expert_offset"],
+                                     max_tokens=256, block_m=p.block_m)
+        dev = p.workspace.cpu().numpy()
+        assert (dev == host.workspace).all(), f"{mode} t={t} {routing}\n" + fm.format_plan(host)
+
+
+@pytest.mark.gpu
+def test_gpu_peer_rows_time_or_say_why():
+    rows = bm.moe_rows([4, 64], impls=list(bm.IMPLS), iters=10)
+    for r in rows:
+        assert (r["median_us"] and r["median_us"] > 0) or r["reason"], r
+        if r["median_us"] and r["impl"] != "torch_grouped_mm_bf16":
+            assert r["cosine"] > 0.99, r  # a peer fed the wrong layout or scales shows here
+    fused = [r for r in rows if r["impl"] == "fused"]
+    assert len(fused) == 2 and all(r["median_us"] for r in fused)
