@@ -60,8 +60,8 @@ def main() -> None:
                       check_inputs=False)
             jobs[f"decode {case} {v}"] = (lambda args=args, kw=kw: K.run(*args, **kw))
         if case in ("64x4K", "1x128K+31x4K"):
-            try:  # FlashInfer (carried source, JIT): does the flush change a peer the same way?
-                jobs[f"decode {case} flashinfer"] = peers.make_flashinfer(inp)
+            try:  # FlashInfer 0.7.2's tensor-core decode (carried bundle): does the flush change a peer the same way?
+                jobs[f"decode {case} flashinfer_tc"] = peers.make_flashinfer_tc(inp)
             except Exception as e:  # noqa: BLE001 - the study goes on without the peer
                 say(f"flashinfer {case}: {type(e).__name__}: {e}")
     g = torch.Generator().manual_seed(0)

@@ -59,7 +59,11 @@ def test_op_json_rows_share_columns(argv):
     assert rows
     for row in rows:
         assert list(row)[: len(COLUMNS)] == COLUMNS
-        assert row["impl"].endswith("_emulation") and row["median_us"] is None  # CPU: emulation, no timing
+        assert row["median_us"] is None  # CPU: no timing
+        if row["impl"] == "hpc_ops":  # a same-run peer: on CPU its row says why it did not run
+            assert row["note"].startswith("not available") and row["rel_l2_err"] is None
+            continue
+        assert row["impl"].endswith("_emulation")  # CPU: emulation
         assert row["rel_l2_err"] is not None and row["rel_l2_err"] < 1e-2
 
 

@@ -50,18 +50,72 @@ def test_peers_report_unavailability_on_cpu(cpu_rows):
         fn, why = P.try_make(name, make_decode_inputs([64], seed=0))
         assert fn is None and "CUDA" in why
     peer_rows = [r for r in cpu_rows if r["impl"] in P.PEER_NAMES]
-    assert len(peer_rows) == 3 * 4
+    assert len(peer_rows) == len(P.PEER_NAMES) * 4
     assert all(r["median_us"] is None and r["note"].startswith("not available") for r in peer_rows)
+    # no HPC-Ops time: vs_hpc_ops empty everywhere, every row carries its q_len
+    assert all(r["vs_hpc_ops"] is None and r["hpc_ops_us"] is None and r["q_len"] == 1 for r in cpu_rows)
 
 
 def test_unknown_peer_is_a_reason_not_an_exception():
     assert "unknown peer" in P.available("no_such_peer")
 
 
-def test_flashinfer_missing_source_reason(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOTPATHS_FLASHINFER_DIR", str(tmp_path / "absent"))
-    with pytest.raises(P.PeerUnavailable, match="fetch_flashinfer.sh"):
-        P._import_flashinfer()
+def test_bundles_missing_give_clean_reasons(tmp_path, monkeypatch):
+    from hotpaths.bench import _peers_common as C
+
+    monkeypatch.setenv("HOTPATHS_FLASHINFER_072_DIR", str(tmp_path / "absent_fi"))
+    monkeypatch.setenv("HOTPATHS_HPC_OPS_DIR", str(tmp_path / "absent_hpc"))
+    with pytest.raises(C.PeerUnavailable, match=r"no FlashInfer 0\.7\.2 at .*absent_fi.*HOTPATHS_FLASHINFER_072_DIR"):
+        C.import_flashinfer_072()
+    with pytest.raises(C.PeerUnavailable, match=r"no HPC-Ops package at .*absent_hpc.*HOTPATHS_HPC_OPS_DIR"):
+        C.import_hpc_ops()
+    # a package that is there but cannot be imported: the import error is the reason, nothing else escapes
+    bad = tmp_path / "bad_hpc" / "hpc"
+    bad.mkdir(parents=True)
+    (bad / "__init__.py").write_text("raise ImportError('built for torch 2.11 + sm_90a')\n")
+    monkeypatch.setenv("HOTPATHS_HPC_OPS_DIR", str(tmp_path / "bad_hpc"))
+    with pytest.raises(C.PeerUnavailable, match="import hpc failed: ImportError: built for torch 2.11"):
+        C.import_hpc_ops()
+
+
+def test_clean_cache_copy_zeroes_exactly_the_unused_slots():
+    for kv in ("fp8", "bf16"):
+        inp = make_decode_inputs([1, 63, 200, 0, 130], q_heads=8, kv_heads=2, head_dim=64, page_size=16,
+                                 kv_dtype=kv, seed=5)
+        kc, vc = P.clean_cache_copy(inp)
+        for clean, orig in ((kc, inp["k_cache"]), (vc, inp["v_cache"])):
+            assert clean.dtype == orig.dtype and clean.shape == orig.shape
+            assert not torch.isnan(clean.float()).any()  # every poisoned slot is gone
+            # the tokens themselves are bit-identical, so the reference on the clean copy equals the original one
+        ref0 = split_kv_decode_ref(**inp)
+        ref1 = split_kv_decode_ref(**dict(inp, k_cache=kc, v_cache=vc))
+        assert torch.equal(ref0, ref1)
+        assert not torch.isnan(inp["k_cache"].float()).all()  # the original is untouched (still poisoned)
+        assert torch.isnan(inp["k_cache"].float()).any()
+        ps, bt = inp["k_cache"].shape[1], inp["block_table"]
+        r, L = 1, 63  # the unused tail of request 1's last page is zero, its tokens are kept
+        page = int(bt[r, (L - 1) // ps])
+        assert (kc[page, L % ps:].float() == 0).all()
+        assert torch.equal(kc[page, : L % ps].view(torch.uint8 if kv == "fp8" else torch.int16),
+                           inp["k_cache"][page, : L % ps].view(torch.uint8 if kv == "fp8" else torch.int16))
+
+
+def test_hpc_ops_peers_reject_unsupported_configs_before_importing(monkeypatch, tmp_path):
+    # the GQA and page checks come before the bundle import, so their reasons are the ones reported
+    monkeypatch.setattr(P, "_need_cuda", lambda inputs, allow_cpu: None)
+    monkeypatch.setenv("HOTPATHS_HPC_OPS_DIR", str(tmp_path / "absent"))
+    inp = make_decode_inputs([64], q_heads=2, kv_heads=1, head_dim=64, page_size=16, kv_dtype="fp8")
+    with pytest.raises(P.PeerUnavailable, match="4 or 8 query heads per KV head"):
+        P.make_hpc_ops_dynamic(inp)
+    inp = make_decode_inputs([64], q_heads=8, kv_heads=1, head_dim=64, page_size=16, kv_dtype="fp8")
+    with pytest.raises(P.PeerUnavailable, match="page size 64"):
+        P.make_hpc_ops_static(inp)
+    inp = make_decode_inputs([64], q_heads=8, kv_heads=1, head_dim=64, page_size=64, kv_dtype="fp8")
+    with pytest.raises(P.PeerUnavailable, match="no HPC-Ops package"):
+        P.make_hpc_ops_static(inp)
+    inp = make_decode_inputs([64], q_heads=8, kv_heads=1, head_dim=64, page_size=64, q_len=2, kv_dtype="bf16")
+    with pytest.raises(P.PeerUnavailable, match="q_len"):
+        P.make_flashinfer_tc(inp)
 
 
 def test_published_lookup():
@@ -69,27 +123,73 @@ def test_published_lookup():
     assert D.published_h20_us("1x128K+31x4K", "dynamic", "fp8") == pytest.approx(63.0)
     assert D.published_h20_us("1x128K+31x4K", "static_count", "fp8") == pytest.approx(186.0)
     assert D.published_h20_us("1x128K+31x4K", "static_chunk_emulation", "fp8") == pytest.approx(186.0)
-    assert D.published_h20_us("1x128K+31x4K", "flashinfer", "fp8") == pytest.approx(220.0)
+    assert D.published_h20_us("1x128K+31x4K", "flashinfer_tc", "fp8") == pytest.approx(220.0)
+    assert D.published_h20_us("1x128K+31x4K", "flashinfer_xqa", "fp8") == pytest.approx(220.0)
     assert D.published_h20_us("1x128K+31x4K", "flashattention", "fp8") == pytest.approx(97.0)
     assert D.published_h20_us("64x0.5K", "dynamic", "fp8") == pytest.approx(13.0)
     assert D.published_h20_us("1x128K+31x4K", "dynamic", "bf16") is None      # published table is FP8 KV only
     assert D.published_h20_us("1x16K+15x64", "dynamic", "fp8") is None        # not a published case
     assert D.published_h20_us("1x128K+31x4K", "torch_sdpa_gathered", "fp8") is None
     assert D.published_dynamic_vs_static("1x128K+31x4K") == pytest.approx(2.95)
-    assert D.hpc_ops_h200_us("1x128K+31x4K", "dynamic", "fp8") == 35.7
-    assert D.hpc_ops_h200_us("1x128K+31x4K", "static_chunk", "fp8") == 172.8
-    assert D.hpc_ops_h200_us("1x128K+31x4K", "dynamic", "bf16") == 54.0
-    assert D.hpc_ops_h200_us("1x128K+31x4K", "flashinfer", "fp8") is None
-    assert set(D.HPC_OPS_H200_US) == set(D.ISSUE_CASES)
+    assert not hasattr(D, "HPC_OPS_H200_US")  # HPC-Ops is measured in the same run, never typed in
 
 
 def test_ratio_columns_filled_from_medians():
     mk = lambda impl, us: dict(case="c", dtype="fp8_kv", impl=impl, median_us=us, dynamic_vs_static=None)  # noqa
-    rows = [mk("dynamic", 10.0), mk("static_count", 30.0), mk("static_chunk", 20.0), mk("flashinfer", 40.0)]
+    rows = [mk("dynamic", 10.0), mk("static_count", 30.0), mk("static_chunk", 20.0), mk("flashinfer_xqa", 40.0)]
     D._fill_ratios(rows)
     assert rows[0]["dynamic_vs_static"] == pytest.approx(2.0)  # vs the faster static flavour
     assert rows[1]["dynamic_vs_static"] == pytest.approx(3.0)
     assert rows[3]["dynamic_vs_static"] is None
+    assert rows[0].get("vs_hpc_ops") is None and "HPC-Ops not requested" in rows[0]["note"]
+
+
+def test_vs_hpc_ops_is_the_same_run_ratio_per_q_len():
+    def mk(impl, us, q_len=1, note=""):
+        return dict(case="c", dtype="fp8_kv", impl=impl, median_us=us, q_len=q_len, note=note,
+                    dynamic_vs_static=None, hpc_ops_us=None, vs_hpc_ops=None)
+    rows = [mk("dynamic", 10.0), mk("hpc_ops_dynamic", 12.0), mk("hpc_ops_static", 11.0), mk("flashinfer_xqa", 22.0),
+            mk("dynamic", 20.0, q_len=2), mk("hpc_ops_dynamic", None, q_len=2, note="not available: boom"),
+            mk("assign_only", 5.0)]
+    D._fill_ratios(rows)
+    assert rows[0]["hpc_ops_us"] == 11.0 and rows[0]["vs_hpc_ops"] == pytest.approx(1.1)  # HPC-Ops' faster impl
+    assert rows[3]["vs_hpc_ops"] == pytest.approx(0.5)
+    assert rows[1]["vs_hpc_ops"] is None and rows[2]["vs_hpc_ops"] is None  # not against itself
+    # q_len 2: HPC-Ops did not run there: empty, with its reason (q_len 1's time is never borrowed)
+    assert rows[4]["vs_hpc_ops"] is None and "not available: boom" in rows[4]["note"]
+    assert rows[6]["vs_hpc_ops"] is None  # the assign kernel alone is not a decode step
+
+
+def test_ncu_regex_names_the_timed_instantiation():
+    import re
+
+    names = {
+        "v3s2c4": "void (anonymous namespace)::attention_kernel<(anonymous namespace)::Traits<true, true, 2, 4, 1, "
+                  "false>>((anonymous namespace)::Params)",
+        "v2": "void attention_kernel<Traits<(bool)1, (bool)0, (int)4, (int)2, (int)1, (bool)0>>(Params)",
+        "v3": "void attention_kernel<Traits<true, true, 4, 2, 1>>(Params)",
+        "v2f": "void attention_kernel<Traits<true, false, 4, 2, 1, true>>(Params)",
+    }
+    for variant, name in names.items():
+        rx = D.attention_kernel_regex(variant)
+        assert re.search(rx, name), (variant, rx)
+        assert [v for v, n in names.items() if re.search(rx, n)] == [variant]  # only its own instantiation
+    assert D.attention_traits("v3s2c4", fp8=False) == (False, False, 2, 2, 1, False)  # BF16 runs the row layout
+    assert D.attention_traits("v2fs3c1", fp8=False) == (False, False, 3, 1, 1, True)
+    assert D.attention_traits("v3s2c4", rows=16) == (True, True, 4, 2, 2, False)
+    assert D.attention_traits("v3m", rows=32) == (True, True, 2, 2, 4, False)
+    assert D.attention_traits("v3ms4c1", rows=24) == (True, True, 4, 1, 4, False)
+    assert D.attention_traits("v3m", rows=16) == (True, True, 4, 2, 2, False)
+    assert D.attention_traits("v3m", rows=8) == (True, True, 4, 2, 1, False)
+    assert re.search(D.attention_kernel_regex("v3s2c4", rows=16), "attention_kernel<Traits<true, true, 4, 2, 2>>")
+    assert not re.search(D.attention_kernel_regex("v3s2c4", rows=16), names["v3s2c4"])
+    with pytest.raises(ValueError, match="variant"):
+        D.attention_kernel_regex("auto")
+
+
+def test_ncu_snippet_plans_with_the_kv_dtype():
+    # auto picks anything but v2 only when plan() knows the KV dtype: the profiled child must pass it
+    assert 'kv_dtype=inp["k_cache"].dtype' in D._NCU_SNIPPET and "assert p.variant ==" in D._NCU_SNIPPET
 
 
 def test_bad_arguments_raise():
@@ -212,6 +312,25 @@ def test_auto_variant_choice_on_the_published_cases():
     assert K.resolve_variant("auto") == "auto" and K.DEFAULT_VARIANT == "auto"
     with pytest.raises(ValueError, match="auto"):
         K.resolve_variant("fastest")
+
+
+def test_cli_q_len_and_dtype_lists_and_hpc_rows():
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "hotpaths", "decode", "--cases", "2x100", "--kv-dtype", "fp8,bf16",
+                        "--q-len", "1,2", "--impl", "dynamic,hpc_ops_dynamic,flashinfer_xqa", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    assert {(row["dtype"], row["q_len"]) for row in rows} == {(d, q) for d in ("fp8_kv", "bf16_kv") for q in (1, 2)}
+    assert all(f"--q-len {row['q_len']}" in row["repro"] for row in rows)
+    hpc = [row for row in rows if row["impl"] == "hpc_ops_dynamic"]
+    assert len(hpc) == 4 and all(row["note"].startswith("not available") for row in hpc)
+    bad = subprocess.run([sys.executable, "-m", "hotpaths", "decode", "--cases", "1x64", "--q-len", "1,5"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--q-len" in bad.stderr
 
 
 def test_auto_variant_choice_above_eight_rows():

@@ -192,16 +192,18 @@ def test_run_on_gpu_packs_results_and_keeps_the_exit_status(tmp_path):
         (d / "t.csv").write_text("args," + " ".join(sys.argv[1:]) + "\\n")
         sys.exit(5)
         """))
-    # The carried peers archive is unpacked into .peers/ when that is missing (notebook 02's FlashInfer rows).
-    (repo / ".carry").mkdir()
-    src = tmp_path / "peer_src" / "flashinfer-python-0.3.1"
+    # A carried peer bundle (.carry/peers/, here a stand-in HPC-Ops) is unpacked by peers_env.sh, which exports
+    # the folder the peer adapters read (the decode / router / prologue peer rows).
+    (repo / ".carry/peers").mkdir(parents=True)
+    src = tmp_path / "peer_src" / "hpc_ops" / "hpc"
     src.mkdir(parents=True)
-    (src / "marker").write_text("peer")
-    with tarfile.open(repo / ".carry/peers.tgz", "w:gz") as tf:
-        tf.add(src, arcname="flashinfer-python-0.3.1")
+    (src / "__init__.py").write_text("marker = 'peer'\n")
+    with tarfile.open(repo / ".carry/peers/hpc_ops_sm90a_test.tar.gz", "w:gz") as tf:
+        tf.add(src.parent, arcname="hpc_ops")
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "HP_LINK_DIR": str(tmp_path / "hp"),
-           "JK_PREFIX": str(tmp_path / "jk"), "SITE": str(tmp_path / "site"), "PYTHONPATH": ""}
+           "JK_PREFIX": str(tmp_path / "jk"), "SITE": str(tmp_path / "site"), "PYTHONPATH": "",
+           "PEERS_DIR": str(tmp_path / "peers")}
     r = subprocess.run(["bash", str(repo / "tools/gpu/run_on_gpu.sh"), "reproduce", "--only", "00"],
                        capture_output=True, text=True, env=env, timeout=240)
     assert r.returncode == 5, r.stdout + r.stderr
@@ -210,7 +212,8 @@ def test_run_on_gpu_packs_results_and_keeps_the_exit_status(tmp_path):
         assert tf.extractfile("data/results/h200/t.csv").read() == b"args,reproduce --only 00\n"
     log = (out / "run.log").read_text()
     assert "python3 -m hotpaths reproduce --only 00" in log and "exited 5" in log
-    assert (repo / ".peers/flashinfer-python-0.3.1/marker").read_text() == "peer" and "unpacking" in log
+    assert (tmp_path / "peers/hpc_ops/hpc/__init__.py").read_text() == "marker = 'peer'\n"
+    assert f"[peers_env] hpc_ops={tmp_path / 'peers' / 'hpc_ops'}" in log
 
 
 # ---------------------------------------------------------------- Nsight Compute helper

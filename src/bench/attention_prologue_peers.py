@@ -10,8 +10,8 @@ JIT builds) happens in make_* and is not timed. A peer that cannot run raises ``
 ``try_make`` turns any failure into a reason string for the table.
 
 Peers: ``hpc_ops`` (HPC-Ops ``hpc.rope_norm_store_kv_fp8`` / ``hpc.rope_norm_store_kv``, from $HOTPATHS_HPC_OPS_DIR
-or .peers/hpc_ops), ``flashinfer_fused`` (FlashInfer 0.7.2
-``cake_fused_qk_rmsnorm_rope_quantize_fp8_append_paged_kv_cache``, from $HOTPATHS_FLASHINFER_DIR: eps fixed at
+or .peers/hpc_ops; hotpaths.bench._peers_common imports it), ``flashinfer_fused`` (FlashInfer 0.7.2
+``cake_fused_qk_rmsnorm_rope_quantize_fp8_append_paged_kv_cache``, from $HOTPATHS_FLASHINFER_072_DIR: eps fixed at
 1e-6, NeoX only), ``torch_unfused`` (norm, RoPE, quantization and cache writes as separate PyTorch ops; timed eager
 as ``torch_unfused`` and under a CUDA graph as ``torch_unfused_graph``).
 """
@@ -19,14 +19,14 @@ as ``torch_unfused`` and under a CUDA graph as ``torch_unfused_graph``).
 from __future__ import annotations
 
 import inspect
-import os
-import sys
-from pathlib import Path
 
-from hotpaths.harness.peers import PeerUnavailable
+from hotpaths.bench._peers_common import PeerUnavailable, hpc_ops_dir, need_cuda
+from hotpaths.bench._peers_common import flashinfer_072_dir as flashinfer_dir
+from hotpaths.bench._peers_common import import_flashinfer_072 as _import_flashinfer
+from hotpaths.bench._peers_common import import_hpc_ops as _import_hpc
+from hotpaths.bench._peers_common import short_error as _short
 
 PEER_NAMES = ("hpc_ops", "flashinfer_fused", "torch_unfused")
-FLASHINFER_VERSION = "0.7.2"
 FP8_MAX = 448.0
 
 __all__ = ["PEER_NAMES", "PeerUnavailable", "make_hpc_ops", "make_flashinfer_fused", "make_torch_unfused",
@@ -34,12 +34,7 @@ __all__ = ["PEER_NAMES", "PeerUnavailable", "make_hpc_ops", "make_flashinfer_fus
 
 
 def _need_cuda(inputs) -> None:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise PeerUnavailable("not available: needs a CUDA GPU (this machine is CPU-only)")
-    if inputs["qkv"].device.type != "cuda":
-        raise PeerUnavailable(f"not available: inputs are on {inputs['qkv'].device}, the peer times CUDA tensors")
+    need_cuda(inputs["qkv"])
 
 
 def _dims(inputs):
@@ -48,11 +43,6 @@ def _dims(inputs):
     T = int(inputs["qkv"].shape[0])
     Hq = int(inputs["qkv"].shape[1]) // D - 2 * Hk
     return T, Hq, Hk, D
-
-
-def _short(e: Exception) -> str:
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {(lines[-1] if lines else '')[:300]}"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -131,28 +121,6 @@ def make_torch_unfused(inputs, *, allow_cpu: bool = False):
 # ------------------------------------------------------------------------------------------------------------
 # HPC-Ops
 # ------------------------------------------------------------------------------------------------------------
-
-
-def hpc_ops_dir() -> Path:
-    """$HOTPATHS_HPC_OPS_DIR (the folder holding the ``hpc`` package), else <repo>/.peers/hpc_ops."""
-    from hotpaths.harness.env import REPO_ROOT
-
-    d = os.environ.get("HOTPATHS_HPC_OPS_DIR")
-    return Path(d) if d else REPO_ROOT / ".peers" / "hpc_ops"
-
-
-def _import_hpc():
-    d = hpc_ops_dir()
-    if not (d / "hpc" / "__init__.py").exists():
-        raise PeerUnavailable(f"not available: no HPC-Ops package at {d}/hpc (set HOTPATHS_HPC_OPS_DIR; it is "
-                              "prebuilt for sm_90a + torch 2.11 only)")
-    if str(d) not in sys.path:
-        sys.path.insert(0, str(d))
-    try:
-        import hpc  # type: ignore
-    except Exception as e:
-        raise PeerUnavailable(f"not available: import hpc failed: {_short(e)}") from None
-    return hpc
 
 
 def _layout(inputs):
@@ -260,40 +228,6 @@ def make_hpc_ops(inputs):
 # ------------------------------------------------------------------------------------------------------------
 # FlashInfer 0.7.2 fused prologue
 # ------------------------------------------------------------------------------------------------------------
-
-
-def flashinfer_dir() -> Path:
-    """$HOTPATHS_FLASHINFER_072_DIR or $HOTPATHS_FLASHINFER_DIR (the folder holding the unpacked 0.7.2
-    ``flashinfer`` package), else <repo>/.peers/flashinfer-0.7.2; $HOTPATHS_TVM_FFI_DIR (the tvm-ffi --target
-    folder) is added to sys.path too."""
-    from hotpaths.harness.env import REPO_ROOT
-
-    # HOTPATHS_FLASHINFER_072_DIR first: HOTPATHS_FLASHINFER_DIR may point at the 0.3.1 sdist the decode peer uses
-    d = os.environ.get("HOTPATHS_FLASHINFER_072_DIR") or os.environ.get("HOTPATHS_FLASHINFER_DIR")
-    return Path(d) if d else REPO_ROOT / ".peers" / f"flashinfer-{FLASHINFER_VERSION}"
-
-
-def _import_flashinfer():
-    d = flashinfer_dir()
-    if not (d / "flashinfer" / "__init__.py").exists():
-        raise PeerUnavailable(f"not available: no FlashInfer {FLASHINFER_VERSION} at {d}/flashinfer (set "
-                              "HOTPATHS_FLASHINFER_DIR)")
-    for p in (os.environ.get("HOTPATHS_TVM_FFI_DIR"), str(d)):
-        if p and p not in sys.path:
-            sys.path.insert(0, p)
-    os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
-    os.environ.setdefault("MAX_JOBS", "16")
-    os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", "/tmp/hotpaths_flashinfer_ws")
-    os.environ.setdefault("TVM_FFI_CACHE_DIR", "/tmp/hotpaths_tvm_ffi_cache")
-    try:
-        import flashinfer  # type: ignore
-    except Exception as e:
-        raise PeerUnavailable(f"not available: import flashinfer failed: {_short(e)}") from None
-    ver = str(getattr(flashinfer, "__version__", "?"))
-    if not ver.startswith(FLASHINFER_VERSION):
-        raise PeerUnavailable(f"not available: imported flashinfer {ver} from {flashinfer.__file__}, expected "
-                              f"{FLASHINFER_VERSION}")
-    return flashinfer
 
 
 def _find_flashinfer_fused(fi):

@@ -22,9 +22,9 @@ staged FP8 emulation (rounding details inside a peer's kernel are not modelled).
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
+from hotpaths.bench._peers_common import hpc_ops_dir as hpc_ops_dir  # re-exported
+from hotpaths.bench._peers_common import import_flashinfer_072, import_hpc_ops
 from hotpaths.harness.peers import PeerUnavailable
 
 PEER_NAMES = ("hpc_ops", "torch_grouped_mm_bf16", "torch_scaled_grouped_mm_fp8", "triton_fused_moe",
@@ -85,27 +85,9 @@ def _smoke(fn, what: str):
 # HPC-Ops
 # ----------------------------------------------------------------------------------------------------------------
 
-def hpc_ops_dir() -> Path:
-    """Env HOTPATHS_HPC_OPS_DIR (the folder holding the ``hpc`` package), else <repo>/.peers/hpc_ops."""
-    from hotpaths.harness.env import REPO_ROOT
-
-    d = os.environ.get("HOTPATHS_HPC_OPS_DIR")
-    return Path(d) if d else REPO_ROOT / ".peers" / "hpc_ops"
-
-
-def _import_hpc():
-    d = hpc_ops_dir()
-    if not (d / "hpc" / "__init__.py").exists():
-        raise PeerUnavailable(f"not available: no HPC-Ops package at {d}/hpc (unpack "
-                              "hpc_ops_sm90a_6e2eced.tar.gz there, or set HOTPATHS_HPC_OPS_DIR)")
-    if str(d) not in sys.path:
-        sys.path.insert(0, str(d))
-    try:
-        import hpc
-    except Exception as e:  # a CPU-only machine or another torch build: its _C.abi3.so does not load
-        raise PeerUnavailable(f"not available: import hpc failed ({_first_line(e)}); the prebuilt subset loads "
-                              "only beside the GPU machine's torch 2.11+cu130 on sm_90a") from None
-    return hpc
+# the shared importers (hotpaths.bench._peers_common): one place reads HOTPATHS_HPC_OPS_DIR /
+# HOTPATHS_FLASHINFER_072_DIR for every op's peers
+_import_hpc = import_hpc_ops
 
 
 # Block-wise HPC-Ops at an intermediate that is not a multiple of 128 failed with an illegal memory access from 32
@@ -329,6 +311,7 @@ def make_flashinfer_cutlass(inputs):
 
     _need_cuda(inputs)
     _no_skip_ids(inputs, "flashinfer_cutlass")
+    import_flashinfer_072()  # the 0.7.2 bundle (PeerUnavailable with the reason when absent)
     try:
         from flashinfer.fused_moe import cutlass_fused_moe
     except Exception as e:

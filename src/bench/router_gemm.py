@@ -10,11 +10,13 @@ from data/shapes/router_gemm.yaml.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 
+from hotpaths.bench import router_gemm_peers as RP
 from hotpaths.harness.bench import bench, read_probe_columns
 from hotpaths.harness.ceilings import pct_of_ceiling
 from hotpaths.harness.check import check
@@ -144,12 +146,6 @@ def flip_table(m: int = 512, n: int = 192, k: int = 4096, *, gaps: Sequence[floa
     return rows
 
 
-# HPC-Ops' BF16xFP32 GEMM on an H200: typed constants from another run (eager launch, 128 MB flush before each
-# call, median us; noisy at M 96-1024), not measured with this harness. Rows carry them in hpc_ops_h200_us with
-# hpc_ops_h200_source = HPC_OPS_SOURCE so a table never presents them as ours. Not a published H20 figure.
-HPC_OPS_SOURCE = "typed, other run"
-HPC_OPS_H200_US = {2: 8.2, 4: 8.4, 8: 8.7, 16: 9.3, 48: 9.7, 96: 20.8, 208: 17.4, 512: 34.6, 1024: 42.7, 2048: 33.4,
-                   4096: 62.4}
 # Published H20 speedup ranges (claims.csv), by router shape (n, k).
 PUBLISHED_RANGES = {
     (192, 4096): {"published_h20_speedup_vs_fp32": "1.30x-3.22x", "published_h20_speedup_vs_tf32": "1.25x-1.78x"},
@@ -159,16 +155,12 @@ PUBLISHED_RANGES = {
 
 
 def annotate_published(rows: list[dict]) -> list[dict]:
-    """Add the published H20 speedup ranges (by the row's n, k) and, for the Hy3 shape, HPC-Ops' H200 time
-    (column hpc_ops_h200_us) beside our rows. Returns new dicts; rows without n/k are left as they are."""
+    """Add the published H20 speedup ranges (by the row's n, k) beside our rows. Returns new dicts; rows without
+    n/k are left as they are. (HPC-Ops is measured in the same run: impl "hpc_ops" and the vs_hpc_ops column.)"""
     out = []
     for r in rows:
         r = dict(r)
-        shape = (r.get("n"), r.get("k"))
-        r.update(PUBLISHED_RANGES.get(shape, {}))
-        if shape == (192, 4096):
-            r["hpc_ops_h200_us"] = HPC_OPS_H200_US.get(r.get("m"))
-            r["hpc_ops_h200_source"] = HPC_OPS_SOURCE
+        r.update(PUBLISHED_RANGES.get((r.get("n"), r.get("k")), {}))
         out.append(r)
     return out
 
@@ -190,11 +182,16 @@ def _time(x, weights, impl, out, iters):
 
 
 def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32_cublas", "tf32_cublas",
-                                              "bf16_cublas"), *, case_prefix: str = "hy3", seed: int = 0,
+                                              "bf16_cublas", "hpc_ops"), *, case_prefix: str = "hy3", seed: int = 0,
                    ceilings: dict | None = None, iters: int = 100, topk: int = 8) -> list[dict]:
     """Latency and error rows for each M and impl (CONTRACT.md columns plus m, n, k, speedup_vs_fp32,
     speedup_vs_tf32, max_abs_err_vs_fp32, max_abs_err_vs_fp64, emulation_max_abs_err_vs_fp64, topk_flips,
-    topk_flips_emulation, config).
+    topk_flips_emulation, config, hpc_ops_us, vs_hpc_ops, note).
+
+    impls: K.IMPLS and the peers of hotpaths.bench.router_gemm_peers ("hpc_ops": HPC-Ops' gemm_bf16xfp32, timed by
+    the same bench on the same inputs, its errors vs FP64 / FP32 beside its time; without its bundle or a GPU the
+    row carries the reason in `note`). hpc_ops_us / vs_hpc_ops on our rows: HPC-Ops' median at this M and its
+    ratio to the row's (> 1: ours is faster); empty, with the reason in `note`, when HPC-Ops did not run.
 
     Inputs: make_router_inputs(m, n, k, seed=seed + m) (fresh random, "init" scale); outputs NaN-poisoned before
     the correctness run. max_abs_err / rel_l2_err / cosine are vs FP64. Timing: harness bench (CUDA graph replay,
@@ -203,9 +200,11 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
     Without an SM90 GPU: one row per distinct emulation (impl "bf16x2_emulation", ...) with empty timing.
     Raises ValueError on an unknown impl or unsupported N/K.
     """
-    bad = [i for i in impls if i not in K.IMPLS]
+    bad = [i for i in impls if i not in K.IMPLS and i not in RP.PEER_NAMES]
     if bad:
-        raise ValueError(f"impls: unknown {bad}; expected a subset of {K.IMPLS}")
+        raise ValueError(f"impls: unknown {bad}; expected a subset of {K.IMPLS + RP.PEER_NAMES}")
+    peers = [i for i in impls if i in RP.PEER_NAMES]
+    impls = [i for i in impls if i in K.IMPLS]
     ref.validate_kernel_shape(n, k)
     gpu = _gpu_ok()
     dev = "cuda" if gpu else "cpu"
@@ -222,6 +221,7 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
         emu_cache: dict[str, torch.Tensor] = {}
         base_t: dict = {}
         todo = list(impls) if gpu else list(dict.fromkeys(K.EMULATION_OF[i] for i in impls))
+        first_row = len(rows)
         if gpu:  # the baselines the speedup columns divide by, timed once per M
             for b in ("fp32_cublas", "tf32_cublas"):
                 base_t[b] = _time(x, weights, b, torch.empty(m, n, device=dev), iters)
@@ -265,9 +265,62 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
                    "max_abs_err_vs_fp64": c.max_abs_err,
                    "emulation_max_abs_err_vs_fp64": ref.error_metrics(emu_cache[emu_name], r64)["max_abs_err"],
                    "topk_flips": flips, "topk_flips_emulation": eflips,
-                   "config": json.dumps(cfg) if isinstance(cfg, dict) else cfg}
+                   "config": json.dumps(cfg) if isinstance(cfg, dict) else cfg,
+                   "hpc_ops_us": None, "vs_hpc_ops": None, "note": None}
             rows.append(row)
+        ours = rows[first_row:]
+        for peer in peers:
+            prow = _peer_row(peer, x, w, m, n, k, r64=r64, f32=f32, emu=emu_cache.get("bf16x2_emulation"),
+                             base_t=base_t, tag=tag, rid=rid, seed=seed, case_prefix=case_prefix, iters=iters,
+                             topk=topk, ceilings=ceilings)
+            rows.append(prow)
+            if peer != "hpc_ops":
+                continue
+            for r in ours:
+                if prow["median_us"] and r["median_us"]:
+                    r["hpc_ops_us"] = prow["median_us"]
+                    r["vs_hpc_ops"] = prow["median_us"] / r["median_us"]
+                elif r["median_us"]:
+                    r["note"] = f"vs_hpc_ops empty ({prow['note']})"
     return rows
+
+
+def _peer_row(peer, x, w, m, n, k, *, r64, f32, emu, base_t, tag, rid, seed, case_prefix, iters, topk,
+              ceilings) -> dict:
+    """One row for a router peer at this M: timed and checked on a GPU with its bundle, else its reason."""
+    nbytes = ref.bytes_moved(m, n, k, 2)
+    row = {"op": OP, "case": f"{case_prefix}_m{m}", "impl": peer, "dtype": "x bf16, w fp32 as 2x bf16 (RNE hi + "
+           "lo/256, HPC-Ops' split), out fp32", "device": tag, "median_us": None, "p10_us": None, "p90_us": None,
+           "bytes": nbytes, "gbps": None, "pct_of_ceiling": None, **read_probe_columns(None, nbytes),
+           "rel_l2_err": None, "max_abs_err": None, "cosine": None, "published_h20_us": None, "run_id": rid,
+           "repro": f"hotpaths router --m {m} --n {n} --k {k} --impl {peer} --seed {seed} --json",
+           "m": m, "n": n, "k": k, "speedup_vs_fp32": None, "speedup_vs_tf32": None, "max_abs_err_vs_fp32": None,
+           "max_abs_err_vs_fp64": None, "emulation_max_abs_err_vs_fp64": None, "topk_flips": None,
+           "topk_flips_emulation": None, "config": None, "hpc_ops_us": None, "vs_hpc_ops": None, "note": None}
+    fn, reason = RP.try_make(peer, x, w)
+    if fn is None:
+        row["note"] = reason
+        return row
+    try:
+        out = fn()
+        torch.cuda.synchronize()
+        c = check(out, r64)
+        t = bench(fn, iters=iters)
+    except Exception as e:
+        row["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        return row
+    med = t.median_us
+    gbps = nbytes / med / 1e3 if med else None
+    row.update(median_us=med, p10_us=t.p10_us, p90_us=t.p90_us, gbps=gbps,
+               pct_of_ceiling=pct_of_ceiling(gbps, ceilings),
+               **read_probe_columns(med, nbytes), rel_l2_err=c.rel_l2_err, max_abs_err=c.max_abs_err, cosine=c.cosine,
+               speedup_vs_fp32=base_t["fp32_cublas"].median_us / med if med and "fp32_cublas" in base_t else None,
+               speedup_vs_tf32=base_t["tf32_cublas"].median_us / med if med and "tf32_cublas" in base_t else None,
+               max_abs_err_vs_fp32=ref.error_metrics(out, f32)["max_abs_err"], max_abs_err_vs_fp64=c.max_abs_err,
+               emulation_max_abs_err_vs_fp64=ref.error_metrics(emu, r64)["max_abs_err"] if emu is not None else None,
+               topk_flips=int(ref.topk_sets_differ(out.cpu(), r64.cpu(), topk).sum()) if n > topk else None,
+               note=getattr(fn, "note", None))
+    return row
 
 
 def accuracy_failure(got: torch.Tensor, ref64: torch.Tensor, emu_err: float, bound: float = K.ERR_BOUND, *,
@@ -378,7 +431,7 @@ def measure_crossover(shapes, ms=None, *, path: str | Path | None = None, iters:
 # ----------------------------------------------------------------------------------------------------------------
 # hotpaths router
 
-DEFAULT_IMPLS = "bf16x2_kernel,dispatch,fp32_cublas,tf32_cublas,bf16_cublas"
+DEFAULT_IMPLS = "bf16x2_kernel,dispatch,fp32_cublas,tf32_cublas,bf16_cublas,hpc_ops"
 
 CLI_HELP = "router GEMM with a two-part BF16 weight: latency and error by M"
 CLI_DESCRIPTION = """\
@@ -392,11 +445,22 @@ def register(subparsers) -> None:
     p = add_op_command(subparsers, "router", func=_run, help=CLI_HELP, description=CLI_DESCRIPTION)
     p.add_argument("--m", type=int_list_arg("--m", minimum=1), default=list(M_SWEEP),
                    help="comma-separated token counts M (default: m_sweep of data/shapes/router_gemm.yaml)")
-    p.add_argument("--n", type=int, default=192, help="number of experts N, a multiple of 64 (default 192)")
-    p.add_argument("--k", type=int, default=4096, help="hidden size K, a multiple of 64 (default 4096)")
+    p.add_argument("--n", type=int_list_arg("--n", minimum=64), default=[192],
+                   help="number of experts N, multiples of 64, comma-separated (default 192); with --k, every "
+                   "(N, K) pair of the two lists is run")
+    p.add_argument("--k", type=int_list_arg("--k", minimum=64), default=[4096],
+                   help="hidden size K, multiples of 64, comma-separated (default 4096)")
+    p.add_argument("--shapes", type=shape_list_arg, default=None,
+                   help="comma-separated N:K pairs (e.g. 128:2048,256:4096,768:7168), instead of --n/--k")
     p.add_argument("--impl", default=DEFAULT_IMPLS,
                    help=f"comma-separated impls among dispatch, bf16x2_kernel, bf16x3_kernel, fp32_cublas, "
-                   f"tf32_cublas, bf16_cublas (default {DEFAULT_IMPLS})")
+                   f"tf32_cublas, bf16_cublas, hpc_ops (HPC-Ops' gemm_bf16xfp32, same run; needs its bundle) "
+                   f"(default {DEFAULT_IMPLS})")
+    p.add_argument("--tune-on-first-use", action="store_true",
+                   help="SM90: for a shape the committed dispatch table lacks, `dispatch` times every kernel "
+                   "candidate and FP32 cuBLAS once per M bucket (power of two) on this device and caches the "
+                   "fastest under $HOTPATHS_CACHE_DIR or ~/.cache/hotpaths (tuning is never done during CUDA-graph "
+                   "capture)")
     p.add_argument("--case-prefix", default="hy3", help="prefix of the case column (default hy3)")
     p.add_argument("--tune", action="store_true",
                    help="SM90 only: tune the kernel configurations and measure the dispatch crossover for every "
@@ -404,25 +468,66 @@ def register(subparsers) -> None:
                    "data/dispatch/router_gemm_<device>.json (what `dispatch` reads), then exit")
 
 
+def shape_list_arg(spec: str) -> list[tuple[int, int]]:
+    """argparse type: ``"192:4096,256:7168"`` -> [(192, 4096), (256, 7168)]; N and K positive multiples of 64."""
+    import argparse
+
+    out = []
+    for item in (t.strip() for t in spec.split(",")):
+        parts = item.split(":")
+        try:
+            n, k = (int(v) for v in parts)
+            if len(parts) != 2:
+                raise ValueError
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--shapes: expected N:K pairs like 192:4096, got {item!r}") from None
+        if n <= 0 or k <= 0 or n % 64 or k % 64:
+            raise argparse.ArgumentTypeError(f"--shapes: N and K must be positive multiples of 64, got {item!r}")
+        out.append((n, k))
+    if not out:
+        raise argparse.ArgumentTypeError("--shapes: expected at least one N:K pair")
+    return list(dict.fromkeys(out))
+
+
+def run_shapes(args) -> list[tuple[int, int]]:
+    """The (N, K) pairs a `hotpaths router` call runs: --shapes, else every pair of the --n and --k lists.
+    Raises ValueError for N or K not a multiple of 64."""
+    shapes = args.shapes or [(n, k) for n in args.n for k in args.k]
+    for n, k in shapes:
+        ref.validate_kernel_shape(n, k)
+    return shapes
+
+
 def _run(args) -> int:
     if args.tune:
         return _tune(args)
     impls = [i.strip() for i in args.impl.split(",") if i.strip()]
-    rows = benchmark_rows(args.m, args.n, args.k, impls, case_prefix=args.case_prefix, seed=args.seed,
-                          iters=args.iters)
+    try:
+        shapes = run_shapes(args)
+    except ValueError as e:
+        print(f"hotpaths router: error: {e}", file=sys.stderr)
+        return 2
+    if args.tune_on_first_use:
+        K.set_tune_on_first_use(True)
+    multi = len(shapes) > 1
+    rows = []
+    for n, k in shapes:
+        prefix = f"{args.case_prefix}_n{n}_k{k}" if multi else args.case_prefix
+        rows += benchmark_rows(args.m, n, k, impls, case_prefix=prefix, seed=args.seed, iters=args.iters)
     if emit_rows(rows, args):
         return 0
-    head = f"{'m':>6} {'impl':<18} {'median_us':>10} {'vs_fp32':>8} {'vs_tf32':>8} {'maxabs_fp64':>12} " \
-           f"{'maxabs_fp32':>12} {'flips':>6}"
-    print(f"router_gemm N={args.n} K={args.k} device={rows[0]['device'] if rows else '?'}")
+    head = f"{'n':>4} {'k':>5} {'m':>6} {'impl':<18} {'median_us':>10} {'vs_fp32':>8} {'vs_tf32':>8} " \
+           f"{'vs_hpc':>7} {'maxabs_fp64':>12} {'maxabs_fp32':>12} {'flips':>6}  note"
+    print(f"router_gemm shapes={' '.join(f'{n}:{k}' for n, k in shapes)} device={rows[0]['device'] if rows else '?'}")
     print(head)
 
     def f(v, fmt):
-        return format(v, fmt) if v is not None else "-".rjust(int(fmt[1:].split(".")[0].rstrip("d") or 1))
+        return format(v, fmt) if v is not None else "-".rjust(int(fmt[1:].split(".")[0].rstrip("de") or 1))
     for r in rows:
-        print(f"{r['m']:>6} {r['impl']:<18} {f(r['median_us'], '>10.2f')} {f(r['speedup_vs_fp32'], '>8.2f')} "
-              f"{f(r['speedup_vs_tf32'], '>8.2f')} {r['max_abs_err_vs_fp64']:>12.3e} {r['max_abs_err_vs_fp32']:>12.3e} "
-              f"{f(r['topk_flips'], '>6d')}")
+        print(f"{r['n']:>4} {r['k']:>5} {r['m']:>6} {r['impl']:<18} {f(r['median_us'], '>10.2f')} "
+              f"{f(r['speedup_vs_fp32'], '>8.2f')} {f(r['speedup_vs_tf32'], '>8.2f')} {f(r['vs_hpc_ops'], '>7.2f')} "
+              f"{f(r['max_abs_err_vs_fp64'], '>12.3e')} {f(r['max_abs_err_vs_fp32'], '>12.3e')} "
+              f"{f(r['topk_flips'], '>6d')}  {r.get('note') or ''}")
     return 0
 
 

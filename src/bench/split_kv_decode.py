@@ -34,7 +34,7 @@ from hotpaths.harness.check import check
 from hotpaths.harness.cli import add_op_command, emit_rows
 from hotpaths.harness.env import REPO_ROOT, device_tag, sm90_skip_reason
 from hotpaths.harness.runs import run_id
-from hotpaths.harness.shapes import case_list_arg, expand_lengths, format_case, load_shapes, parse_cases
+from hotpaths.harness.shapes import case_list_arg, expand_lengths, format_case, int_list_arg, load_shapes, parse_cases
 from hotpaths.harness.tables import published
 from hotpaths.kernels import split_kv_decode as K
 from hotpaths.reference import split_kv_decode as ref
@@ -52,22 +52,15 @@ STAGE_CASES = tuple(SHAPES["stage_cases"])
 SKEW = SHAPES["skew"]
 H200_SMS = 132  # persistent grid of the emulation on CPU (the kernel defaults to the device's SM count)
 DTYPE_LABEL = {"fp8": "fp8_kv", "bf16": "bf16_kv"}
-EXTRA_COLUMNS = ["read_probe_us", "pct_of_read_probe", "kv_bytes", "floor_us", "dynamic_vs_static",
-                 "published_dynamic_vs_static", "hpc_ops_h200_us", "hpc_ops_h200_source", "check_passed", "method",
-                 "note"]
-
-# HPC-Ops' kernels on an H200 (CUDA-graph replay, L2 flushed before each replay, median us): FP8 dynamic / FP8
-# static / BF16 dynamic. Typed constants from another run (issue 3's targets; the library is not installable
-# offline, so not re-run here): rows carry them with hpc_ops_h200_source = HPC_OPS_SOURCE.
-HPC_OPS_SOURCE = "typed, other run"
-HPC_OPS_H200_US = {
-    "64x0.5K": (14.7, 13.1, 18.4), "64x4K": (33.2, 36.9, 50.8), "32x0.125K+32x4K": (23.9, 32.3, 34.4),
-    "1x16K+15x64": (15.3, 30.5, 15.0), "1x64K+7x4K": (23.8, 88.8, 32.2), "1x64K+15x4K": (25.2, 90.0, 35.9),
-    "1x64K+31x4K": (30.7, 95.1, 45.0), "1x128K+31x4K": (35.7, 172.8, 54.0), "2x32K+30x4K": (30.2, 56.4, 44.4),
-}
+# q_len: query tokens per request (MTP). hpc_ops_us: the faster of HPC-Ops' decode impls (hpc_ops_dynamic,
+# hpc_ops_static) that ran in the same run on the same inputs; vs_hpc_ops = hpc_ops_us / this row's median (> 1:
+# this row is faster), empty with the reason in `note` when HPC-Ops did not run.
+EXTRA_COLUMNS = ["q_len", "read_probe_us", "pct_of_read_probe", "kv_bytes", "floor_us", "dynamic_vs_static",
+                 "published_dynamic_vs_static", "hpc_ops_us", "vs_hpc_ops", "check_passed", "method", "note"]
 
 _PUBLISHED_COL = {"dynamic": "hpc_dynamic_ms", "static_count": "hpc_static_ms", "static_chunk": "hpc_static_ms",
-                  "static": "hpc_static_ms", "flashinfer": "flashinfer_ms", "flashattention": "flashattention_ms"}
+                  "static": "hpc_static_ms", "flashinfer_xqa": "flashinfer_ms", "flashinfer_tc": "flashinfer_ms",
+                  "flashattention": "flashattention_ms"}
 
 
 def _base_impl(impl: str) -> str:
@@ -81,17 +74,10 @@ def _same_case(a: str, b: str) -> bool:
         return False
 
 
-def _lookup(table: dict, case: str):
-    for k, v in table.items():
-        if _same_case(k, case):
-            return v
-    return None
-
-
 def published_h20_us(case: str, impl: str, kv_dtype: str = "fp8") -> float | None:
     """The published H20 figure (us) for (case, impl) from data/reported/decode_fp8_kv_distribution_h20.csv.
 
-    dynamic <- hpc_dynamic_ms, static_count/static_chunk <- hpc_static_ms, flashinfer <- flashinfer_ms,
+    dynamic <- hpc_dynamic_ms, static_count/static_chunk <- hpc_static_ms, flashinfer_xqa/_tc <- flashinfer_ms,
     flashattention <- flashattention_ms (x1000). The published table is FP8 KV only: None for bf16, for impls or
     cases it lacks. Raises nothing.
     """
@@ -112,20 +98,6 @@ def published_dynamic_vs_static(case: str) -> float | None:
     for _, row in df.iterrows():
         if _same_case(str(row["case"]), case):
             return float(row["dynamic_vs_static"])
-    return None
-
-
-def hpc_ops_h200_us(case: str, impl: str, kv_dtype: str) -> float | None:
-    """HPC-Ops on the H200 (HPC_OPS_H200_US) for the matching (case, impl, dtype), else None."""
-    v = _lookup(HPC_OPS_H200_US, case)
-    if v is None:
-        return None
-    base = _base_impl(impl)
-    fp8 = kv_dtype in ("fp8", "fp8_kv")
-    if base == "dynamic":
-        return v[0] if fp8 else v[2]
-    if base in STATIC_IMPLS and fp8:
-        return v[1]
     return None
 
 
@@ -197,18 +169,40 @@ def _row(case, impl, kv, *, device, bytes_, kv_bytes, ceilings, timing=None, chk
                run_id=run_id(), repro=repro(case, impl, kv, **cfg),
                kv_bytes=kv_bytes, floor_us=(bytes_ / copy / 1e3) if (copy and bytes_) else None,
                dynamic_vs_static=None, published_dynamic_vs_static=published_dynamic_vs_static(case),
-               hpc_ops_h200_us=hpc_ops_h200_us(case, impl, kv),
-               hpc_ops_h200_source=HPC_OPS_SOURCE if hpc_ops_h200_us(case, impl, kv) is not None else None,
+               q_len=cfg.get("q_len", 1), hpc_ops_us=None, vs_hpc_ops=None,
                check_passed=chk.passed if chk else None, method=timing.method if timing else None, note=note)
     return row
 
 
+def _join_note(note: str | None, extra: str) -> str:
+    return f"{note}; {extra}" if note else extra
+
+
 def _fill_ratios(rows: list[dict]) -> None:
-    """dynamic_vs_static: on static rows their median / dynamic's; on the dynamic row the faster static's / its."""
+    """dynamic_vs_static: on static rows their median / dynamic's; on the dynamic row the faster static's / its.
+    hpc_ops_us / vs_hpc_ops: on every row that is not HPC-Ops' own, the faster HPC-Ops decode impl that ran on the
+    same (case, dtype, q_len), and its time / this row's; when none ran, the HPC-Ops rows' reason goes in the note
+    of our timed rows."""
     groups: dict = {}
     for r in rows:
-        groups.setdefault((r["case"], r["dtype"]), {})[r["impl"]] = r
+        groups.setdefault((r["case"], r["dtype"], r.get("q_len", 1)), {})[r["impl"]] = r
     for g in groups.values():
+        hpc = {i: g[i] for i in P.HPC_OPS_IMPLS if i in g}
+        ran = {i: r["median_us"] for i, r in hpc.items() if r["median_us"]}
+        for impl, r in g.items():
+            if impl in P.HPC_OPS_IMPLS or impl == "assign_only" or not r.get("median_us"):
+                continue  # not against itself, nor the assign kernel alone (a part of a step, not a step)
+            if ran:
+                best = min(ran, key=ran.get)
+                r["hpc_ops_us"] = ran[best]
+                r["vs_hpc_ops"] = ran[best] / r["median_us"]
+            elif hpc:
+                why = "; ".join(f"{i}: {h.get('note') or 'no time'}" for i, h in hpc.items())
+                r["note"] = _join_note(r.get("note"), f"vs_hpc_ops empty ({why})")
+            else:
+                r["note"] = _join_note(r.get("note"), "vs_hpc_ops empty (HPC-Ops not requested: --impl "
+                                                      "hpc_ops_dynamic,hpc_ops_static)")
+
         dyn = g.get("dynamic")
         if not dyn or not dyn["median_us"]:
             continue
@@ -220,11 +214,10 @@ def _fill_ratios(rows: list[dict]) -> None:
             dyn["dynamic_vs_static"] = min(stat) / dyn["median_us"]
 
 
-def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS + ("torch_sdpa_gathered",
-                "flex_attention_decode", "flashinfer"), q_heads=8, kv_heads=1, head_dim=128, page_size=64,
-                q_len=1, ceilings=None, iters=100, warmup=10, seed=0, num_ctas=None, min_tiles=DEFAULT_MIN_TILES,
-                num_splits=None,
-                chunk_tiles=None, assign=True, log=print) -> list[dict]:
+def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS + P.PEER_NAMES, q_heads=8,
+                kv_heads=1, head_dim=128, page_size=64, q_len=1, ceilings=None, iters=100, warmup=10, seed=0,
+                num_ctas=None, min_tiles=DEFAULT_MIN_TILES, num_splits=None, chunk_tiles=None, assign=True,
+                log=print) -> list[dict]:
     """Rows of table ``decode_kv_distribution`` (see the module docstring).
 
     cases: case strings (``"1x128K+31x4K"``). impls: our modes (OUR_IMPLS) and peers
@@ -300,9 +293,15 @@ def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS
 
 
 def _peer_note(impl: str, kv: str) -> str:
-    if impl == "flashinfer":
-        return ("FlashInfer 0.3.1 JIT, tensor cores, CUDA graph; Q bf16 (q_fp8*q_scale)" if kv == "fp8"
-                else "FlashInfer 0.3.1 JIT, tensor cores, CUDA graph")
+    q = "; Q bf16 (q_fp8*q_scale)" if kv == "fp8" else ""
+    if impl == "flashinfer_xqa":
+        return f"FlashInfer {P.FLASHINFER_VERSION} XQA (trtllm_batch_decode_with_kv_cache, backend xqa), clean " \
+               f"cache copy{q}"
+    if impl == "flashinfer_tc":
+        return f"FlashInfer {P.FLASHINFER_VERSION} decode wrapper, tensor cores, CUDA graph, plan not timed{q}"
+    if impl in P.HPC_OPS_IMPLS:
+        return "HPC-Ops, same run, clean cache copy" + ("; Q fp8 with our per-token-per-head scales"
+                                                         if kv == "fp8" else "")
     extra = "; fp8 K/V read as bf16 (2x bytes), k_scale folded into Q" if kv == "fp8" else ""
     if impl == "torch_sdpa_gathered":
         return "gather not timed; one SDPA call per distinct length" + extra
@@ -402,8 +401,7 @@ def overhead_rows(batches=tuple(SHAPES["overhead_batches"]), *, kv_len: int = 40
         case = format_case([(b, kv_len)])
         r = _row(case, "assign_only", "fp8", device=device, bytes_=None, kv_bytes=None, ceilings=None,
                  cfg=dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim))
-        r.update(published_dynamic_vs_static=None, hpc_ops_h200_us=None, hpc_ops_h200_source=None, dtype=None,
-                 batch=b)
+        r.update(published_dynamic_vs_static=None, dtype=None, batch=b)
         if reason:
             r["note"] = f"not timed: {reason}"
         else:
@@ -466,17 +464,20 @@ def _stage_rows(case, reason, *, device, kv_heads, q_heads, head_dim, iters, war
     return rows
 
 
-# Child-process target for ncu: one warm-up + one profiled launch of the dynamic kernel on HOTPATHS_NCU_CASE.
+# Child-process target for ncu: one warm-up + one profiled launch of the dynamic kernel on one case, planned exactly
+# as decode_rows' dynamic row plans it (the KV dtype decides what "auto" runs: without it auto falls back to v2).
 _NCU_SNIPPET = """
-import os, torch
+import torch
 from hotpaths.reference.split_kv_decode import make_decode_inputs
 from hotpaths.harness.shapes import expand_lengths
 from hotpaths.kernels import split_kv_decode as K
 inp = make_decode_inputs(expand_lengths({case!r}), kv_dtype={kv!r}, device="cuda", q_heads={q_heads},
-                         kv_heads={kv_heads}, head_dim={head_dim}, page_size={page_size})
-p = K.plan(inp["kv_lens"], num_kv_heads={kv_heads}, q_heads={q_heads}, head_dim={head_dim}, mode="dynamic")
+                         kv_heads={kv_heads}, head_dim={head_dim}, page_size={page_size}, q_len={q_len})
+p = K.plan(inp["kv_lens"], num_kv_heads={kv_heads}, q_heads={q_heads}, head_dim={head_dim}, num_ctas={num_ctas},
+           min_tiles={min_tiles}, mode="dynamic", q_len={q_len}, kv_dtype=inp["k_cache"].dtype)
+assert p.variant == {variant!r}, f"planned {{p.variant}}, the profile expected {variant!r}"
 a = (p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"])
-kw = dict(q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"])
+kw = dict(q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"], q_len={q_len})
 for _ in range(2):
     K.run(*a, **kw)
 torch.cuda.synchronize()
@@ -485,24 +486,90 @@ torch.cuda.synchronize()
 NCU_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
                "sm__warps_active.avg.pct_of_peak_sustained_active", "dram__bytes_read.sum")
 
+# attention.cu's launch switch, mirrored: which attention_kernel<Traits<FP8, TRANSPOSED, STAGES, CPS, NT, FAST>>
+# instantiation a variant launches (tests/test_decode_bench.py pins it; a kernel change that adds a configuration
+# must extend this too, or the profile row says its regex matched nothing).
+_ROW_FAST_BF16 = {"v2f": (2, 2), "v2fs3c1": (3, 1), "v2fs4c1": (4, 1)}
+_V3_NT1 = {"v3s3c3": (3, 3), "v3s5": (5, 2), "v3s2c4": (2, 4)}
+_V3_MTP_NT4 = {"v3m": (2, 2), "v3ms4c1": (4, 1)}
 
-def ncu_rows(cases=NCU_CASES, *, kv_dtype="fp8", kernel_regex="attention_kernel", q_heads=8, kv_heads=1, head_dim=128,
-             page_size=64, timeout_s: float = 300.0) -> list[dict]:
-    """Table ``decode_ncu``: Nsight Compute of the dynamic attention kernel (second launch) per case.
 
-    Columns: case, kernel, duration_us, dram_throughput_pct, achieved_occupancy_pct, dram_read_mb, note; raw
+def attention_traits(variant: str, *, fp8: bool = True, rows: int = 8) -> tuple:
+    """(FP8, TRANSPOSED, STAGES, CPS, NT, FAST) of the attention_kernel instantiation that ``variant`` launches for
+    this KV dtype and ``rows`` query rows per KV head (q_len x GQA ratio). Raises ValueError for an unknown variant
+    (resolve "auto" first)."""
+    if variant not in K.VARIANTS:
+        raise ValueError(f"variant: expected one of {K.VARIANTS}, got {variant!r}")
+    row_cfg = variant == "v2" or variant in _ROW_FAST_BF16
+    if not fp8:
+        st, cps = _ROW_FAST_BF16.get(variant, (2, 2))
+        return (False, False, st, cps, 1, variant in _ROW_FAST_BF16)
+    if row_cfg:
+        return (True, False, 4, 2, 1, variant != "v2")
+    mtp = variant in _V3_MTP_NT4
+    nt = 1 if rows <= 8 else (2 if (rows <= 16 or not mtp) else 4)
+    if nt == 4:
+        return (True, True, *_V3_MTP_NT4[variant], 4, False)
+    if nt == 2:
+        return (True, True, 4, 2, 2, False)
+    return (True, True, *_V3_NT1.get(variant, (4, 2)), 1, False)
+
+
+def attention_kernel_regex(variant: str, *, fp8: bool = True, rows: int = 8) -> str:
+    """A regex on the demangled name (ncu --kernel-name-base demangled) of the one attention_kernel<Traits<...>>
+    instantiation that ``variant`` launches (attention_traits). Tolerates the demangler's spelling of the arguments
+    (true / 1 / (bool)1, namespaces, a defaulted trailing FAST=false shown or not).
+    Raises ValueError for an unknown variant."""
+    f8, tr, st, cps, nt, fast = attention_traits(variant, fp8=fp8, rows=rows)
+    sep = r"[^0-9a-z]+"
+
+    def b(v):
+        return r"(?:\(bool\))?(?:true|1)" if v else r"(?:\(bool\))?(?:false|0)"
+
+    def i(v):
+        return rf"(?:\(int\))?{v}"
+    tail = f"{sep}{b(True)}" if fast else f"(?:{sep}{b(False)})?"
+    return (rf"attention_kernel<[^<]*Traits<\s*{b(f8)}{sep}{b(tr)}{sep}{i(st)}{sep}{i(cps)}{sep}{i(nt)}{tail}\s*>")
+
+
+def ncu_rows(cases=NCU_CASES, *, kv_dtype="fp8", kernel_regex: str | None = None, q_heads=8, kv_heads=1,
+             head_dim=128, page_size=64, q_len=1, num_ctas=None, min_tiles=DEFAULT_MIN_TILES,
+             timeout_s: float = 300.0) -> list[dict]:
+    """Table ``decode_ncu``: Nsight Compute of the attention kernel that decode_rows' ``dynamic`` row times (second
+    launch) per case: the child plans it with the same arguments (KV dtype included, so "auto" picks the same
+    variant) and asserts the variant; ncu picks that instantiation by its demangled name
+    (attention_kernel_regex), unless ``kernel_regex`` overrides it.
+
+    Columns: case, variant, kernel, duration_us, dram_throughput_pct, achieved_occupancy_pct, dram_read_mb, note; raw
     per-case tables saved as profiles_dir()/decode_ncu_<case>.csv by hotpaths.harness.ncu. Where counters are not
     readable the row says "unavailable: <reason>" (never raises).
     """
     device = device_tag()
     rows = []
     for case in cases:
-        snippet = _NCU_SNIPPET.format(case=case, kv=kv_dtype, q_heads=q_heads, kv_heads=kv_heads,
-                                      head_dim=head_dim, page_size=page_size)
-        safe = case.replace("+", "_").replace(".", "p")
-        base = dict(op=OP, case=case, impl="dynamic", dtype=DTYPE_LABEL[kv_dtype], device=device)
+        lens = expand_lengths(case)
         try:
-            df = ncu.profile(snippet, kernel_regex=kernel_regex, metrics=NCU_METRICS,
+            variant = K.resolve_variant(None)
+            if variant == K.AUTO:
+                num_sms = (torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available()
+                           else H200_SMS)
+                variant = K.choose_variant(torch.tensor(lens, dtype=torch.int32), num_kv_heads=kv_heads,
+                                           kv_dtype=kv_dtype, mode="dynamic", num_ctas=num_ctas,
+                                           min_tiles=min_tiles, num_sms=num_sms,
+                                           rows=q_len * (q_heads // kv_heads))
+            regex = kernel_regex or attention_kernel_regex(variant, fp8=kv_dtype == "fp8",
+                                                           rows=q_len * (q_heads // kv_heads))
+        except Exception as e:
+            rows.append(dict(op=OP, case=case, impl="dynamic", dtype=DTYPE_LABEL[kv_dtype], device=device,
+                             note=f"unavailable: {type(e).__name__}: {e}"))
+            continue
+        snippet = _NCU_SNIPPET.format(case=case, kv=kv_dtype, q_heads=q_heads, kv_heads=kv_heads,
+                                      head_dim=head_dim, page_size=page_size, q_len=q_len, num_ctas=num_ctas,
+                                      min_tiles=min_tiles, variant=variant)
+        safe = case.replace("+", "_").replace(".", "p")
+        base = dict(op=OP, case=case, impl="dynamic", dtype=DTYPE_LABEL[kv_dtype], device=device, variant=variant)
+        try:
+            df = ncu.profile(snippet, kernel_regex=regex, metrics=NCU_METRICS, kernel_name_base="demangled",
                              out_csv=f"decode_ncu_{safe}", launch_skip=1, launch_count=1, timeout_s=timeout_s)
         except Exception as e:
             rows.append(dict(base, note=f"unavailable: {type(e).__name__}: {e}"))
@@ -513,14 +580,14 @@ def ncu_rows(cases=NCU_CASES, *, kv_dtype="fp8", kernel_regex="attention_kernel"
         m = {r["metric"]: r["value"] for _, r in df.iterrows()}
         dur = m.get("gpu__time_duration.sum")
         rd = m.get("dram__bytes_read.sum")
-        rows.append(dict(base, kernel=str(df["kernel"].iloc[0])[:80],
+        rows.append(dict(base, kernel=str(df["kernel"].iloc[0])[:160],
                          duration_us=dur / 1e3 if isinstance(dur, float) else None,
                          dram_throughput_pct=m.get("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
                          achieved_occupancy_pct=m.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
                          dram_read_mb=rd / 2**20 if isinstance(rd, float) else None,
                          # the full ncu command (with the profiled snippet) is in the .ncu.txt beside the CSV
-                         note=f"ncu --clock-control none, metrics {', '.join(NCU_METRICS)}; "
-                              f"profiles_dir/decode_ncu_{safe}.ncu.txt"))
+                         note=f"ncu --clock-control none --kernel-name-base demangled, regex {regex!r}, metrics "
+                              f"{', '.join(NCU_METRICS)}; profiles_dir/decode_ncu_{safe}.ncu.txt"))
     return rows
 
 
@@ -555,19 +622,24 @@ def register(subparsers) -> None:
     p.add_argument("--cases", type=case_list_arg, default=list(SHAPES["cli_default"]),
                    help="',' or ';'-separated cases (default: cli_default of data/shapes/split_kv_decode.yaml, "
                    f"{'+'.join(SHAPES['cli_default'])})")
-    p.add_argument("--kv-dtype", choices=("fp8", "bf16"), default="fp8", help="KV cache dtype (default fp8)")
+    p.add_argument("--kv-dtype", type=_kv_dtype_list, default=["fp8"],
+                   help="KV cache dtype: fp8, bf16 or both comma-separated (default fp8)")
     p.add_argument("--q-heads", type=int, default=8, help="query heads (default 8)")
     p.add_argument("--kv-heads", type=int, default=1, help="KV heads (default 1)")
     p.add_argument("--head-dim", type=int, default=128, help="head dim (default 128)")
     p.add_argument("--page-size", type=int, default=64, help="page size in tokens (default 64)")
-    p.add_argument("--q-len", type=int, default=1, help="query tokens per request, 1-4 (MTP; default 1)")
+    p.add_argument("--q-len", type=int_list_arg("--q-len", minimum=1), default=[1],
+                   help="query tokens per request (MTP), one value or a comma-separated list, each 1-4 "
+                   "(default 1); every row carries its q_len")
     p.add_argument("--impl", default=DEFAULT_IMPLS,
                    help=f"comma-separated among {', '.join(OUR_IMPLS)}, static (= both static flavours), "
                    f"assign (the task-map kernel alone), {', '.join(P.PEER_NAMES)} (default {DEFAULT_IMPLS})")
     p.add_argument("--num-ctas", type=int, default=None, help="persistent CTAs (default: the kernel's default)")
     p.add_argument("--min-tiles", type=int, default=DEFAULT_MIN_TILES,
                    help=f"minimum-work floor in 64-token tiles (default {DEFAULT_MIN_TILES})")
-    p.add_argument("--check", action="store_true", help="exit with status 1 if any row is outside its tolerance")
+    p.add_argument("--check", action="store_true",
+                   help="exit with status 1 if any row of our impls is outside its tolerance (peers' errors are "
+                   "reported, not gated)")
 
 
 def parse_impls(spec: str) -> tuple[list[str], bool]:
@@ -592,15 +664,33 @@ def parse_impls(spec: str) -> tuple[list[str], bool]:
     return impls, assign
 
 
+def _kv_dtype_list(spec: str) -> list[str]:
+    """argparse type: ``fp8``, ``bf16`` or ``fp8,bf16``."""
+    import argparse
+
+    vals = [s.strip() for s in spec.split(",") if s.strip()]
+    bad = [v for v in vals if v not in DTYPE_LABEL]
+    if not vals or bad:
+        raise argparse.ArgumentTypeError(f"expected fp8, bf16 or fp8,bf16, got {spec!r}")
+    return list(dict.fromkeys(vals))
+
+
 def _run(args) -> int:
     impls, assign = parse_impls(args.impl)
-    rows = decode_rows(args.cases, kv_dtypes=(args.kv_dtype,), impls=tuple(impls), q_heads=args.q_heads,
-                       kv_heads=args.kv_heads, head_dim=args.head_dim, page_size=args.page_size, q_len=args.q_len,
-                       iters=args.iters, seed=args.seed, num_ctas=args.num_ctas, min_tiles=args.min_tiles,
-                       assign=assign, log=None)
+    bad = [q for q in args.q_len if not 1 <= q <= 4]
+    if bad:
+        print(f"hotpaths decode: error: --q-len: expected values in 1..4, got {bad}", file=sys.stderr)
+        return 2
+    rows = []
+    for q_len in args.q_len:
+        rows += decode_rows(args.cases, kv_dtypes=tuple(args.kv_dtype), impls=tuple(impls), q_heads=args.q_heads,
+                            kv_heads=args.kv_heads, head_dim=args.head_dim, page_size=args.page_size, q_len=q_len,
+                            iters=args.iters, seed=args.seed, num_ctas=args.num_ctas, min_tiles=args.min_tiles,
+                            assign=assign, log=None)
     if not emit_rows(rows, args):
         _print_table(rows, args)
-    failed = [r for r in rows if r.get("check_passed") is False]
+    # --check gates our kernels; a peer's accuracy (HPC-Ops / XQA FP8 are ~2-4e-2 from exact) is reported, not gated
+    failed = [r for r in rows if r.get("check_passed") is False and _base_impl(r["impl"]) in OUR_IMPLS]
     if args.check and failed:
         print(f"hotpaths decode: {len(failed)} row(s) outside tolerance: "
               + ", ".join(f"{r['case']}/{r['impl']}" for r in failed), file=sys.stderr)
@@ -613,11 +703,13 @@ def _print_table(rows, args) -> None:
         if v is None or v != v:
             return "-".rjust(int(spec.split(".")[0]))
         return format(v, spec)
-    print(f"split_kv_decode kv={args.kv_dtype} q_heads={args.q_heads} kv_heads={args.kv_heads} d={args.head_dim} "
-          f"page={args.page_size} q_len={args.q_len}")
-    print(f"{'case':<20} {'impl':<26} {'median_us':>10} {'p10':>8} {'p90':>8} {'GB/s':>8} {'%ceil':>6} "
-          f"{'rel_l2':>9} {'max_abs':>9}  note")
+    print(f"split_kv_decode kv={','.join(args.kv_dtype)} q_heads={args.q_heads} kv_heads={args.kv_heads} "
+          f"d={args.head_dim} page={args.page_size} q_len={','.join(map(str, args.q_len))}")
+    print(f"{'case':<20} {'impl':<26} {'dtype':<8} {'q':>2} {'median_us':>10} {'p10':>8} {'p90':>8} {'GB/s':>8} "
+          f"{'%ceil':>6} {'vs_hpc':>7} {'rel_l2':>9} {'max_abs':>9}  note")
     for r in rows:
-        print(f"{r['case']:<20} {r['impl']:<26} {f(r.get('median_us'), '10.2f')} {f(r.get('p10_us'), '8.2f')} "
+        print(f"{r['case']:<20} {r['impl']:<26} {str(r.get('dtype') or '-'):<8} {r.get('q_len') or 1:>2} "
+              f"{f(r.get('median_us'), '10.2f')} {f(r.get('p10_us'), '8.2f')} "
               f"{f(r.get('p90_us'), '8.2f')} {f(r.get('gbps'), '8.0f')} {f(r.get('pct_of_ceiling'), '6.1f')} "
-              f"{f(r.get('rel_l2_err'), '9.2e')} {f(r.get('max_abs_err'), '9.2e')}  {r.get('note') or ''}")
+              f"{f(r.get('vs_hpc_ops'), '7.2f')} {f(r.get('rel_l2_err'), '9.2e')} {f(r.get('max_abs_err'), '9.2e')}  "
+              f"{r.get('note') or ''}")

@@ -7,25 +7,34 @@ per step (gathering, planning, block masks) happens in ``make_*`` and is NOT tim
 what that excludes. ``available(name, inputs)`` returns None or a reason string (never raises), and ``make_*``
 raises ``PeerUnavailable(reason)``, so a benchmark records the reason in its table instead of failing.
 
-Precision on the FP8 path (all peers): none of them takes FP8 Q with a per-token-per-head scale, so Q is
-dequantized to bf16 as ``q_fp8 * q_scale * k_scale`` (k_scale folded into Q: one bf16 rounding of Q, no rounding
-of K). K/V fp8 e4m3 values are exact in bf16, so SDPA/Flex read K/V as bf16 (twice the fp8 bytes: their GB/s in
-our tables is *effective*, computed from the fp8 byte count) and multiply the output by v_scale. FlashInfer reads
-the fp8 cache itself, with k_scale/v_scale as its own float arguments.
+Peers: ``torch_sdpa_gathered``, ``flex_attention_decode`` (PyTorch), ``flashinfer_xqa`` and ``flashinfer_tc``
+(FlashInfer 0.7.2: its XQA kernel and its tensor-core decode wrapper), ``hpc_ops_dynamic`` and ``hpc_ops_static``
+(HPC-Ops' decode with and without its dynamic task map). The FlashInfer and HPC-Ops bundles are imported by
+hotpaths.bench._peers_common (tools/gpu/peers_env.sh sets their folders on the GPU machine).
+
+Precision on the FP8 path: HPC-Ops takes our FP8 Q with its per-token-per-head scales as they are. The others do
+not, so Q is dequantized to bf16: ``q_fp8 * q_scale`` for FlashInfer (which reads the fp8 cache itself, k_scale
+and v_scale as its own scale arguments) and ``q_fp8 * q_scale * k_scale`` for SDPA/Flex (k_scale folded into Q:
+one bf16 rounding of Q, no rounding of K). K/V fp8 e4m3 values are exact in bf16, so SDPA/Flex read K/V as bf16
+(twice the fp8 bytes: their GB/s in our tables is *effective*, computed from the fp8 byte count) and multiply the
+output by v_scale.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import sys
-from pathlib import Path
 
-from hotpaths.harness.env import REPO_ROOT
-from hotpaths.harness.peers import PeerUnavailable  # noqa: F401  (re-exported: callers catch it from here)
+from hotpaths.bench._peers_common import FLASHINFER_VERSION as FLASHINFER_VERSION  # re-exported for row notes
+from hotpaths.bench._peers_common import (
+    PeerUnavailable,
+    import_flashinfer_072,
+    import_hpc_ops,
+    short_error,
+)
 
-PEER_NAMES = ("torch_sdpa_gathered", "flex_attention_decode", "flashinfer")
-FLASHINFER_VERSION = "0.3.1"
+PEER_NAMES = ("torch_sdpa_gathered", "flex_attention_decode", "flashinfer_xqa", "flashinfer_tc", "hpc_ops_dynamic",
+              "hpc_ops_static")
+HPC_OPS_IMPLS = ("hpc_ops_dynamic", "hpc_ops_static")
 
 
 def _need_cuda(inputs, allow_cpu: bool) -> None:
@@ -270,48 +279,116 @@ def make_flex_attention_decode(inputs, *, out=None, allow_cpu: bool = False, com
 
 
 # ------------------------------------------------------------------------------------------------------------
-# FlashInfer 0.3.1 (JIT, uninstalled, from the sdist fetched by tools/fetch_flashinfer.sh)
+# shared by the peers that read our paged cache in place
 # ------------------------------------------------------------------------------------------------------------
 
-def flashinfer_dir() -> Path:
-    """Env HOTPATHS_FLASHINFER_DIR, else <repo>/.peers/flashinfer-python-0.3.1."""
-    d = os.environ.get("HOTPATHS_FLASHINFER_DIR")
-    return Path(d) if d else REPO_ROOT / ".peers" / f"flashinfer-python-{FLASHINFER_VERSION}"
+def clean_cache_copy(inputs):
+    """Copies of k_cache and v_cache whose every slot that holds no token is zero (our generator poisons them
+    with NaN; HPC-Ops and FlashInfer's XQA read whole pages and want the tail of a request's last page zeroed).
+    Made once per case, outside timing. Shape/Dtype: as inputs' k_cache / v_cache ([pages, page_size, kv_heads,
+    head_dim], fp8 e4m3 or bf16). Raises nothing for well-formed inputs."""
+    import torch
+
+    kc, vc, bt = inputs["k_cache"], inputs["v_cache"], inputs["block_table"]
+    ps = kc.shape[1]
+    valid = torch.zeros(kc.shape[0], ps, dtype=torch.bool, device=kc.device)
+    for r, L in enumerate(_lens(inputs)):
+        n = -(-L // ps)
+        if n:
+            valid[bt[r, :n].long()] = (torch.arange(n * ps, device=kc.device) < L).view(n, ps)
+
+    def clean(c):
+        raw = c.view(torch.uint8) if c.element_size() == 1 else c.view(torch.int16)  # bit copy, any dtype
+        keep = valid[:, :, None, None].expand(raw.shape)
+        return torch.where(keep, raw, torch.zeros((), dtype=raw.dtype, device=raw.device)).view(c.dtype)
+    return clean(kc), clean(vc)
 
 
-def _import_flashinfer():
-    """Import flashinfer from flashinfer_dir() in JIT mode; raises PeerUnavailable with the reason."""
-    d = flashinfer_dir()
-    if not (d / "flashinfer" / "__init__.py").exists():
-        raise PeerUnavailable(f"not available: no FlashInfer source at {d} (run tools/fetch_flashinfer.sh, "
-                              "or set HOTPATHS_FLASHINFER_DIR)")
-    if not (d / "flashinfer" / "data" / "include").exists() or not (d / "flashinfer" / "_build_meta.py").exists():
-        raise PeerUnavailable(f"not available: {d} lacks flashinfer/data links or _build_meta.py "
-                              "(re-run tools/fetch_flashinfer.sh)")
-    os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
-    os.environ.setdefault("MAX_JOBS", "16")
-    if str(d) not in sys.path:
-        sys.path.insert(0, str(d))
+def _bf16_q_without_k_scale(inputs):
+    """Q as bf16: q_fp8 * q_scale on the FP8 path (k_scale goes into the peer's own scale argument), else Q."""
+    import torch
+
+    q = inputs["q"]
+    if inputs.get("q_scale") is None:
+        return q.to(torch.bfloat16).contiguous()
+    return (q.float() * inputs["q_scale"].float()[..., None]).to(torch.bfloat16).contiguous()
+
+
+def _first_call(call, out, what: str):
+    """Run a peer once (JIT builds and plan-time checks happen here, outside timing), then re-poison ``out`` so the
+    caller's first fn() is the correctness check. Raises PeerUnavailable with the peer's error."""
+    import torch
+
     try:
-        import flashinfer  # noqa: F401
+        call()
+        torch.cuda.synchronize()
+    except PeerUnavailable:
+        raise
     except Exception as e:
-        raise PeerUnavailable(f"not available: import flashinfer failed: {type(e).__name__}: {e}") from None
-    if getattr(flashinfer, "__version__", FLASHINFER_VERSION) != FLASHINFER_VERSION:
-        raise PeerUnavailable(f"not available: imported flashinfer {flashinfer.__version__} from "
-                              f"{getattr(flashinfer, '__file__', '?')}, expected {FLASHINFER_VERSION}")
-    return flashinfer
+        raise PeerUnavailable(f"not available: {what} failed: {short_error(e)}") from None
+    out.fill_(float("nan"))
 
 
-def make_flashinfer(inputs, *, out=None):
-    """FlashInfer ``BatchDecodeWithPagedKVCacheWrapper`` (NHD, tensor cores, CUDA-graph mode) on our paged cache.
+# ------------------------------------------------------------------------------------------------------------
+# FlashInfer 0.7.2: XQA (what vLLM runs for Hopper decode) and the tensor-core decode wrapper
+# ------------------------------------------------------------------------------------------------------------
 
-    The cache is used in place (no gather): indices/indptr/last_page_len come from the block table. ``plan()``
-    runs here (not timed, like our plan); fn() is ``run()`` only. Q is bf16 (FlashInfer has no FP8 Q with
-    per-token-per-head scales): on the FP8 path Q = q_fp8 * q_scale, and k_scale/v_scale are passed as floats.
-    The first call per configuration JIT-compiles (~25 s on the H200), done here, outside timing.
+def make_flashinfer_xqa(inputs, *, out=None):
+    """FlashInfer 0.7.2 ``flashinfer.decode.trtllm_batch_decode_with_kv_cache(..., kv_layout="NHD",
+    backend="xqa")`` on our paged cache (block table and lengths as they are; no plan).
+
+    Q is bf16 (q_fp8 * q_scale on the FP8 path); bmm1_scale = k_scale / sqrt(head_dim), bmm2_scale = v_scale (1
+    for BF16). It reads a clean copy of the cache (clean_cache_copy, made here, not timed) and a zeroed 128 MB
+    workspace. q_len > 1 goes through its q_len_per_req argument. The first call (its JIT build, ~8 s) is here.
+    Shape/Dtype: inputs as make_decode_inputs; returns fn() -> out [batch*q_len, q_heads, head_dim] bf16.
+    Raises PeerUnavailable without CUDA, without the FlashInfer 0.7.2 bundle, for kv_len 0, or when the first
+    call fails (its error is the reason).
+    """
+    import torch
+
+    _need_cuda(inputs, False)
+    batch, q_len, Hq, H, D = _dims(inputs)
+    lens = _lens(inputs)
+    if any(L == 0 for L in lens):
+        raise PeerUnavailable("not available: FlashInfer's paged decode needs every kv_len >= 1")
+    fi = import_flashinfer_072()
+    try:
+        from flashinfer.decode import trtllm_batch_decode_with_kv_cache as xqa  # type: ignore
+    except Exception as e:
+        raise PeerUnavailable(f"not available: flashinfer {fi.__version__} has no "
+                              f"decode.trtllm_batch_decode_with_kv_cache ({short_error(e)})") from None
+    out = _poisoned_out(inputs, out)
+    kc, vc = clean_cache_copy(inputs)
+    fp8 = kc.dtype == torch.float8_e4m3fn
+    q = _bf16_q_without_k_scale(inputs)
+    ks = float(inputs["k_scale"].item()) if fp8 else 1.0
+    bmm1, bmm2 = ks / math.sqrt(D), (_v_scale(inputs) if fp8 else 1.0)
+    bt = inputs["block_table"].to(torch.int32).contiguous()
+    seq = inputs["kv_lens"].to(torch.int32).contiguous()
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device=kc.device)  # zeroed: XQA keeps semaphores in it
+    kw = dict(bmm1_scale=bmm1, bmm2_scale=bmm2, out=out, kv_layout="NHD", backend="xqa")
+    if q_len > 1:
+        kw["q_len_per_req"] = q_len
+
+    def call():
+        return xqa(q, (kc, vc), ws, bt, seq, max(lens), **kw)
+    _first_call(call, out, "flashinfer trtllm_batch_decode_with_kv_cache(backend='xqa')")
+
+    def fn():
+        call()
+        return out
+    fn.keep = (ws, kc, vc)  # the workspace and the clean cache live as long as the closure
+    return fn
+
+
+def make_flashinfer_tc(inputs, *, out=None):
+    """FlashInfer 0.7.2 ``BatchDecodeWithPagedKVCacheWrapper`` (NHD, use_tensor_cores=True, CUDA-graph mode) on our
+    paged cache in place (indices / indptr / last_page_len from the block table, so it never reads a poisoned
+    slot). ``plan()`` runs here (not timed, like our plan); fn() is ``run()`` only. Q bf16 (q_fp8 * q_scale on
+    the FP8 path), k_scale / v_scale as its float arguments. The first call JIT-builds (~21 s).
     Shape/Dtype: inputs as make_decode_inputs; returns fn() -> out [batch, q_heads, head_dim] bf16.
-    Raises PeerUnavailable without CUDA, without the fetched source, for q_len > 1 or kv_len 0, or when the JIT
-    build or plan fails.
+    Raises PeerUnavailable without CUDA or the bundle, for q_len > 1 (a decode wrapper) or kv_len 0, or when
+    plan/run fails.
     """
     import torch
 
@@ -319,10 +396,11 @@ def make_flashinfer(inputs, *, out=None):
     batch, q_len, Hq, H, D = _dims(inputs)
     lens = _lens(inputs)
     if q_len != 1:
-        raise PeerUnavailable("not available: this peer wraps FlashInfer's decode wrapper for q_len 1 only")
+        raise PeerUnavailable("not available: FlashInfer's decode wrapper takes one query token per request "
+                              "(q_len 1)")
     if any(L == 0 for L in lens):
         raise PeerUnavailable("not available: FlashInfer's paged decode needs every kv_len >= 1")
-    fi = _import_flashinfer()
+    fi = import_flashinfer_072()
     out = _poisoned_out(inputs, out)
     kc, vc, bt = inputs["k_cache"], inputs["v_cache"], inputs["block_table"]
     dev = kc.device
@@ -332,33 +410,110 @@ def make_flashinfer(inputs, *, out=None):
     indices = torch.cat([bt[r, :n] for r, n in enumerate(npages)]).to(torch.int32).contiguous()
     last = torch.tensor([L - (n - 1) * ps for L, n in zip(lens, npages)], dtype=torch.int32, device=dev)
     fp8 = kc.dtype == torch.float8_e4m3fn
-    q = inputs["q"].float() * inputs["q_scale"].float()[..., None] if fp8 else inputs["q"]
-    q = q.to(torch.bfloat16).contiguous()
+    q = _bf16_q_without_k_scale(inputs)
     k_scale = float(inputs["k_scale"].item()) if fp8 else None
     v_scale = float(inputs["v_scale"].item()) if fp8 else None
-    try:
-        ws = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
+    holder = {}
+
+    def setup_and_call():
         w = fi.BatchDecodeWithPagedKVCacheWrapper(
             ws, "NHD", use_cuda_graph=True, use_tensor_cores=True,
             paged_kv_indptr_buffer=torch.empty_like(indptr), paged_kv_indices_buffer=torch.empty_like(indices),
             paged_kv_last_page_len_buffer=torch.empty_like(last))
         w.plan(indptr, indices, last, Hq, H, D, ps, q_data_type=torch.bfloat16, kv_data_type=kc.dtype)
-        w.run(q, (kc, vc), k_scale=k_scale, v_scale=v_scale, out=out)  # JIT build happens here
-        torch.cuda.synchronize()
-        out.fill_(float("nan"))  # re-poison: the caller's first fn() is the correctness check
-    except PeerUnavailable:
-        raise
-    except Exception as e:
-        msg = str(e).strip().splitlines()
-        raise PeerUnavailable(f"not available: FlashInfer plan/run failed: {type(e).__name__}: "
-                              f"{(msg[-1] if msg else '')[:300]}") from None
+        holder["w"] = w
+        w.run(q, (kc, vc), k_scale=k_scale, v_scale=v_scale, out=out)
+    _first_call(setup_and_call, out, "FlashInfer BatchDecodeWithPagedKVCacheWrapper plan/run")
+    w = holder["w"]
 
     def fn():
         w.run(q, (kc, vc), k_scale=k_scale, v_scale=v_scale, out=out)
         return out
-    fn.wrapper = w  # keep the workspace alive with the closure
+    fn.keep = (w, ws)
     return fn
 
+
+# ------------------------------------------------------------------------------------------------------------
+# HPC-Ops (the production library these designs come from), measured in the same process
+# ------------------------------------------------------------------------------------------------------------
+
+HPC_OPS_MIN_PROCESS_LEN = 64  # what HPC-Ops' own decode benchmark passes
+
+
+def _make_hpc_ops(inputs, *, out=None, dynamic: bool):
+    import torch
+
+    _need_cuda(inputs, False)
+    batch, q_len, Hq, H, D = _dims(inputs)
+    lens = _lens(inputs)
+    kc0 = inputs["k_cache"]
+    fp8 = kc0.dtype == torch.float8_e4m3fn
+    if Hq % H or Hq // H not in (4, 8):
+        raise PeerUnavailable(f"not available: HPC-Ops decode runs 4 or 8 query heads per KV head, got {Hq}/{H}")
+    if fp8 and kc0.shape[1] != 64:
+        raise PeerUnavailable(f"not available: HPC-Ops FP8 decode needs page size 64, got {kc0.shape[1]}")
+    if any(L < q_len for L in lens):
+        raise PeerUnavailable("not available: HPC-Ops decode needs every kv_len >= q_len (the new tokens are in "
+                              "the cache)")
+    hpc = import_hpc_ops()
+    out = _poisoned_out(inputs, out)
+    kc, vc = clean_cache_copy(inputs)
+    bt = inputs["block_table"].to(torch.int32).contiguous()
+    kv_lens = inputs["kv_lens"].to(torch.int32).contiguous()
+    q = inputs["q"].contiguous()
+    tm = None
+    if dynamic:
+        try:  # the task map is built once per step (like our assign): not timed
+            tm = hpc.get_attention_decode_task_workspace(batch, max(lens), H,
+                                                         min_process_len=HPC_OPS_MIN_PROCESS_LEN)
+            # its argument named `mtp` takes the number of query tokens per request (q_len), not q_len - 1
+            hpc.assign_attention_decode_task(kv_lens, tm, H, q_len, True, min_process_len=HPC_OPS_MIN_PROCESS_LEN)
+        except Exception as e:
+            raise PeerUnavailable(f"not available: hpc.assign_attention_decode_task failed: {short_error(e)}") \
+                from None
+    if fp8:
+        qs = inputs["q_scale"].float().contiguous()
+        ks, vs = inputs["k_scale"].float().reshape(1), inputs["v_scale"].float().reshape(1)
+        name = "attention_decode_fp8"
+
+        def call():
+            return hpc.attention_decode_fp8(q, kc, vc, bt, kv_lens, qs, ks, vs, mtp=q_len - 1, new_kv_included=True,
+                                            splitk=True, task_map=tm, output=out)
+    else:
+        name = "attention_decode_bf16"
+
+        def call():
+            return hpc.attention_decode_bf16(q, kc, vc, bt, kv_lens, mtp=q_len - 1, new_kv_included=True,
+                                             splitk=True, task_map=tm, output=out)
+    _first_call(call, out, f"hpc.{name}")
+
+    def fn():
+        call()
+        return out
+    fn.keep = (kc, vc, tm)
+    fn.note = (f"hpc.{name}, " + (f"task map from assign_attention_decode_task(min_process_len="
+                                   f"{HPC_OPS_MIN_PROCESS_LEN}), not timed" if dynamic else "task_map None (static "
+                                                                                           "split-K)"))
+    return fn
+
+
+def make_hpc_ops_dynamic(inputs, *, out=None):
+    """HPC-Ops ``hpc.attention_decode_fp8`` / ``attention_decode_bf16`` with its dynamic task map
+    (``get_attention_decode_task_workspace`` + ``assign_attention_decode_task(min_process_len=64)``, built here
+    once per step like our plan: not timed). Q as ours (FP8 with per-token-per-head scales, or BF16); a clean copy
+    of the cache (clean_cache_copy); mtp = q_len - 1, new_kv_included=True.
+    Shape/Dtype: inputs as make_decode_inputs; returns fn() -> out [batch*q_len, q_heads, head_dim] bf16.
+    Raises PeerUnavailable without CUDA or the HPC-Ops bundle, for a GQA ratio other than 4 or 8, FP8 with a page
+    other than 64, kv_len < q_len, or when its first call fails (the error is the reason).
+    """
+    return _make_hpc_ops(inputs, out=out, dynamic=True)
+
+
+def make_hpc_ops_static(inputs, *, out=None):
+    """HPC-Ops' decode with task_map=None (its static split-K); otherwise as make_hpc_ops_dynamic (same
+    Shape/Dtype and errors)."""
+    return _make_hpc_ops(inputs, out=out, dynamic=False)
 
 def _cumsum(xs):
     s = 0
@@ -371,7 +526,10 @@ def _cumsum(xs):
 
 MAKERS = {"torch_sdpa_gathered": make_torch_sdpa_gathered,
           "flex_attention_decode": make_flex_attention_decode,
-          "flashinfer": make_flashinfer}
+          "flashinfer_xqa": make_flashinfer_xqa,
+          "flashinfer_tc": make_flashinfer_tc,
+          "hpc_ops_dynamic": make_hpc_ops_dynamic,
+          "hpc_ops_static": make_hpc_ops_static}
 
 
 def available(name: str, inputs=None) -> str | None:
@@ -384,8 +542,10 @@ def available(name: str, inputs=None) -> str | None:
         return f"not available: unknown peer {name!r}; known: {', '.join(PEER_NAMES)}"
     try:
         _need_cuda(inputs, False)
-        if name == "flashinfer":
-            _import_flashinfer()
+        if name.startswith("flashinfer"):
+            import_flashinfer_072()
+        elif name.startswith("hpc_ops"):
+            import_hpc_ops()
         elif name == "flex_attention_decode":
             import torch.nn.attention.flex_attention  # noqa: F401
     except PeerUnavailable as e:

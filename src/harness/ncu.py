@@ -133,12 +133,22 @@ def _target_argv(target) -> list[str]:
                     f"got {type(target).__name__}")
 
 
+KERNEL_NAME_BASES = ("function", "demangled", "mangled")
+
+
 def build_command(target, *, kernel_regex: str, metrics: Sequence[str] = DEFAULT_METRICS, launch_skip: int = 0,
-                  launch_count: int = 1, log_file: str | Path | None = None, ncu: str = "ncu") -> list[str]:
+                  launch_count: int = 1, log_file: str | Path | None = None, ncu: str = "ncu",
+                  kernel_name_base: str = "function") -> list[str]:
     """The ncu command line for ``profile()`` (exposed so a notebook can print the exact repro command).
 
-    Raises ValueError for an empty regex/metric list, launch_skip < 0 or launch_count < 1.
+    kernel_name_base: what the regex is matched against (ncu --kernel-name-base): "function" (the bare name, ncu's
+    default), "demangled" (with template arguments: how one instantiation of a kernel template is picked) or
+    "mangled".
+    Raises ValueError for an empty regex/metric list, launch_skip < 0, launch_count < 1 or an unknown
+    kernel_name_base.
     """
+    if kernel_name_base not in KERNEL_NAME_BASES:
+        raise ValueError(f"kernel_name_base: expected one of {KERNEL_NAME_BASES}, got {kernel_name_base!r}")
     if not kernel_regex:
         raise ValueError("kernel_regex: expected a regular expression matching the kernel's function name")
     re.compile(kernel_regex)  # a bad regex fails here with re.error, not inside ncu
@@ -150,7 +160,7 @@ def build_command(target, *, kernel_regex: str, metrics: Sequence[str] = DEFAULT
     if launch_count < 1:
         raise ValueError(f"launch_count: expected >= 1, got {launch_count}")
     cmd = [ncu, "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base",
-           "--metrics", ",".join(metrics), "-k", f"regex:{kernel_regex}",
+           "--metrics", ",".join(metrics), "--kernel-name-base", kernel_name_base, "-k", f"regex:{kernel_regex}",
            "--launch-skip", str(launch_skip), "--launch-count", str(launch_count)]
     if log_file is not None:
         cmd += ["--log-file", str(log_file)]
@@ -243,13 +253,14 @@ def _out_path(out_csv) -> Path | None:
 
 def profile(target: Sequence[str] | str | Callable[[], object], *, kernel_regex: str,
             metrics: Sequence[str] = DEFAULT_METRICS, out_csv: str | Path | None, launch_skip: int = 0,
-            launch_count: int = 1, timeout_s: float = 600.0, strict: bool = False) -> "pandas.DataFrame":
+            launch_count: int = 1, timeout_s: float = 600.0, strict: bool = False,
+            kernel_name_base: str = "function") -> "pandas.DataFrame":
     """Profile one launch of the kernels matching ``kernel_regex`` in a child process under ncu.
 
     target: argv list (``["python3", "script.py"]``), a Python snippet (run with this interpreter, ``-c``), or
         a top-level function of an importable module (imported and called in the child).
     kernel_regex: regular expression on the kernel's function name (e.g. ``"probe_copy"``); the child should
-        warm up first and use launch_skip to skip the warm-up launches.
+        warm up first and use launch_skip to skip the warm-up launches. kernel_name_base: see build_command.
     out_csv: where the table goes: a path, a bare name (-> hotpaths.harness.runs.profiles_dir()/<name>.csv:
         data/profiles/<device>/ under ``hotpaths reproduce``) or None (not saved). ncu's raw output is kept
         beside it as ``<name>.ncu.txt``.
@@ -259,7 +270,7 @@ def profile(target: Sequence[str] | str | Callable[[], object], *, kernel_regex:
     """
     ncu = find_ncu()
     cmd_preview = build_command(target, kernel_regex=kernel_regex, metrics=metrics, launch_skip=launch_skip,
-                                launch_count=launch_count, ncu=ncu or "ncu")
+                                launch_count=launch_count, ncu=ncu or "ncu", kernel_name_base=kernel_name_base)
     out_path = _out_path(out_csv)
     raw = ""
     ok, reason = ncu_available()
@@ -268,7 +279,7 @@ def profile(target: Sequence[str] | str | Callable[[], object], *, kernel_regex:
         with tempfile.TemporaryDirectory(prefix="hotpaths_ncu_") as tmp:
             log = Path(tmp) / "ncu.csv"
             cmd = build_command(target, kernel_regex=kernel_regex, metrics=metrics, launch_skip=launch_skip,
-                                launch_count=launch_count, log_file=log, ncu=ncu)
+                                launch_count=launch_count, log_file=log, ncu=ncu, kernel_name_base=kernel_name_base)
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
                 raw = (log.read_text() if log.exists() else "") + "\n" + proc.stdout + "\n" + proc.stderr

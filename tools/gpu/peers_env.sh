@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Source this on the GPU machine (no package index there) to make the measuring peers importable:
 #   . tools/gpu/peers_env.sh
-# It unpacks what .carry/peers/ holds (prepared on a machine with internet, see docs/gpu.md) into $PEERS_DIR
-# (default /tmp/peers) and exports the variables the peer adapters read:
+# It unpacks what .carry/peers/ holds into $PEERS_DIR (default /tmp/peers) and exports the variables the peer
+# adapters (src/bench/_peers_common.py) read. Preparing .carry/peers/ on a machine with internet:
+#   FlashInfer 0.7.2: pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+#     manylinux_2_28_x86_64 --platform any flashinfer-python==0.7.2.post1 apache-tvm-ffi==0.1.15.post2; unzip the
+#     flashinfer wheel and repack its flashinfer/ folder as flashinfer-0.7.2.tar.xz (tar -cJf); keep the tvm-ffi .whl.
+#   HPC-Ops: the prebuilt sm_90a subset hpc_ops_sm90a_<commit>.tar.gz (not on any index; it holds hpc_ops/hpc/).
+# Variables:
 #   HOTPATHS_HPC_OPS_DIR     HPC-Ops prebuilt sm_90a subset (hpc_ops_sm90a_*.tar.gz): the folder holding hpc/
 #   HOTPATHS_FLASHINFER_072_DIR  FlashInfer 0.7.2 (flashinfer-*.tar.xz, the wheel's flashinfer/ folder repacked)
 #   PYTHONPATH, HOTPATHS_TVM_FFI_DIR  + the peers' own wheels (apache-tvm-ffi, flag-gems, sqlalchemy, greenlet)

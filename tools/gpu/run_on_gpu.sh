@@ -41,11 +41,10 @@ elif ! "$py" -c "import papermill, ipykernel" 2>/dev/null; then
     exit 3
 fi
 
-# 1b. Peers (FlashInfer's source distribution) travel packed as .carry/peers.tgz: unpack it when .peers/ is not
-#     there, so notebook 02's peer rows are measured instead of reported "not available".
-if [ ! -d .peers ] && [ -f .carry/peers.tgz ]; then
-    say "unpacking .carry/peers.tgz into .peers/"
-    mkdir -p .peers && tar xzf .carry/peers.tgz -C .peers || say "peers unpack failed: the peer rows will say why"
+# 1b. Measuring peers (FlashInfer 0.7.2, HPC-Ops) travel as bundles in .carry/peers/: peers_env.sh unpacks them
+#     and exports the folders the peer adapters read, so their rows are measured instead of "not available".
+if [ -d .carry/peers ]; then
+    . tools/gpu/peers_env.sh || say "peers unpack failed: the peer rows will say why"
 fi
 # 2. Import root `hotpaths` -> src/ without installing the project (no index there for its build backend).
 mkdir -p "$hp" && ln -sfn "$root/src" "$hp/hotpaths"

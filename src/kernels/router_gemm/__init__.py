@@ -9,8 +9,10 @@ with a deterministic cluster (DSMEM) reduction; prefill sizes a cp.async-pipelin
 
 ``router_gemm(x, weights, impl="dispatch")`` picks between the kernel and FP32 cuBLAS by M using the crossover
 table measured on the device (data/dispatch/router_gemm_<device-tag>.json, written by
-``hotpaths.bench.router_gemm.measure_crossover``);
-without a table for the shape it runs the kernel.
+``hotpaths.bench.router_gemm.measure_crossover``). For a shape that table lacks it uses the choice tuned on first
+use (first_use.py: every candidate and FP32 cuBLAS timed once per device, (N, K) and power-of-two M bucket, cached
+under ~/.cache/hotpaths; tuning only when enabled and never during CUDA-graph capture), else the kernel's built-in
+heuristic. docs/ops/router_gemm_dispatch.md says why.
 
 Concurrency: no state is kept between calls (the global split-K variants take their workspace per call from the
 caching allocator), so one ``RouterWeights`` can be used from several streams and inside CUDA graphs (capture after
@@ -32,6 +34,7 @@ import torch
 
 from hotpaths.kernels import _build
 from hotpaths.kernels._build import check_status, ptr, stream_ptr
+from hotpaths.kernels.router_gemm import first_use as _fu
 from hotpaths.reference import router_gemm as ref
 from hotpaths.reference.common import device_tag, expect_tensor
 
@@ -292,6 +295,9 @@ def tuned_config(m: int, n: int, k: int, table: dict | None = None, *, parts: in
     have (a table written by another build) gives None."""
     row = _nearest_row(m, n, k, table)
     cfg = (row or {}).get("kernel")
+    if not cfg and row is None and table is None and parts == 2:  # a shape the table lacks: the first-use choice
+        c = first_use_tuner().cached(m, n, k)
+        return (c.variant, c.splits) if c and c.impl == "bf16x2_kernel" else None
     if not cfg:
         return None
     variant, splits = cfg["variant"], int(cfg["splits"])
@@ -312,10 +318,124 @@ def tuned_config(m: int, n: int, k: int, table: dict | None = None, *, parts: in
 
 def choose_impl(m: int, n: int, k: int, table: dict | None = None) -> str:
     """The impl dispatch runs for M x (N, K): the faster of "bf16x2_kernel" and "fp32_cublas" at the measured M
-    nearest to m (log scale; ties to the larger M) for the measured (N, K); "bf16x2_kernel" when the table or
-    the shape is absent. ``table`` defaults to the device's file (dispatch_path())."""
+    nearest to m (log scale; ties to the larger M) for the measured (N, K); for a shape the table lacks, the choice
+    cached by tune-on-first-use (never tunes here); else "bf16x2_kernel". ``table`` defaults to the device's file
+    (dispatch_path())."""
     row = _nearest_row(m, n, k, table)
-    return row["choice"] if row else "bf16x2_kernel"
+    if row:
+        return row["choice"]
+    c = first_use_tuner().cached(m, n, k) if table is None else None
+    return c.impl if c else "bf16x2_kernel"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tune on first use (shapes the committed table lacks)
+
+_TUNER: _fu.FirstUseTuner | None = None
+_FLUSH: dict = {}
+
+
+def first_use_cache_path(tag: str | None = None) -> Path:
+    """<cache dir>/router_gemm_<device-tag>.json ($HOTPATHS_CACHE_DIR, else ~/.cache/hotpaths)."""
+    return _fu.cache_dir() / f"{OP}_{tag or device_tag()}.json"
+
+
+def _is_capturing() -> bool:
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _fu_inputs(ctx: dict, m: int):
+    """The tuning input x [m, K] (fixed seed, made once per M bucket) and its FP64 / BF16x2-emulation outputs."""
+    if m not in ctx["x"]:
+        w = ctx["weights"]
+        g = torch.Generator(device=w.device).manual_seed(7919 + m)
+        x = torch.randn(m, w.k, generator=g, device=w.device).to(torch.bfloat16)
+        ref64 = x.double() @ w.w.double().T
+        emu = ref.bf16x2_from_parts(x, w.w_high, w.w_low)
+        ctx["x"][m] = (x, ref64, float((emu.double() - ref64).abs().max()))
+    return ctx["x"][m]
+
+
+def _fu_run(choice: _fu.Choice, m: int, n: int, k: int, ctx: dict):
+    x, _, _ = _fu_inputs(ctx, m)
+    out = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    w = ctx["weights"]
+    if choice.impl == _fu.CUBLAS:
+        return lambda: router_gemm(x, w, impl="fp32_cublas", out=out)
+    return lambda: _run_kernel(x, w, out, parts=2, variant=choice.variant, splits=choice.splits)
+
+
+def _fu_gate(out: torch.Tensor, m: int, n: int, k: int, ctx: dict) -> str | None:
+    """The tuner's accuracy gate: finite, and max abs error vs FP64 within ERR_BOUND x the BF16x2 emulation's."""
+    _, ref64, emu_err = _fu_inputs(ctx, m)
+    torch.cuda.synchronize(out.device)
+    if not bool(torch.isfinite(out).all()):
+        return "non-finite output"
+    err = float((out.double() - ref64).abs().max())
+    if err > ERR_BOUND * emu_err:
+        return f"max abs error vs FP64 {err:.3g} > {ERR_BOUND} x the emulation's {emu_err:.3g}"
+    return None
+
+
+def _event_timer(fn, reps: int = 10) -> float:
+    """Median us of ``reps`` eager launches of fn, each after overwriting a buffer of twice the L2 (cold L2, as the
+    committed table was measured), timed by CUDA events around the launch alone."""
+    dev = torch.cuda.current_device()
+    if dev not in _FLUSH:
+        l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20))
+        _FLUSH[dev] = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
+    flush = _FLUSH[dev]
+    fn()
+    fn()
+    ts = []
+    for _ in range(reps):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def first_use_tuner() -> _fu.FirstUseTuner:
+    """This device's tune-on-first-use cache (created on first use; follows $HOTPATHS_CACHE_DIR changes)."""
+    global _TUNER
+    path = first_use_cache_path()
+    if _TUNER is None or _TUNER.path != path:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+        enabled = _TUNER.enabled if _TUNER is not None else None
+        _TUNER = _fu.FirstUseTuner(path, candidates=lambda m, n, k: kernel_candidates(m, n, k, sm_count=sms),
+                                   run=_fu_run, timer=_event_timer, gate=_fu_gate, is_capturing=_is_capturing,
+                                   enabled=enabled)
+    return _TUNER
+
+
+def set_tune_on_first_use(flag: bool = True) -> None:
+    """Enable (or disable) tuning a shape the committed table lacks on its first dispatch call (also
+    $HOTPATHS_ROUTER_TUNE_ON_FIRST_USE=1). Cached choices are used either way."""
+    first_use_tuner().enabled = bool(flag)
+
+
+def _has_table_shape(n: int, k: int) -> bool:
+    table = _load_table(str(dispatch_path()))
+    return bool(table) and any(int(s["n"]) == n and int(s["k"]) == k and s.get("rows")
+                               for s in table.get("shapes", []))
+
+
+def dispatch_choice(m: int, weights: RouterWeights) -> tuple[str, str, int]:
+    """(impl, variant, splits) that impl="dispatch" runs for M rows on these weights: the committed table for its
+    shapes (variant "auto": the tuned configuration is looked up at launch); otherwise the tune-on-first-use
+    choice (tuning now when enabled and not capturing, on these weights); otherwise ("bf16x2_kernel", "auto", 0)."""
+    n, k = weights.n, weights.k
+    if _has_table_shape(n, k):
+        return choose_impl(m, n, k), "auto", 0
+    c = first_use_tuner().choose(m, n, k, ctx={"weights": weights, "x": {}})
+    if c is None:
+        return "bf16x2_kernel", "auto", 0
+    return c.impl, (c.variant or "auto"), c.splits
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -425,7 +545,9 @@ def router_gemm(x: torch.Tensor, weights: RouterWeights, *, impl: str = "dispatc
     if m == 0:
         return out
     if impl == "dispatch":
-        impl = choose_impl(m, weights.n, weights.k)
+        impl, v, sp = dispatch_choice(m, weights)
+        if impl == "bf16x2_kernel" and variant == "auto" and splits == 0:
+            variant, splits = v, sp
     if impl == "bf16x2_kernel":
         return _run_kernel(x, weights, out, parts=2, variant=variant, splits=splits)
     if impl == "bf16x3_kernel":
@@ -477,7 +599,8 @@ def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tu
 
 __all__ = ["IMPLS", "RouterWeights", "plan", "router_gemm", "choose_impl", "kernel_config",
            "variant_table", "VariantInfo", "load_traced_library",
-           "kernel_candidates", "tuned_config", "dispatch_path",
+           "kernel_candidates", "tuned_config", "dispatch_path", "dispatch_choice", "set_tune_on_first_use",
+           "first_use_tuner", "first_use_cache_path",
            "reload_dispatch_table", "EMULATION_OF"]
 
 # torch.ops.hotpaths.router_gemm (torch.compile / CUDA graphs): registered when this package is imported
