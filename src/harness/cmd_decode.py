@@ -16,7 +16,7 @@ DEFAULT_IMPLS = "dynamic,static"
 
 def register(subparsers) -> None:
     from hotpaths.harness.peers import PEER_NAMES
-    from hotpaths.harness.shapes import case_list_arg
+    from hotpaths.harness.shapes import case_list_arg, positive_int_arg
     from hotpaths.reference.split_kv_decode import DEFAULT_MIN_TILES
 
     p = subparsers.add_parser(
@@ -40,7 +40,7 @@ def register(subparsers) -> None:
     p.add_argument("--min-tiles", type=int, default=DEFAULT_MIN_TILES,
                    help=f"minimum-work floor in 64-token tiles (default {DEFAULT_MIN_TILES})")
     p.add_argument("--check", action="store_true", help="exit with status 1 if any row is outside its tolerance")
-    p.add_argument("--iters", type=int, default=100, help="timed replays per measurement (default 100)")
+    p.add_argument("--iters", type=positive_int_arg("--iters"), default=100, help="timed replays per measurement (default 100)")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p.add_argument("--json", action="store_true", help="one JSON row per line (tables.COLUMNS first)")
     p.add_argument("--save", default=None, metavar="NAME", help="also write NAME.csv/.md to the results dir")

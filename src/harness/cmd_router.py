@@ -11,7 +11,7 @@ DEFAULT_IMPLS = "bf16x2_kernel,dispatch,fp32_cublas,tf32_cublas,bf16_cublas"
 
 
 def register(subparsers) -> None:
-    from hotpaths.harness.shapes import int_list_arg
+    from hotpaths.harness.shapes import int_list_arg, positive_int_arg
 
     p = subparsers.add_parser(
         "router", help="router GEMM with a two-part BF16 weight: latency and error by M",
@@ -28,7 +28,7 @@ def register(subparsers) -> None:
                    f"tf32_cublas, bf16_cublas (default {DEFAULT_IMPLS})")
     p.add_argument("--case-prefix", default="hy3", help="prefix of the case column (default hy3)")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    p.add_argument("--iters", type=int, default=100, help="timed replays per measurement (default 100)")
+    p.add_argument("--iters", type=positive_int_arg("--iters"), default=100, help="timed replays per measurement (default 100)")
     p.add_argument("--json", action="store_true", help="one JSON row per line (tables.COLUMNS first)")
     p.add_argument("--save", default=None, metavar="NAME", help="also write the table NAME.csv/.md to the results dir")
     p.add_argument("--tune", action="store_true",

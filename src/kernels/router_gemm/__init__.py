@@ -189,14 +189,17 @@ def plan(w_fp32: torch.Tensor, *, three_part: bool = False) -> RouterWeights:
     Shape/Dtype: w_fp32 fp32 [N, K], contiguous, N and K positive multiples of 64 (the kernel's tiles).
     three_part=True also prepares the exact three-part split (needed by impl="bf16x3_kernel").
     Raises TypeError (not a tensor / not fp32), ValueError (not 2-D, N or K unsupported, non-contiguous,
-    Inf/NaN in the weight).
+    Inf/NaN in the weight), ResourceError (a ValueError) when the parts would not fit in memory.
     """
-    from hotpaths.harness.validate import expect_tensor
+    from hotpaths.harness.validate import check_fits, expect_tensor
 
     expect_tensor(w_fp32, "w_fp32", dtype=torch.float32, ndim=2, layout="[N, K]", contiguous=True,
                   why=" (the FP32 router weight)")
     n, k = (int(s) for s in w_fp32.shape)
     ref.validate_kernel_shape(n, k)
+    # the BF16 parts (high, low, plain; mid and low2 for three parts) plus the split's fp32 temporaries
+    check_fits(f"router plan n={n} k={k}", device_bytes=n * k * (2 * (5 if three_part else 3) + 8),
+               device=w_fp32.device)
     hi, lo = ref.split_fp32_weight(w_fp32)
     mid = lo2 = None
     if three_part:
@@ -434,7 +437,8 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
     the correctness run. max_abs_err / rel_l2_err / cosine are vs FP64. Timing: harness bench (CUDA graph replay,
     L2 flushed before each replay, median). ceilings: hotpaths.harness.ceilings.measure() output for
     pct_of_ceiling (copy bandwidth), or None to leave it empty.
-    Without an SM90 GPU: one row per distinct emulation (impl "bf16x2_emulation", ...) with empty timing.
+    Without an SM90 GPU: one row per distinct emulation (impl "bf16x2_emulation", ...) with empty timing, and a
+    "dispatch_emulation" row (the emulation of the impl dispatch would pick, named in its ``note``).
     Raises ValueError on an unknown impl or unsupported N/K.
     """
     from hotpaths.harness.check import check
@@ -452,19 +456,24 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
     w = w.to(dev)
     weights = plan(w, three_part="bf16x3_kernel" in impls)
     rows = []
-    for m in ms:
+    from hotpaths.harness.progress import progress
+
+    for m in progress(ms, desc="router", unit="M"):
         x, _ = ref.make_router_inputs(m, n, k, seed=seed + 1 + m)
         x = x.to(dev)
         r64 = ref.router_gemm_ref(x, w)
         f32 = ref.fp32_emulation(x, w)
         emu_cache: dict[str, torch.Tensor] = {}
         base_t: dict = {}
-        todo = list(impls) if gpu else list(dict.fromkeys(EMULATION_OF[i] for i in impls))
+        # Without a GPU: one row per distinct emulation, plus dispatch as its own row (the emulation of what it
+        # would pick at this M, named in the note), so the table keeps every impl the user asked for.
+        todo = list(impls) if gpu else list(dict.fromkeys(EMULATION_OF[i] for i in impls if i != "dispatch")) \
+            + (["dispatch_emulation"] if "dispatch" in impls else [])
         if gpu:  # the baselines the speedup columns divide by, timed once per M
             for b in ("fp32_cublas", "tf32_cublas"):
                 base_t[b] = _time(x, weights, b, torch.empty(m, n, device=dev), iters)
         for impl in todo:
-            emu_name = EMULATION_OF.get(impl, impl)
+            emu_name = EMULATION_OF[choose_impl(m, n, k)] if impl == "dispatch_emulation" else EMULATION_OF.get(impl, impl)
             if emu_name not in emu_cache:
                 emu_cache[emu_name] = ref.EMULATIONS[emu_name](x, w)
             timing, cfg = None, None
@@ -482,7 +491,8 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
             else:
                 out, med = emu_cache[emu_name], None
             c = check(out, r64)
-            base_impl = impl if gpu else next(i for i in impls if EMULATION_OF[i] == impl)
+            base_impl = impl if gpu else "dispatch" if impl == "dispatch_emulation" else \
+                next(i for i in impls if i != "dispatch" and EMULATION_OF[i] == impl)
             nbytes = ref.bytes_moved(m, n, k, _parts_of(base_impl))
             flips = int(ref.topk_sets_differ(out.cpu(), r64.cpu(), topk).sum()) if n > topk else None
             eflips = int(ref.topk_sets_differ(emu_cache[emu_name].cpu(), r64.cpu(), topk).sum()) if n > topk \
@@ -504,6 +514,9 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
                    "emulation_max_abs_err_vs_fp64": ref.error_metrics(emu_cache[emu_name], r64)["max_abs_err"],
                    "topk_flips": flips, "topk_flips_emulation": eflips,
                    "config": json.dumps(cfg) if isinstance(cfg, dict) else cfg}
+            if impl == "dispatch_emulation":
+                row["note"] = (f"emulation (no timing, no SM90 GPU): dispatch picks {choose_impl(m, n, k)} at M={m} "
+                               f"({'measured table ' + dispatch_path().name if _nearest_row(m, n, k, None) else 'no dispatch table for this device: the kernel by default'})")
             rows.append(row)
     return rows
 
