@@ -98,9 +98,18 @@ def device_info() -> dict:
     return info
 
 
+def _arch_flags() -> list[str]:
+    try:
+        from hotpaths.kernels._build import ARCH_FLAGS
+
+        return list(ARCH_FLAGS)
+    except Exception:  # a checkout without the kernels package
+        return ["-gencode", "arch=compute_90a,code=sm_90a"]
+
+
 def nvcc_info() -> dict:
     """The nvcc the kernel build would use: ``{"nvcc": path or None, "nvcc_version": "13.0" or None,
-    "nvcc_sm90a": bool}`` (sm_90a in ``nvcc --list-gpu-arch``; CUDA 12.0+ has it)."""
+    "nvcc_sm90a": bool}`` (whether nvcc accepts the kernels' sm_90a target flags)."""
     import re
     import shutil
 
@@ -112,8 +121,10 @@ def nvcc_info() -> dict:
         ver = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout
         m = re.search(r"release (\d+\.\d+)", ver)
         out["nvcc_version"] = m.group(1) if m else None
-        arches = subprocess.run([path, "--list-gpu-arch"], capture_output=True, text=True, timeout=20).stdout
-        out["nvcc_sm90a"] = "compute_90a" in arches.split()
+        # a dry run validates the target without compiling (--list-gpu-arch omits the "a" variants)
+        dry = subprocess.run([path, "--dryrun", *_arch_flags(), "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=20)
+        out["nvcc_sm90a"] = dry.returncode == 0
     except (OSError, subprocess.SubprocessError):
         pass
     return out
