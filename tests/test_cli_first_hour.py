@@ -30,7 +30,7 @@ def hp(*args, timeout=90, **kw):
 def _limit_memory():  # a guard that is missing fails the test instead of taking the machine down
     import resource
 
-    resource.setrlimit(resource.RLIMIT_AS, (16 * 2**30, 16 * 2**30))
+    resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
 
 
 @pytest.mark.parametrize("args", [
