@@ -22,7 +22,7 @@ def _env():
     return env
 
 
-def hp(*args, timeout=90, **kw):
+def hp(*args, timeout=60, **kw):
     return subprocess.run([sys.executable, "-m", "hotpaths", *args], capture_output=True, text=True,
                           timeout=timeout, env=_env(), **kw)
 
@@ -50,16 +50,27 @@ def test_sizes_that_cannot_fit_exit_2_with_the_estimate(args):
 
 
 def test_python_callers_get_the_same_guard():
-    from hotpaths.reference.common import ResourceError
-    from hotpaths.reference.router_gemm import make_router_inputs
-    from hotpaths.reference.split_kv_decode import build_task_map, make_decode_inputs
-
-    with pytest.raises(ResourceError, match="needs about"):
-        make_decode_inputs([99999999999])
-    with pytest.raises(ResourceError, match="needs about"):
-        make_router_inputs(99999999999, 192, 4096)
-    with pytest.raises(ValueError, match="min_tiles"):
-        build_task_map([4096], 1, 132, min_tiles=2**40)
+    """Notebooks and scripts call the input makers directly; run in a memory-limited child all the same."""
+    code = ("from hotpaths.reference.common import ResourceError\n"
+            "from hotpaths.reference.router_gemm import make_router_inputs\n"
+            "from hotpaths.reference.split_kv_decode import build_task_map, make_decode_inputs\n"
+            "for f in (lambda: make_decode_inputs([99999999999]), lambda: make_router_inputs(99999999999, 192, 4096),\n"
+            "          lambda: build_task_map([4096], 1, 10**9)):\n"
+            "    try:\n"
+            "        f()\n"
+            "    except ResourceError as e:\n"
+            "        assert 'needs about' in str(e)\n"
+            "    else:\n"
+            "        raise SystemExit('no ResourceError')\n"
+            "try:\n"
+            "    build_task_map([4096], 1, 132, min_tiles=2**40)\n"
+            "except ValueError as e:\n"
+            "    assert 'min_tiles' in str(e)\n"
+            "else:\n"
+            "    raise SystemExit('min_tiles accepted')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env(),
+                       preexec_fn=_limit_memory)
+    assert r.returncode == 0, r.stderr[-800:]
 
 
 @pytest.mark.parametrize("args,names", [
