@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute sections (speed of light, memory, warp stall reasons, scheduler, occupancy) of the dynamic
-# split-KV attention kernel, one launch per case: the diagnosis behind docs/notes/split_kv_decode.md.
+# split-KV attention kernel, one launch per case: the diagnosis behind CHANGELOG.md (split_kv_decode).
 # Usage on an SM90 machine (hotpaths importable): bash scripts/ncu_decode_sections.sh [OUTDIR] ["case:kv" ...]
 set -uo pipefail
 out="${1:-${OUT:-scratch/ncu}}"; shift || true

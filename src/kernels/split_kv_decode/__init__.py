@@ -12,7 +12,7 @@ same device tile function (attention.cu), so dynamic / static is a fair ratio.
 
 Variants (attention kernel only; task map, partial layout, combine and API are shared): "v1" (the original kernel)
 and "v2" (the default: bank-conflict-free shared-memory patterns, FP8 V fragments built in registers, a 4th FP8 stage,
-coalesced output / partial stores: docs/notes/split_kv_decode.md) and "v3" (FP8 KV: products transposed so the
+coalesced output / partial stores: CHANGELOG.md, split_kv_decode section 5) and "v3" (FP8 KV: products transposed so the
 64-token tile fills the MMA's 16-row side, QK on the FP8 tensor-core instruction, P transposed in registers with
 movmatrix; BF16 KV runs v2). "v3s3c3", "v3s5", "v3s2c4" are v3 with other (stages, CTAs per SM) choices, kept for
 the measurement that picked v3's. "auto" (the default) picks per plan: v3s2c4 (a finer grid: 4 CTAs per SM of
