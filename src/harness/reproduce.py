@@ -18,6 +18,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -62,7 +63,19 @@ INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 _VOLATILE_NB_KEYS = ("start_time", "end_time", "duration")
 
 
-def strip_volatile_metadata(path: Path) -> None:
+_GIT_REV = re.compile(rb"(git_revision\W+)[0-9a-f]{7,40}(\+dirty)?")
+
+
+def _comparable(data: bytes, root: Path) -> bytes:
+    """What must match for a staged file to count as unchanged: the bytes, up to run ids, the checkout's absolute
+    path (printed by the setup banner) and the git revision the banner prints (the manifest records it)."""
+    from hotpaths.harness.runs import without_run_ids
+
+    data = without_run_ids(data).replace(str(root).encode(), b"<root>")
+    return _GIT_REV.sub(rb"\1<rev>", data)
+
+
+def strip_volatile_metadata(path: Path, root: Path | None = None) -> None:
     """Drop papermill's timestamps and durations (notebook and cells) and nbclient's execution timing from an
     executed notebook, numbers its cells and joins split stdout, so an unchanged run writes identical bytes."""
     import nbformat
@@ -80,6 +93,13 @@ def strip_volatile_metadata(path: Path) -> None:
                 else:
                     merged.append(o)
             cell["outputs"] = merged
+    pm_nb = nb.metadata.get("papermill")
+    if isinstance(pm_nb, dict) and root is not None:  # paths relative to the checkout, not this machine's
+        for k in ("input_path", "output_path"):
+            try:
+                pm_nb[k] = str(Path(pm_nb[k]).resolve().relative_to(Path(root).resolve()))
+            except (KeyError, TypeError, ValueError):
+                pm_nb.pop(k, None)
     for meta in [nb.metadata] + [c.metadata for c in nb.cells]:
         pm_meta = meta.get("papermill")
         if isinstance(pm_meta, dict):
@@ -89,10 +109,14 @@ def strip_volatile_metadata(path: Path) -> None:
     nbformat.write(nb, path)
 
 
-def _move_tree(src: Path, dst: Path) -> tuple[list[Path], list[Path]]:
+def _move_tree(src: Path, dst: Path, root: Path | None = None) -> tuple[list[Path], list[Path]]:
     """Move every file under src to the same place under dst, except those that equal the file already there up
-    to run ids. Returns (moved, kept). Each move is a rename (atomic on one file system)."""
+    to run ids (and, given root, the checkout path and git revision: see _comparable). Returns (moved, kept). Each
+    move is a rename (atomic on one file system)."""
     from hotpaths.harness.runs import same_but_run_ids
+
+    def same(a: bytes, b: bytes) -> bool:
+        return same_but_run_ids(a, b) or (root is not None and _comparable(a, root) == _comparable(b, root))
 
     moved, kept = [], []
     if not src.exists():
@@ -100,7 +124,7 @@ def _move_tree(src: Path, dst: Path) -> tuple[list[Path], list[Path]]:
     for f in sorted(src.rglob("*")):
         if f.is_file():
             target = dst / f.relative_to(src)
-            if target.exists() and same_but_run_ids(target.read_bytes(), f.read_bytes()):
+            if target.exists() and same(target.read_bytes(), f.read_bytes()):
                 kept.append(target)
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -174,7 +198,7 @@ def reproduce(*, profile: str = "quick", only: str | None = None, device: str = 
                 pm.execute_notebook(str(nb), str(out), parameters=params, kernel_name="python3",
                                     cwd=str(NOTEBOOKS), progress_bar=False, log_output=False,
                                     kernel_manager_class=_kernel_manager_class())
-                strip_volatile_metadata(out)
+                strip_volatile_metadata(out, root)
                 status = "ok"
             except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback
                 status = f"FAILED: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
@@ -208,7 +232,7 @@ def reproduce(*, profile: str = "quick", only: str | None = None, device: str = 
     written, kept = [], []
     for src, dst in ((staging / "nb", runs / tag), (staging / "results", root / "data" / "results" / tag),
                      (staging / "profiles", root / "data" / "profiles" / tag)):
-        m, k = _move_tree(src, dst)
+        m, k = _move_tree(src, dst, root)
         written += m
         kept += k
     shutil.rmtree(staging, ignore_errors=True)
