@@ -75,7 +75,7 @@ def _comparable(data: bytes, root: Path) -> bytes:
     return _GIT_REV.sub(rb"\1<rev>", data)
 
 
-def strip_volatile_metadata(path: Path, root: Path | None = None) -> None:
+def strip_volatile_metadata(path: Path, root: Path | None = None, final: Path | None = None) -> None:
     """Drop papermill's timestamps and durations (notebook and cells) and nbclient's execution timing from an
     executed notebook, numbers its cells and joins split stdout, so an unchanged run writes identical bytes."""
     import nbformat
@@ -95,6 +95,8 @@ def strip_volatile_metadata(path: Path, root: Path | None = None) -> None:
             cell["outputs"] = merged
     pm_nb = nb.metadata.get("papermill")
     if isinstance(pm_nb, dict) and root is not None:  # paths relative to the checkout, not this machine's
+        if final is not None:  # where the file will live, not the staging folder it was run into
+            pm_nb["output_path"] = str(final)
         for k in ("input_path", "output_path"):
             try:
                 pm_nb[k] = str(Path(pm_nb[k]).resolve().relative_to(Path(root).resolve()))
@@ -198,7 +200,7 @@ def reproduce(*, profile: str = "quick", only: str | None = None, device: str = 
                 pm.execute_notebook(str(nb), str(out), parameters=params, kernel_name="python3",
                                     cwd=str(NOTEBOOKS), progress_bar=False, log_output=False,
                                     kernel_manager_class=_kernel_manager_class())
-                strip_volatile_metadata(out, root)
+                strip_volatile_metadata(out, root, runs / tag / nb.name)
                 status = "ok"
             except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback
                 status = f"FAILED: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
