@@ -15,8 +15,10 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.notebook
-def test_figures_inline_and_second_run_changes_nothing(tmp_path):
+def test_figures_inline_and_second_run_changes_nothing(tmp_path, capfd):
     assert rp.reproduce(only="01", device="cpu", out_root=tmp_path) == 0
+    out, err = capfd.readouterr()  # the kernel process writes to the same file descriptors
+    assert "running over TCP" not in out + err  # the kernels talk over IPC
     nb = json.loads((tmp_path / "papermill_runs/cpu/01_split_kv_scheduling.ipynb").read_text())
     drawing = [c for c in nb["cells"] if c["cell_type"] == "code" and re.search(r"^plt\.|; plt\.show\(\)",
                                                                                 "".join(c["source"]), re.M)
@@ -66,3 +68,22 @@ def test_no_notebook_forces_a_non_inline_backend():
         src = "".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"])
         assert "matplotlib.use(" not in src, nb.name
     assert rp.INLINE_BACKEND == "module://matplotlib_inline.backend_inline"
+
+
+def test_checkout_path_and_git_revision_do_not_count_as_changes(tmp_path):
+    """A fresh clone elsewhere, or a new commit, prints another staging path and revision in the setup banner: the
+    executed notebook is kept unless something else changed."""
+    res, staged = tmp_path / "res", tmp_path / "stage"
+    res.mkdir()
+    staged.mkdir()
+    old = ('"  git_revision: 0123456789ab\\n", "results_dir: /old/clone/papermill_runs/.staging-'
+           '20260101T000000Z-cpu-quick/results", "1.5"')
+    new = (f'"  git_revision: ba9876543210+dirty\\n", "results_dir: {tmp_path}/papermill_runs/.staging-'
+           f'20261201T000000Z-cpu-quick/results", "1.5"')
+    (res / "nb.ipynb").write_text(old)
+    (staged / "nb.ipynb").write_text(new)
+    moved, kept = rp._move_tree(staged, res, tmp_path)
+    assert moved == [] and kept == [res / "nb.ipynb"] and (res / "nb.ipynb").read_text() == old
+    (staged / "nb.ipynb").write_text(new.replace('"1.5"', '"1.6"'))
+    moved, kept = rp._move_tree(staged, res, tmp_path)
+    assert moved == [res / "nb.ipynb"] and '"1.6"' in (res / "nb.ipynb").read_text()

@@ -64,14 +64,18 @@ _VOLATILE_NB_KEYS = ("start_time", "end_time", "duration")
 
 
 _GIT_REV = re.compile(rb"(git_revision\W+)[0-9a-f]{7,40}(\+dirty)?")
+# where a run wrote its staged files, as notebooks print it: <any checkout>/papermill_runs/.staging-<run id>
+_STAGING = re.compile(rb"[^\s\"'\\]*/papermill_runs/\.staging-")
 
 
 def _comparable(data: bytes, root: Path) -> bytes:
     """What must match for a staged file to count as unchanged: the bytes, up to run ids, the checkout's absolute
-    path (printed by the setup banner) and the git revision the banner prints (the manifest records it)."""
+    path (the staging folder printed by the setup banner and by table saves, whichever checkout ran) and the git
+    revision the banner prints (the manifest records it)."""
     from hotpaths.harness.runs import without_run_ids
 
-    data = without_run_ids(data).replace(str(root).encode(), b"<root>")
+    data = _STAGING.sub(b"<root>/papermill_runs/.staging-", without_run_ids(data))
+    data = data.replace(str(root).encode(), b"<root>")
     return _GIT_REV.sub(rb"\1<rev>", data)
 
 
@@ -187,12 +191,9 @@ def reproduce(*, profile: str = "quick", only: str | None = None, device: str = 
     os.environ.update(env_keys)
     results, failed = [], None
     try:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:  # the bar is a convenience
-            tqdm = lambda xs, **kw: xs  # noqa: E731
-        bar = tqdm(nbs, desc="notebooks", unit="nb", file=sys.stdout)
-        for nb in bar:
+        from hotpaths.harness.progress import progress
+
+        for nb in progress(nbs, desc="notebooks", unit="nb"):  # stderr, on a terminal only, off with --quiet
             params = load_params(nb, profile)
             out = staging / "nb" / nb.name
             t0 = time.perf_counter()
