@@ -13,27 +13,40 @@ def _name(req: str) -> str:
     return re.split(r"[<>=!~\[ ;]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
 
 
-def test_environment_matches_pyproject():
+def test_environment_matches_pyproject_and_the_pins():
+    """environment.yml installs every pyproject dependency (dev and lab included) at the version constraints/cpu.txt
+    pins, within pyproject's lower bound, and is exactly what constraints/environment_yml.py generates."""
+    import runpy
+
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     assert env["name"] == "hotpaths" and "conda-forge" in env["channels"]
     deps = env["dependencies"]
-    assert any(isinstance(d, str) and d.startswith("python") for d in deps) and "pip" in deps
+    assert "python=3.11" in deps and "pip" in deps  # the Python CI runs
     pip = next(d["pip"] for d in deps if isinstance(d, dict) and "pip" in d)
     assert "-e ." in pip, "the pip section must install this project"
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in pip  # a CPU torch, not PyPI's CUDA build
     env_reqs = {_name(r): r.replace(" ", "") for r in pip if not r.startswith("-")}
+    pins = {_name(l): l.strip() for l in (ROOT / "constraints" / "cpu.txt").read_text().splitlines()
+            if l.strip() and not l.startswith("#")}
+    assert env_reqs == {k: v.replace(" ", "") for k, v in pins.items()}  # the same pins, all of them
     proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = list(proj["dependencies"]) + proj["optional-dependencies"]["dev"] + proj["optional-dependencies"]["lab"]
+    from packaging.requirements import Requirement
+
     for req in wanted:
+        r = Requirement(req)
         assert _name(req) in env_reqs, f"{req} missing from environment.yml"
-        assert env_reqs[_name(req)] == req.replace(" ", ""), f"{req} differs in environment.yml"
+        assert r.specifier.contains(env_reqs[_name(req)].split("==")[1]), f"pin of {req} below its lower bound"
     assert proj["requires-python"] == ">=3.11"
+    gen = runpy.run_path(str(ROOT / "constraints" / "environment_yml.py"))
+    assert (ROOT / "environment.yml").read_text() == gen["render"](), "run `make environment.yml`"
 
 
 def test_constraints_pin_every_dependency():
     pins = {_name(l): l for l in (ROOT / "constraints" / "cpu.txt").read_text().splitlines()
             if l.strip() and not l.startswith("#")}
     proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for req in proj["dependencies"] + proj["optional-dependencies"]["dev"]:
+    for req in proj["dependencies"] + proj["optional-dependencies"]["dev"] + proj["optional-dependencies"]["lab"]:
         assert _name(req) in pins and "==" in pins[_name(req)], f"{req} not pinned in constraints/cpu.txt"
 
 

@@ -85,3 +85,55 @@ def test_stored_timing_studies_parse():
     assert 3.0 < one["graph_events_us"] < 3.6  # the 3.4 us
     by = {r["job"]: r for r in flush}
     assert by["sum64MB"]["read_over_write"] < 0.9 and 0.9 < by["floor1"]["read_over_write"] < 1.1
+
+
+def test_save_is_stable_up_to_run_ids_and_rewrites_on_a_changed_number(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("HOTPATHS_RUN_ID", "20260101T000000Z-cpu-quick")
+    row = {"op": "x", "case": "c", "median_us": 1.5}
+    csv, md = tables.save([{**row, "run_id": "20260101T000000Z-cpu-quick"}], "t", out_dir=tmp_path)
+    os.utime(csv, (1, 1))
+    first = csv.read_bytes()
+    tables.save([{**row, "run_id": "20261201T000000Z-cpu-quick"}], "t", out_dir=tmp_path)
+    assert csv.read_bytes() == first and csv.stat().st_mtime == 1  # untouched: only the run id differs
+    tables.save([{**row, "median_us": 1.6, "run_id": "20261201T000000Z-cpu-quick"}], "t", out_dir=tmp_path)
+    assert ",1.6," in csv.read_text() and "20261201T000000Z-cpu-quick" in csv.read_text()
+    assert "20261201T000000Z-cpu-quick" in md.read_text()
+
+
+def test_save_failing_midway_leaves_the_previous_tables_whole(tmp_path, monkeypatch):
+    import os
+
+    csv, md = tables.save([{"op": "x", "median_us": 1.5}], "t", out_dir=tmp_path)
+    old_csv, old_md = csv.read_bytes(), md.read_bytes()
+    real = os.replace
+    calls = []
+
+    def dies_after_first(src, dst):  # a kill between the two renames
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(src, dst)
+    monkeypatch.setattr(os, "replace", dies_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        tables.save([{"op": "x", "median_us": 2.5}], "t", out_dir=tmp_path)
+    monkeypatch.setattr(os, "replace", real)
+    assert md.read_bytes() == old_md  # the second file never saw a partial write
+    assert not list(tmp_path.glob(".*tmp*"))  # nothing left aside
+    # a failure while writing (before any rename) leaves both files as they were
+    csv.write_bytes(old_csv)
+    import builtins
+
+    real_open = builtins.open
+
+    def bad_open(path, mode="r", *a, **k):
+        if "w" in mode and str(path).endswith(f".t.md.tmp-{os.getpid()}"):  # the second file fails
+            raise OSError("disk full")
+        return real_open(path, mode, *a, **k)
+    monkeypatch.setattr(builtins, "open", bad_open)
+    with pytest.raises(OSError):
+        tables.save([{"op": "x", "median_us": 3.5}], "t", out_dir=tmp_path)
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert csv.read_bytes() == old_csv and md.read_bytes() == old_md
+    assert not list(tmp_path.glob(".*tmp*"))

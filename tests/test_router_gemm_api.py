@@ -130,7 +130,10 @@ def test_dispatch_table_file_is_read(tmp_path, monkeypatch):
 @no_gpu_only
 def test_benchmark_rows_fall_back_to_emulations():
     rows = rb.benchmark_rows([1, 3], N, K, ["dispatch", "bf16x2_kernel", "fp32_cublas", "tf32_cublas"], seed=4)
-    assert [r["impl"] for r in rows] == ["bf16x2_emulation", "fp32_emulation", "tf32_emulation"] * 2
+    # one row per distinct emulation, and dispatch kept as its own row (the emulation of what it would pick)
+    assert [r["impl"] for r in rows] == ["bf16x2_emulation", "fp32_emulation", "tf32_emulation",
+                                         "dispatch_emulation"] * 2
+    assert all("dispatch picks" in r["note"] for r in rows if r["impl"] == "dispatch_emulation")
     for r in rows:
         assert r["median_us"] is None and r["op"] == "router_gemm" and r["case"] == f"hy3_m{r['m']}"
         assert (r["n"], r["k"]) == (N, K) and r["max_abs_err"] == r["max_abs_err_vs_fp64"]

@@ -459,7 +459,7 @@ def chain_rows(cases, *, q_len: int = 1, q_heads: int = 8, kv_heads: int = 1, kv
 
 
 def register(subparsers) -> None:
-    from hotpaths.harness.shapes import case_list_arg, int_list_arg
+    from hotpaths.harness.shapes import case_list_arg, int_list_arg, positive_int_arg
 
     p = subparsers.add_parser(
         "prologue", help="fused attention prologue (QK-Norm, RoPE, FP8 Q, paged K/V write): latency and error",
@@ -491,7 +491,8 @@ def register(subparsers) -> None:
     p.add_argument("--chain", type=case_list_arg, default=None, metavar="CASES",
                    help="time prologue + decode attention for these decode cases (e.g. 64x0.5K,32x4K)")
     p.add_argument("--q-len", type=int, default=1, help="new tokens per request in --chain (1-4, default 1)")
-    p.add_argument("--iters", type=int, default=100, help="timed replays per measurement (default 100)")
+    p.add_argument("--iters", type=positive_int_arg("--iters"), default=100,
+                   help="timed replays per measurement (default 100)")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p.add_argument("--json", action="store_true", help="one JSON row per line (tables.COLUMNS first)")
     p.add_argument("--save", default=None, metavar="NAME", help="also write the table NAME.csv/.md to the results dir")

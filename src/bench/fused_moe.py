@@ -274,7 +274,7 @@ def table_rows(table: str, *, scales: str = "pertensor", batches=None, impls=IMP
 # ----------------------------------------------------------------------------------------------------------------
 
 def register(subparsers) -> None:
-    from hotpaths.harness.shapes import int_list_arg
+    from hotpaths.harness.shapes import int_list_arg, positive_int_arg
     from hotpaths.reference.fused_moe import MODELS, PAR_MODES, SCALE_MODES
 
     p = subparsers.add_parser(
@@ -302,7 +302,8 @@ def register(subparsers) -> None:
                    f"(default {DEFAULT_IMPLS})")
     p.add_argument("--stages", action="store_true", help="SM90: also print the stage breakdown of our kernel")
     p.add_argument("--check", action="store_true", help="exit with status 1 if a checked row is outside its tolerance")
-    p.add_argument("--iters", type=int, default=100, help="timed replays per measurement (default 100)")
+    p.add_argument("--iters", type=positive_int_arg("--iters"), default=100,
+                   help="timed replays per measurement (default 100)")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p.add_argument("--json", action="store_true", help="one JSON row per line (tables.COLUMNS first)")
     p.add_argument("--save", default=None, metavar="NAME", help="also write NAME.csv/.md to the results dir")

@@ -23,6 +23,7 @@ from hotpaths.harness.check import check
 from hotpaths.harness.cli import add_op_command, emit_rows
 from hotpaths.harness.env import device_tag, has_sm90
 from hotpaths.harness.runs import run_id
+from hotpaths.harness.progress import progress
 from hotpaths.harness.shapes import int_list_arg, load_shapes
 from hotpaths.harness.tables import COLUMNS, published
 from hotpaths.harness.tolerances import rows as tolerance_rows
@@ -213,20 +214,24 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
     w = w.to(dev)
     weights = K.plan(w, three_part="bf16x3_kernel" in impls)
     rows = []
-    for m in ms:
+    for m in progress(ms, desc="router", unit="M"):
         x, _ = ref.make_router_inputs(m, n, k, seed=seed + 1 + m)
         x = x.to(dev)
         r64 = ref.router_gemm_ref(x, w)
         f32 = ref.fp32_emulation(x, w)
         emu_cache: dict[str, torch.Tensor] = {}
         base_t: dict = {}
-        todo = list(impls) if gpu else list(dict.fromkeys(K.EMULATION_OF[i] for i in impls))
+        # Without a GPU: one row per distinct emulation, plus dispatch as its own row (the emulation of what it
+        # would pick at this M, named in the note), so the table keeps every impl the user asked for.
+        todo = list(impls) if gpu else list(dict.fromkeys(K.EMULATION_OF[i] for i in impls if i != "dispatch")) \
+            + (["dispatch_emulation"] if "dispatch" in impls else [])
         first_row = len(rows)
         if gpu:  # the baselines the speedup columns divide by, timed once per M
             for b in ("fp32_cublas", "tf32_cublas"):
                 base_t[b] = _time(x, weights, b, torch.empty(m, n, device=dev), iters)
         for impl in todo:
-            emu_name = K.EMULATION_OF.get(impl, impl)
+            emu_name = (K.EMULATION_OF[K.choose_impl(m, n, k)] if impl == "dispatch_emulation"
+                        else K.EMULATION_OF.get(impl, impl))
             if emu_name not in emu_cache:
                 emu_cache[emu_name] = ref.EMULATIONS[emu_name](x, w)
             timing, cfg = None, None
@@ -244,7 +249,8 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
             else:
                 out, med = emu_cache[emu_name], None
             c = check(out, r64)
-            base_impl = impl if gpu else next(i for i in impls if K.EMULATION_OF[i] == impl)
+            base_impl = impl if gpu else "dispatch" if impl == "dispatch_emulation" else \
+                next(i for i in impls if i != "dispatch" and K.EMULATION_OF[i] == impl)
             nbytes = ref.bytes_moved(m, n, k, _parts_of(base_impl))
             flips = int(ref.topk_sets_differ(out.cpu(), r64.cpu(), topk).sum()) if n > topk else None
             eflips = int(ref.topk_sets_differ(emu_cache[emu_name].cpu(), r64.cpu(), topk).sum()) if n > topk \
@@ -267,6 +273,10 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
                    "topk_flips": flips, "topk_flips_emulation": eflips,
                    "config": json.dumps(cfg) if isinstance(cfg, dict) else cfg,
                    "hpc_ops_us": None, "vs_hpc_ops": None, "note": None}
+            if impl == "dispatch_emulation":
+                table = "measured table " + K.dispatch_path().name if K._nearest_row(m, n, k, None) else \
+                    "no dispatch table for this device: the kernel by default"
+                row["note"] = f"emulation (no timing, no SM90 GPU): dispatch picks {K.choose_impl(m, n, k)} at M={m} ({table})"
             rows.append(row)
         ours = rows[first_row:]
         for peer in peers:

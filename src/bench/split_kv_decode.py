@@ -243,7 +243,9 @@ def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS
     dev = "cuda" if gpu else "cpu"
     cfg = dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size, q_len=q_len)
     rows: list[dict] = []
-    for case in cases:
+    from hotpaths.harness.progress import progress
+
+    for case in progress(cases, desc="decode"):
         lens = expand_lengths(case)
         for kv in kv_dtypes:
             inputs = ref.make_decode_inputs(lens, kv_dtype=kv, device=dev, seed=seed, **cfg)

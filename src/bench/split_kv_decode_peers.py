@@ -240,8 +240,14 @@ def make_flex_attention_decode(inputs, *, out=None, allow_cpu: bool = False, com
         if _flex_compiled is None:
             _flex_compiled = torch.compile(flex_attention, dynamic=False)
         attn = _flex_compiled
-    else:
-        attn = flex_attention
+    else:  # CPU correctness checks ask for the unfused eager flex on purpose: its "use torch.compile" advice is noise
+        def attn(*a, **kw):
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="flex_attention called without torch.compile",
+                                        category=UserWarning)
+                return flex_attention(*a, **kw)
     sm_scale = 1.0 / math.sqrt(D)
     vs = _v_scale(inputs)
     empty = torch.tensor([r * q_len + i for r, L in enumerate(lens) if L == 0 for i in range(q_len)],

@@ -15,13 +15,15 @@ import hotpaths.bench
 from hotpaths.bench import OPS
 from hotpaths.harness import bench, ceilings, env, tables
 from hotpaths.harness.reproduce import reproduce
+from hotpaths.harness.shapes import positive_int_arg
 
 
 def add_op_command(subparsers, name: str, *, func, help: str, description: str) -> argparse.ArgumentParser:
     """The subparser of one op's command with the options every op shares (--iters, --seed, --json, --save);
     the op's benchmark module adds its own. ``func(args) -> int`` runs it."""
     p = subparsers.add_parser(name, help=help, description=description)
-    p.add_argument("--iters", type=int, default=100, help="timed replays per measurement (default 100)")
+    p.add_argument("--iters", type=positive_int_arg("--iters"), default=100,
+                   help="timed replays per measurement (default 100)")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p.add_argument("--json", action="store_true", help="one JSON row per line (tables.COLUMNS first)")
     p.add_argument("--save", default=None, metavar="NAME", help="also write the table NAME.csv/.md to the results dir")
@@ -40,6 +42,7 @@ def emit_rows(rows: list[dict], args) -> bool:
 
 def _cmd_env(args) -> int:
     info = env.device_info()
+    info.update(env.build_info())
     if env.has_cuda() and not args.no_measure:
         info["ceilings"] = ceilings.measure()
         floors = {f"floor_{n}_kernels_us": bench.timing_floor(n).median_us for n in (1, 3)}
@@ -79,9 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dry-run", action="store_true", help="list what would run and exit")
     r.set_defaults(func=_cmd_reproduce)
 
-    e = sub.add_parser("env", help="device, versions and measured ceilings",
-                       description="Prints the device, library versions and, on a GPU, the measured copy bandwidth, "
-                       "BF16/FP8 matmul rates and the timing floor.")
+    e = sub.add_parser("env", help="device, versions, nvcc and measured ceilings",
+                       description="Prints the device, library versions, the nvcc found (path, version) and whether "
+                       "the sm_90a kernels can be built here and, on a GPU, the measured copy bandwidth, BF16/FP8 "
+                       "matmul rates and the timing floor.")
     e.add_argument("--json", action="store_true", help="one JSON object")
     e.add_argument("--no-measure", action="store_true", help="skip the ceiling measurements")
     e.set_defaults(func=_cmd_env)
@@ -99,15 +103,79 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         if hasattr(mod, "register"):
             mod.register(sub)
+    for sp in sub.choices.values():  # every command: no progress bars (they are off anyway when not a terminal)
+        if "--quiet" not in sp._option_string_actions:
+            sp.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     return p
+
+
+def _join_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--cases -1x5`` -> ``--cases=-1x5``: argparse takes a value that starts with '-' (and is not a plain
+    negative number) for an option and says "expected one argument"; joined, the value reaches the option's own
+    check, which names the bad term."""
+    takes_value = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in action.choices.values():
+                takes_value |= {s for a in sp._actions if a.nargs is None and a.option_strings
+                                and not isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction,
+                                                       argparse._HelpAction))
+                                for s in a.option_strings}
+    known = {s for a in parser._actions for s in a.option_strings}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in action.choices.values():
+                known |= {s for a in sp._actions for s in a.option_strings}
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in takes_value and i + 1 < len(argv) and argv[i + 1].startswith("-") and argv[i + 1] not in known \
+                and argv[i + 1] != "--":
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]):
+    """parse_args, except that an unknown option is reported by the subcommand's parser (its usage, not the top
+    one's)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader went away (``hotpaths ... | head``): like other Unix tools, stop quietly. Python would report
+    the pipe again while flushing stdout at exit, so stdout is pointed at /dev/null first."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = _join_dash_values(parser, list(sys.argv[1:] if argv is None else argv))
+    args = _parse(parser, argv)
+    from hotpaths.harness import progress
+
+    progress.QUIET = bool(getattr(args, "quiet", False))
     try:
-        return int(args.func(args) or 0)
-    except (ValueError, TypeError) as exc:  # bad input that passed argparse: a clear message, exit 2
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows up here for short outputs
+        return rc
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except (ValueError, TypeError) as exc:  # bad input that passed argparse (sizes that do not fit included)
         print(f"hotpaths {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:  # e.g. a GPU-only action on a machine without one

@@ -75,3 +75,49 @@ def device_info() -> dict:
     except ImportError:
         info.update(torch=None, device="cpu", device_tag="cpu")
     return info
+
+
+def _arch_flags() -> list[str]:
+    try:
+        from hotpaths.kernels._build import ARCH_FLAGS
+
+        return list(ARCH_FLAGS)
+    except Exception:  # a checkout without the kernels package
+        return ["-gencode", "arch=compute_90a,code=sm_90a"]
+
+
+def nvcc_info() -> dict:
+    """The nvcc the kernel build would use: ``{"nvcc": path or None, "nvcc_version": "13.0" or None,
+    "nvcc_sm90a": bool}`` (whether nvcc accepts the kernels' sm_90a target flags)."""
+    import re
+    import shutil
+
+    path = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    out = {"nvcc": path, "nvcc_version": None, "nvcc_sm90a": False}
+    if path is None:
+        return out
+    try:
+        ver = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout
+        m = re.search(r"release (\d+\.\d+)", ver)
+        out["nvcc_version"] = m.group(1) if m else None
+        # a dry run validates the target without compiling (--list-gpu-arch omits the "a" variants)
+        dry = subprocess.run([path, "--dryrun", *_arch_flags(), "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=20)
+        out["nvcc_sm90a"] = dry.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def build_info() -> dict:
+    """nvcc_info() plus ``kernels_buildable`` (bool) and ``kernels_build_note``: why not, or what running needs."""
+    info = nvcc_info()
+    if info["nvcc"] is None:
+        note = "no: nvcc not found on PATH or in /usr/local/cuda/bin (install the CUDA toolkit, 12.4+)"
+    elif not info["nvcc_sm90a"]:
+        note = f"no: nvcc {info['nvcc_version'] or '?'} at {info['nvcc']} cannot target sm_90a (needs CUDA 12.4+)"
+    else:
+        note = "yes (sm_90a); running them needs an SM90 GPU" + ("" if has_sm90() else ", which this machine lacks")
+    info["kernels_buildable"] = info["nvcc"] is not None and info["nvcc_sm90a"]
+    info["kernels_build_note"] = note
+    return info

@@ -76,3 +76,24 @@ def timing_studies(device: str = "h200"):
         flush.append(dict(job=job, write_flush_us=round(w, 2), read_flush_us=round(r, 2),
                           read_over_write=round(r / w, 3)))
     return pd.DataFrame(method), pd.DataFrame(flush)
+
+
+def save_figure(fig, name: str, *, out_dir=None, dpi: int = 100):
+    """Save ``fig`` as ``<results_dir>/<name>.png`` beside the tables (reproduce moves it to data/results/<device>/).
+
+    The PNG carries no date or software stamp, and the file is rewritten only when its pixels change, so a re-run
+    that draws the same figure leaves git quiet. Returns the path. Raises ValueError if name is not a plain file
+    stem.
+    """
+    import io
+    from pathlib import Path
+
+    from hotpaths.harness.runs import results_dir, write_stable
+
+    if not name or "/" in name or name.startswith(".") or name.endswith(".png"):
+        raise ValueError(f"name: expected a plain file stem like 'decode_skew_sweep', got {name!r}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+    path = Path(out_dir if out_dir is not None else results_dir()) / f"{name}.png"
+    write_stable([(path, buf.getvalue())])
+    return path

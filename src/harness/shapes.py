@@ -12,7 +12,7 @@ from hotpaths.harness.env import REPO_ROOT
 from hotpaths.reference.common import CaseError, expand_lengths, format_case, parse_cases, parse_int_list
 
 __all__ = ["CaseError", "expand_lengths", "format_case", "parse_cases", "parse_int_list", "case_list_arg",
-           "int_list_arg", "load_shapes", "SHAPES_DIR"]
+           "int_list_arg", "positive_int_arg", "load_shapes", "SHAPES_DIR"]
 
 SHAPES_DIR = REPO_ROOT / "data" / "shapes"
 
@@ -65,4 +65,19 @@ def int_list_arg(name: str, *, minimum: int = 0):
             return parse_int_list(spec, name, minimum=minimum)
         except CaseError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
+    return conv
+
+
+def positive_int_arg(name: str, *, minimum: int = 1):
+    """argparse type factory for one integer >= minimum (``--iters 100``); the message names the option."""
+    import argparse
+
+    def conv(spec: str) -> int:
+        try:
+            v = int(spec)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} {spec!r}: expected an integer >= {minimum}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"{name} {spec!r}: expected an integer >= {minimum}")
+        return v
     return conv

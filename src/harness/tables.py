@@ -58,9 +58,14 @@ def to_markdown(df) -> str:
 def save(rows, name: str, *, out_dir: Path | None = None, title: str | None = None) -> tuple[Path, Path]:
     """Write ``<out_dir>/<name>.csv`` and ``<name>.md``; out_dir defaults to hotpaths.harness.runs.results_dir().
 
+    Both files are written aside and renamed into place together (a run killed midway leaves the previous pair
+    whole), and left alone when only run ids would change (so the committed tables, and git, stay quiet when the
+    numbers do not move; a changed number rewrites the pair with this run's id). Returns the two paths either way.
     Raises ValueError if name is not a plain file stem or rows is empty.
     """
-    from hotpaths.harness.runs import results_dir
+    import io
+
+    from hotpaths.harness.runs import results_dir, write_stable
 
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"name: expected a plain file stem like 'decode_kv_distribution', got {name!r}")
@@ -70,9 +75,10 @@ def save(rows, name: str, *, out_dir: Path | None = None, title: str | None = No
     out_dir = Path(out_dir) if out_dir is not None else results_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out_dir / f"{name}.csv", out_dir / f"{name}.md"
-    df.to_csv(csv_path, index=False, float_format="%.6g", lineterminator="\n")
+    buf = io.StringIO()
+    df.to_csv(buf, index=False, float_format="%.6g", lineterminator="\n")
     head = f"# {title or name}\n\n"
-    md_path.write_text(head + to_markdown(df))
+    write_stable([(csv_path, buf.getvalue().encode()), (md_path, (head + to_markdown(df)).encode())])
     return csv_path, md_path
 
 

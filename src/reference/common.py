@@ -46,9 +46,14 @@ def parse_cases(spec: str) -> list[tuple[int, int]]:
 
 
 def expand_lengths(cases) -> list[int]:
-    """One KV length per request, in order. Accepts a case string or parsed ``[(count, length)]``."""
+    """One KV length per request, in order. Accepts a case string or parsed ``[(count, length)]``.
+
+    Raises CaseError for a malformed case string, ResourceError when the list itself (8 bytes per request) would
+    not fit in host memory (``1000000000000x4K``).
+    """
     if isinstance(cases, str):
         cases = parse_cases(cases)
+    check_fits(f"case {format_case(cases)}", host_bytes=8 * sum(count for count, _ in cases))
     return [length for count, length in cases for _ in range(count)]
 
 
@@ -61,9 +66,13 @@ def format_case(cases) -> str:
 
 
 def parse_int_list(spec: str, name: str, *, minimum: int = 0) -> list[int]:
-    """``"1,2,4"`` -> [1, 2, 4]; raises CaseError naming the option on bad input or a value below ``minimum``."""
+    """``"1,2,4"`` -> [1, 2, 4]; raises CaseError naming the option on bad input (an empty item included) or a
+    value below ``minimum``."""
+    items = spec.split(",")
+    if any(not v.strip() for v in items):  # '1,,2' or a trailing comma: a typo, not a request for fewer values
+        raise CaseError(f"{name} {spec!r}: empty item; expected comma-separated integers, e.g. '1,2,4'")
     try:
-        vals = [int(v) for v in spec.split(",") if v.strip()]
+        vals = [int(v) for v in items]
     except ValueError:
         raise CaseError(f"{name} {spec!r}: expected comma-separated integers, e.g. '1,2,4'") from None
     if not vals or any(v < minimum for v in vals):

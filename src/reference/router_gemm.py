@@ -44,7 +44,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hotpaths.reference.common import expect_tensor
+from hotpaths.reference.common import check_fits, expect_tensor
 
 OP = "router_gemm"
 SCALE_LOW = 256.0  # 2^8: the second part's scale
@@ -239,10 +239,13 @@ def router_gemm_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Exact reference: scores = x @ w.T in float64 (x's BF16 values and w's FP32 values are exact in FP64).
 
     Shape/Dtype: x bf16 [M, K]; w fp32 [N, K]; returns fp64 [M, N].
-    Raises TypeError (dtype), ValueError (rank or K mismatch).
+    Raises TypeError (dtype), ValueError (rank or K mismatch), ResourceError when the fp64 copies would not fit.
     """
     _check_weight(w)
     _check_x(x, w.shape[1])
+    m, k, n = x.shape[0], x.shape[1], w.shape[0]
+    check_fits(f"router_gemm_ref m={m} n={n} k={k} (fp64 copies)", device_bytes=8 * (m * k + n * k + m * n),
+               device=x.device)
     return x.to(torch.float64) @ w.to(torch.float64).t()
 
 
@@ -451,12 +454,15 @@ def make_router_inputs(m: int, n: int, k: int, *, seed: int = 0, scale="init", d
     FP32 with std from weight_std(k, scale).
 
     Shape/Dtype: returns x bf16 [m, k], w fp32 [n, k] on ``device``. Raises ValueError on non-positive sizes or
-    an unknown scale.
+    an unknown scale, ResourceError (a ValueError, with the estimate) before allocating what would not fit.
     """
     for name, v in (("m", m), ("n", n), ("k", k)):
         if not isinstance(v, int) or v <= 0:
             raise ValueError(f"{name}: expected a positive int, got {v!r}")
     std = weight_std(k, scale)
+    # host: x drawn in fp32 then rounded to bf16, w drawn and scaled in fp32; device: the bf16 x and fp32 w
+    check_fits(f"router inputs m={m} n={n} k={k}", host_bytes=m * k * (4 + 2) + n * k * 4 * 2,
+               device_bytes=m * k * 2 + n * k * 4, device=device)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=g).to(torch.bfloat16)
     w = torch.randn(n, k, generator=g) * std

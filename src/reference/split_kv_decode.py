@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from hotpaths.reference.common import check_fits
+
 TILE = 64
 FP8_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
@@ -122,18 +124,28 @@ def make_decode_inputs(
     q_len, q_scale, k_scale, v_scale (so `split_kv_decode_ref(**inputs)` works).
     Shape/Dtype: q [batch*q_len, q_heads, head_dim]; k_cache/v_cache [num_pages, page_size, kv_heads, head_dim];
     block_table [batch, max_pages] int32; kv_lens [batch] int32.
-    Raises ValueError for a negative length, an unknown kv_dtype or an unsupported configuration.
+    Raises ValueError for a negative length, an unknown kv_dtype or an unsupported configuration, and
+    ResourceError (a ValueError, with the estimate) before allocating when the inputs would not fit in host or
+    device memory.
     """
     lens = _lens_list(lengths, "lengths")
     if kv_dtype not in ("fp8", "bf16"):
         raise ValueError(f"kv_dtype must be 'fp8' or 'bf16', got {kv_dtype!r}")
     _check_config(q_heads, kv_heads, head_dim, page_size, q_len)
-    g = torch.Generator().manual_seed(seed)
     batch = len(lens)
     pages_per_req = [_cdiv(L, page_size) for L in lens]
     n_spare = 2  # poisoned pages that unused block-table entries point at
     num_pages = sum(pages_per_req) + n_spare
     max_pages = max(pages_per_req, default=0) + 1  # at least one unused entry per row
+    # Refuse what cannot fit before the first allocation. Host peak: K and V drawn in fp32, their fp32 scaling
+    # temporaries and the quantized copies, the slot mask, the block table and Q; on a CUDA device the final K/V.
+    elems = num_pages * page_size * kv_heads * head_dim
+    item = 1 if kv_dtype == "fp8" else 2
+    q_bytes = batch * q_len * q_heads * head_dim * 4
+    check_fits(f"decode inputs for {batch} request(s), {sum(lens)} KV tokens ({kv_dtype})",
+               host_bytes=elems * (4 + 4 + 4 + 2 * item) + num_pages * page_size + batch * max_pages * 4 + 2 * q_bytes,
+               device_bytes=2 * elems * item + batch * max_pages * 4 + q_bytes, device=device)
+    g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(num_pages, generator=g)
     spare = perm[-n_spare:]
     block_table = torch.empty(batch, max_pages, dtype=torch.int32)
@@ -474,6 +486,10 @@ def _check_map_args(H: int, C: int, tile: int) -> None:
         raise ValueError(f"num_ctas must be >= 1, got {C}")
     if tile < 1:
         raise ValueError(f"tile must be >= 1, got {tile}")
+    if C > 2**31 - 1:  # the workspace header holds it as int32
+        raise ValueError(f"num_ctas must be < 2**31, got {C}")
+    # per-CTA arrays of the map (bin starts, per-CTA counts, the device workspace's per-CTA entries): int64 each
+    check_fits(f"task map for num_ctas={C}", host_bytes=C * 8 * 6)
 
 
 def _pair_tiles(lens: list[int], H: int, tile: int) -> np.ndarray:
@@ -502,8 +518,8 @@ def build_task_map(kv_lens, num_kv_heads: int, num_ctas: int, *, min_tiles: int 
     lens = _lens_list(kv_lens)
     H, C, F = int(num_kv_heads), int(num_ctas), int(min_tiles)
     _check_map_args(H, C, tile)
-    if F < 1:
-        raise ValueError(f"min_tiles must be >= 1, got {F}")
+    if not 1 <= F <= 2**31 - 1:  # the workspace header holds it as int32
+        raise ValueError(f"min_tiles must be in [1, 2**31), got {F}")
     tiles = _pair_tiles(lens, H, tile)
     tstart = np.concatenate([[0], np.cumsum(tiles)[:-1]]).astype(np.int64) if len(tiles) else tiles
     T = int(tiles.sum())

@@ -36,7 +36,7 @@ from hotpaths.kernels import _build
 from hotpaths.kernels._build import check_status, ptr, stream_ptr
 from hotpaths.kernels.router_gemm import first_use as _fu
 from hotpaths.reference import router_gemm as ref
-from hotpaths.reference.common import device_tag, expect_tensor
+from hotpaths.reference.common import check_fits, device_tag, expect_tensor
 
 OP = "router_gemm"
 IMPLS = ("dispatch", "bf16x2_kernel", "bf16x3_kernel", "fp32_cublas", "tf32_cublas", "bf16_cublas")
@@ -234,12 +234,15 @@ def plan(w_fp32: torch.Tensor, *, three_part: bool = False) -> RouterWeights:
     Shape/Dtype: w_fp32 fp32 [N, K], contiguous, N and K positive multiples of 64 (the kernel's tiles).
     three_part=True also prepares the exact three-part split (needed by impl="bf16x3_kernel").
     Raises TypeError (not a tensor / not fp32), ValueError (not 2-D, N or K unsupported, non-contiguous,
-    Inf/NaN in the weight).
+    Inf/NaN in the weight), ResourceError (a ValueError) when the parts would not fit in memory.
     """
     expect_tensor(w_fp32, "w_fp32", dtype=torch.float32, ndim=2, layout="[N, K]", contiguous=True,
                   why=" (the FP32 router weight)")
     n, k = (int(s) for s in w_fp32.shape)
     ref.validate_kernel_shape(n, k)
+    # the BF16 parts (high, low, plain; mid and low2 for three parts) plus the split's fp32 temporaries
+    check_fits(f"router plan n={n} k={k}", device_bytes=n * k * (2 * (5 if three_part else 3) + 8),
+               device=w_fp32.device)
     hi, lo = ref.split_fp32_weight(w_fp32)
     mid = lo2 = None
     if three_part:

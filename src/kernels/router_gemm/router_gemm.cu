@@ -29,7 +29,7 @@
 // Numerics: the tensor core's FP32 accumulation is not IEEE round-to-nearest, so the error against the
 // emulation of the same two products grows with the length of one accumulation chain (one split over all of K);
 // splitting K shortens the chains. The dispatch tuner's accuracy gate (ERR_BOUND in __init__.py) rejects a
-// configuration whose error exceeds the bound; docs/notes/router_gemm.md has the measurements.
+// configuration whose error exceeds the bound; docs/ops/router_gemm.md has the measurements.
 //
 // Entry points (C ABI, return cudaError_t): hp_router_gemm / hp_router_gemm_ex (auto config, or a forced
 // variant/splits), hp_router_gemm_config (the config a request resolves to), hp_router_gemm_workspace_bytes, and

@@ -5,7 +5,7 @@
 // Why these variants: each one is picked by the measured dispatch table (data/dispatch/router_gemm_h200.json) at
 // some supported shape and M, or is its family's baseline (the simplest kernel of that family, and what the
 // built-in "auto" heuristic runs when a shape has no table). The variants measured and dropped, and why, are in
-// docs/notes/router_gemm.md.
+// docs/ops/router_gemm.md.
 //
 // Columns (one entry per line: tests parse this file):
 //   Ident     C identifier suffix (enum kIdent)

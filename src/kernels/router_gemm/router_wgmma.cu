@@ -584,7 +584,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
   // Barriers initialised before the first loads complete on them. (Issuing the first loads before this barrier
   // was no faster for ws128n192r and slower for ws128n192g; requesting only the first k-tile at the start, the
-  // others once it had landed, was slower: docs/notes/router_gemm.md.)
+  // others once it had landed, was slower: docs/ops/router_gemm.md.)
   cluster_sync_all();
   if (tid == 0) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");

@@ -12,13 +12,13 @@ same device tile function (attention.cu), so dynamic / static is a fair ratio.
 
 Variants (configurations of the one attention kernel template, attention.cu; task map, partial layout and API are
 shared): "v2" (row layout: bank-conflict-free shared-memory patterns, FP8 V fragments built in registers, 4 FP8
-stages, coalesced output / partial stores: docs/notes/split_kv_decode.md) and "v3" (FP8 KV: products transposed so
+stages, coalesced output / partial stores: docs/ops/split_kv_decode.md) and "v3" (FP8 KV: products transposed so
 the 64-token tile fills the MMA's 16-row side, QK on the FP8 tensor-core instruction, P transposed in registers with
 movmatrix; BF16 KV runs v2). "v3s3c3", "v3s5", "v3s2c4" are v3 with other (stages, CTAs per SM) choices, kept for
 the measurement that picked v3's (the first kernel, "v1", was removed; its lesson is in the notes). "v3m" and
 "v3ms4c1" (MTP): v3 with one row group of up to 32 query rows (8:1 GQA at q_len 3-4 reads each K/V tile once) on a
 grid of 2 resp. 1 CTAs per SM; "v2f", "v2fs3c1", "v2fs4c1": v2 with v3's start-up and the online combine at BF16
-{stages, CTAs per SM} 2/2, 3/1, 4/1 (for the BF16 gap; see docs/notes/split_kv_decode.md section 9). "auto" (the
+{stages, CTAs per SM} 2/2, 3/1, 4/1 (for the BF16 gap; see docs/ops/split_kv_decode.md section 9). "auto" (the
 default) picks per plan: v3s2c4 (a finer grid: 4 CTAs per SM of 2 stages) for FP8 KV in dynamic mode when its
 longest (head, request) stays within AUTO_MAX_CHUNKS chunks, else v2 (choose_variant); with more than 8 query rows
 per pair (q_len x GQA ratio) v3m takes v3s2c4's place. plan(variant=None) reads the environment variable HOTPATHS_DECODE_VARIANT (default
@@ -66,7 +66,7 @@ MTP_CONFIGS = ("v3m", "v3ms4c1")
 ONLINE_COMBINE = tuple(V3_CONFIGS) + ("v2f", "v2fs3c1", "v2fs4c1")
 # v3 fused merge (off by default): with plan(fuse_max=F), a pair cut into 2..F chunks is merged by the attention CTA
 # that finishes its last chunk (per-pair arrival counters), so the combine kernel has nothing to do for it; longer
-# pairs go to the combine. Measured on the H200 (F = 8; docs/notes/split_kv_decode.md): ~1 us faster on
+# pairs go to the combine. Measured on the H200 (F = 8; docs/ops/split_kv_decode.md): ~1 us faster on
 # uniform batches, up to ~3.7 us slower on skewed ones (every CTA stalls on a fence + atomic at each fused
 # descriptor end, and the combine still runs for the long pair), so DEFAULT_FUSE_MAX = 0.
 DEFAULT_FUSE_MAX = 0
@@ -80,7 +80,7 @@ FUSE_ALL = 1 << 20
 AUTO_FUSE_ALL_MAX_CHUNKS = 9
 MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_heads / H * q_len <= 64
 # "auto" is the default: v3s2c4's finer grid balances better on batches without a dominant request (1-3 us faster
-# than v2 on 64x4K, 32x0.125K+32x4K, 2x32K+30x4K: docs/notes/split_kv_decode.md), but it cuts a long request into twice the chunks and the combine pays one more L2 round trip per 32 of them, so on
+# than v2 on 64x4K, 32x0.125K+32x4K, 2x32K+30x4K: docs/ops/split_kv_decode.md), but it cuts a long request into twice the chunks and the combine pays one more L2 round trip per 32 of them, so on
 # batches dominated by one long request (1x64K+15x4K, 1x64K+7x4K, 1x128K+31x4K: 171-342 chunks) v2 is faster.
 # AUTO_FALLBACK (v2) is also what BF16 KV, the static modes and an explicit num_ctas get.
 # With more than 8 query rows per (request, KV head) (q_len x GQA ratio > 8: MTP at 8:1, or 12:1 / 16:1), "auto" on FP8

@@ -4,7 +4,7 @@
 //   for all query rows of the GQA group (ratio heads x q_len tokens, causal among the q_len draft tokens).
 //   A pair (h, r) with one chunk writes bf16 output directly; otherwise an fp32 partial (normalized by its own
 //   sum) + natural-log LSE to its slot, merged by combine_kernel (or, v3 fused merge, by the pair's last CTA).
-// One kernel template, attention_kernel<Traits>, in two product layouts (docs/notes/split_kv_decode.md has the
+// One kernel template, attention_kernel<Traits>, in two product layouts (docs/ops/split_kv_decode.md has the
 // measurements that chose each):
 //   - row layout (Traits::TRANSPOSED = false; variant "v2", FP8 and BF16): S = Q K^T and O += P V on m16n8k16
 //     f16/bf16 MMAs with the 16 query rows of a row group as m. FP8 K/Q are converted to f16 (exact); V
@@ -1469,7 +1469,7 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 // BF16 KV runs the row layout under every transposed configuration (the transposed products are FP8 only).
 // spills-ok(TraitsILb1ELb1ELi2ELi4ELi1ELb0EE): transposed, 2 stages / 4 CTAs per SM caps the kernel at 128 registers and it spills 4
 // bytes; it is the configuration `auto` picks for batches without a dominant request, and the fastest there as
-// measured, spill included (docs/notes/split_kv_decode.md).
+// measured, spill included (docs/ops/split_kv_decode.md).
 // spills-ok(TraitsILb1ELb1ELi2ELi2ELi4ELb0EE): MTP NT = 4 ("v3m"): 128 O^T accumulators per thread, live across
 // descriptors, leave ~16 words over the 255-register cap (stack 64 B, after Q, the row scales and the causal limits
 // moved to shared memory and the epilogues to 16-row passes); the alternative, two 16-row groups, reads every K/V
