@@ -11,3 +11,6 @@ The CLI (hotpaths.harness.cli) imports these modules by name from OPS, so the ha
 # Op slugs, in notebook order; each has data/shapes/<op>.yaml, src/reference/<op>.py, src/kernels/<op>/,
 # this package's <op>.py, tests/test_<op>_*.py and a notebook (docs/adding_an_op.md).
 OPS = ("split_kv_decode", "attention_prologue", "router_gemm", "fused_moe")
+
+# Commands that are not one op's (each module has register(subparsers)): the fuzz sweep over every op.
+COMMANDS = ("fuzz",)

@@ -97,7 +97,8 @@ def check_cpu(cfg: dict) -> dict:
     loop = fm.fused_moe_loop(*args, **kw)
     if not torch.equal(emu, loop):
         d = (emu.double() - loop.double()).abs()
-        fails.append(f"plan-driven emulation != per-token loop ({int((d > 0).sum())} elements, max {float(d.max()):.3g})")
+        fails.append(f"plan-driven emulation != per-token loop ({int((d > 0).sum())} elements, "
+                     f"max {float(d.max()):.3g})")
     if not torch.isfinite(emu).all():
         fails.append("emulation output not finite")
     exact = fm.fused_moe_ref(*args, **kw)

@@ -1,0 +1,114 @@
+"""``hotpaths fuzz``: random configurations of each op vs its reference, outputs poisoned and every buffer guarded.
+
+The per-op generators and runners live in ``hotpaths.bench.<op>_fuzz`` (``fuzz_case``, ``fuzz_run``,
+``SANITIZE_CASES``); this module is the driver and the command. On an SM90 GPU the kernels run; elsewhere the
+emulations run against the exact references (the ``path`` column says which).
+
+``python -m hotpaths.bench.fuzz --sanitize-case OP`` runs the op's fixed SANITIZE_CASES once each, eagerly (no
+CUDA graphs), for compute-sanitizer (tools/gpu/sanitize.sh); it exits 1 if a case fails its checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from hotpaths.bench import OPS
+from hotpaths.harness import fuzzing, tables
+
+FUZZ_OPS = OPS
+
+
+def fuzz_module(op: str):
+    if op not in FUZZ_OPS:
+        raise ValueError(f"--op: expected one of {', '.join(FUZZ_OPS)}, got {op!r}")
+    return importlib.import_module(f"hotpaths.bench.{op}_fuzz")
+
+
+def on_kernel() -> bool:
+    from hotpaths.reference.common import sm90_skip_reason
+
+    return sm90_skip_reason() is None
+
+
+def run_fuzz(op: str, *, n: int, seed: int, config: str | None = None, save: bool = True,
+             progress=None) -> list[dict]:
+    """n drawn cases (or the one --config JSON case) of op; saves the table fuzz_<op> when save."""
+    mod = fuzz_module(op)
+    if config is not None:
+        cfg = json.loads(config)
+        rows = fuzzing.sweep(op, lambda draw, kernel: cfg, mod.fuzz_run, n=1, seed=seed, kernel=on_kernel(),
+                             progress=progress)
+    else:
+        rows = fuzzing.sweep(op, mod.fuzz_case, mod.fuzz_run, n=n, seed=seed, kernel=on_kernel(),
+                             progress=progress)
+    if save:
+        tables.save(rows, f"fuzz_{op}", title=f"fuzz {op}: {len(rows)} configurations, seed {seed}, "
+                    f"{sum(r['status'] != 'ok' for r in rows)} failures ({'kernel' if on_kernel() else 'CPU emulation'})")
+    return rows
+
+
+def _cmd(args) -> int:
+    ops = FUZZ_OPS if args.op == "all" else [args.op]
+    all_rows = []
+    for op in ops:
+        save = args.config is None and not args.no_save
+        rows = run_fuzz(op, n=args.n, seed=args.seed, config=args.config, save=save,
+                        progress=None if args.json else (lambda s: print(s, file=sys.stderr)))
+        all_rows += rows
+    if args.json:
+        print(tables.json_lines(all_rows))
+    for s in fuzzing.summary(all_rows).values():
+        print(f"fuzz {s['op']}: {s['tried']} configurations, {s['failed']} failures "
+              f"({'kernel' if on_kernel() else 'CPU emulation vs exact'})", file=sys.stderr)
+    return 1 if any(r["status"] != "ok" for r in all_rows) else 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "fuzz", help="random configurations vs the reference, guarded and poisoned buffers",
+        description="Draws --n configurations of --op from the supported space (seeded), runs each (SM90: the "
+        "kernel on buffers with canary guards before and after every output, workspace and cache, outputs "
+        "poisoned; checks the guards, untouched slots and the result vs the emulation; elsewhere: the emulations "
+        "vs the exact references) and writes the table fuzz_<op> (status, failures, the repro command of each "
+        "failure). --config JSON re-runs one case (the repro). Exit 1 if any case failed.")
+    p.add_argument("--op", choices=FUZZ_OPS + ("all",), required=True, help="op slug, or all")
+    p.add_argument("--n", type=int, default=50, help="configurations per op (default 50)")
+    p.add_argument("--seed", type=int, default=0, help="sweep seed (default 0)")
+    p.add_argument("--config", default=None, help="one configuration as JSON (a failure's repro); not saved")
+    p.add_argument("--no-save", action="store_true", help="do not write the fuzz_<op> table")
+    p.add_argument("--json", action="store_true", help="one JSON row per line")
+    p.set_defaults(func=_cmd)
+
+
+def sanitize_case(op: str) -> int:
+    """Run op's SANITIZE_CASES once each (eager launches); print one line per case; 1 if any failed its checks."""
+    mod = fuzz_module(op)
+    if not on_kernel():
+        print(f"sanitize {op}: no SM90 GPU; nothing launched", file=sys.stderr)
+        return 2
+    bad = 0
+    for i, cfg in enumerate(mod.SANITIZE_CASES):
+        res = mod.fuzz_run(cfg)
+        fails = res.get("failures", [])
+        bad += bool(fails)
+        print(f"sanitize {op} case {i}: {'ok' if not fails else 'FAIL: ' + '; '.join(fails)}")
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hotpaths.bench.fuzz")
+    p.add_argument("--sanitize-case", choices=FUZZ_OPS, required=True,
+                   help="run the op's fixed edge launches (for compute-sanitizer)")
+    p.add_argument("--case", type=int, default=None, help="only this case index")
+    args = p.parse_args(argv)
+    if args.case is not None:
+        mod = fuzz_module(args.sanitize_case)
+        mod.SANITIZE_CASES[:] = [mod.SANITIZE_CASES[args.case]]
+    return sanitize_case(args.sanitize_case)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
