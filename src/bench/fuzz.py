@@ -45,8 +45,9 @@ def run_fuzz(op: str, *, n: int, seed: int, config: str | None = None, save: boo
         rows = fuzzing.sweep(op, mod.fuzz_case, mod.fuzz_run, n=n, seed=seed, kernel=on_kernel(),
                              progress=progress)
     if save:
+        where = "kernel" if on_kernel() else "CPU emulation"
         tables.save(rows, f"fuzz_{op}", title=f"fuzz {op}: {len(rows)} configurations, seed {seed}, "
-                    f"{sum(r['status'] != 'ok' for r in rows)} failures ({'kernel' if on_kernel() else 'CPU emulation'})")
+                    f"{sum(r['status'] != 'ok' for r in rows)} failures ({where})")
     return rows
 
 
