@@ -1,10 +1,10 @@
 """Fuzzing the router GEMM: random M/N/K (non-multiples of 64 where the reference takes them), weight scales
 over several decades, checked against the exact FP64 reference.
 
-``check_cpu``: the BF16x2 split reconstructs every weight within its derived bound (split_error_bound), and
-the BF16x2 / BF16x3 emulations are within the elementwise bound of ``bound_failure`` of the exact product.
-``fuzz_run`` on an SM90 GPU: the kernel (a drawn variant and K split from kernel_candidates, or the tuned default) on a guarded output poisoned with
-NaN, vs the emulation within the FP32 summation-order bound.
+``check_cpu``: the BF16x2 split reconstructs every weight within its derived bound (split_error_bound), and the
+BF16x2 / BF16x3 emulations are within the elementwise bound of ``bound_failure`` of the exact product.
+``fuzz_run`` on an SM90 GPU: the kernel (a drawn variant and K split from kernel_candidates, or the tuned default)
+on a guarded output poisoned with NaN, vs the emulation within the FP32 summation-order bound.
 """
 
 from __future__ import annotations
