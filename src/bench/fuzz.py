@@ -90,21 +90,63 @@ def sanitize_case(op: str) -> int:
     if not on_kernel():
         print(f"sanitize {op}: no SM90 GPU; nothing launched", file=sys.stderr)
         return 2
+    fuzzing.REF_DEVICE = "cpu"  # only the op's launches (and a few copies) run instrumented
     bad = 0
     for i, cfg in enumerate(mod.SANITIZE_CASES):
-        res = mod.fuzz_run(cfg)
+        print(f"{fuzzing.CASE_MARK} {op} {i}", flush=True)
+        try:
+            res = mod.fuzz_run(cfg)
+        except Exception as exc:  # noqa: BLE001 - reported per case; the next case still runs
+            res = {"failures": [f"{type(exc).__name__}: {exc}"]}
         fails = res.get("failures", [])
         bad += bool(fails)
-        print(f"sanitize {op} case {i}: {'ok' if not fails else 'FAIL: ' + '; '.join(fails)}")
+        print(f"sanitize {op} case {i}: {'ok' if not fails else 'FAIL: ' + '; '.join(fails)}", flush=True)
     return 1 if bad else 0
+
+
+def sanitizer_table(log_dir: str, *, device: str | None = None) -> list[dict]:
+    """Rows (tool, op, case, errors, ...) from the logs <tool>__<op>.log that tools/gpu/sanitize.sh wrote: one row
+    per case (reports attributed by the case markers) and one per (tool, op) with the ERROR SUMMARY total; a run
+    without a summary (the tool refused or the process died) is a row saying so with the log's last line."""
+    from pathlib import Path
+
+    rows = []
+    for log in sorted(Path(log_dir).glob("*__*.log")):
+        tool, op = log.stem.split("__", 1)
+        text = log.read_text(errors="replace")
+        r = fuzzing.parse_sanitizer_log(text)
+        n_cases = len(fuzz_module(op).SANITIZE_CASES)
+        for i in range(n_cases):
+            rows.append({"op": op, "tool": tool, "case": str(i), "device": device,
+                         "errors": r["per_case"].get(i) if i in r["per_case"] else None,
+                         "checks": r["case_status"].get(i, "not reached"),
+                         "config": fuzzing.config_json(fuzz_module(op).SANITIZE_CASES[i])})
+        tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or [""]
+        rows.append({"op": op, "tool": tool, "case": "all", "device": device, "errors": r["summary"],
+                     "checks": "" if r["summary"] is not None else f"no ERROR SUMMARY (tool refused or died): "
+                     f"{tail[0][:200]}", "first_report": r["first"]})
+    return rows
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hotpaths.bench.fuzz")
-    p.add_argument("--sanitize-case", choices=FUZZ_OPS, required=True,
-                   help="run the op's fixed edge launches (for compute-sanitizer)")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--sanitize-case", choices=FUZZ_OPS, help="run the op's fixed edge launches (for compute-sanitizer)")
+    g.add_argument("--sanitize-table", metavar="LOG_DIR", help="write the sanitizer table from the logs in LOG_DIR")
     p.add_argument("--case", type=int, default=None, help="only this case index")
     args = p.parse_args(argv)
+    if args.sanitize_table:
+        from hotpaths.harness import env
+
+        rows = sanitizer_table(args.sanitize_table, device=env.device_info().get("device"))
+        if not rows:
+            print(f"no <tool>__<op>.log files in {args.sanitize_table}", file=sys.stderr)
+            return 2
+        paths = tables.save(rows, "sanitizer", title="compute-sanitizer over each kernel family (edge cases)")
+        print(tables.to_markdown(tables.normalize(rows)))
+        print(f"wrote {paths[0]} and {paths[1]}", file=sys.stderr)
+        total = [r["errors"] for r in rows if r["case"] == "all"]
+        return 0 if all(e == 0 for e in total) else 1
     if args.case is not None:
         mod = fuzz_module(args.sanitize_case)
         mod.SANITIZE_CASES[:] = [mod.SANITIZE_CASES[args.case]]

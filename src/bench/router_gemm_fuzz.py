@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from hotpaths.harness import fuzzing
 from hotpaths.harness.fuzzing import Draw, GuardedBuffers, unchanged
 from hotpaths.reference import router_gemm as ref
 
@@ -94,8 +95,9 @@ def fuzz_run(cfg: dict) -> dict:
     K.router_gemm(x, weights, impl=impl, out=out, variant=cfg["variant"], splits=cfg["splits"])
     torch.cuda.synchronize()
     fails = g.violations() + unchanged(x_before, x, name="x")
-    emu = (ref.bf16x3_emulation if cfg["parts"] == 3 else ref.bf16x2_emulation)(x_host.to(dev), w_host.to(dev))
-    bad = bound_failure(out, emu, x, weights.w if hasattr(weights, "w") else w_host.to(dev), 0.0)
+    rdev = fuzzing.REF_DEVICE  # the GPU (fast), or the CPU under compute-sanitizer
+    emu = (ref.bf16x3_emulation if cfg["parts"] == 3 else ref.bf16x2_emulation)(x_host.to(rdev), w_host.to(rdev))
+    bad = bound_failure(out.to(rdev), emu, x_host.to(rdev), w_host.to(rdev), 0.0)
     if bad:
         fails.append(f"kernel vs emulation (same split, any FP32 summation order): {bad}")
     return {"failures": fails, "path": f"kernel {impl} {cfg['variant']}/{cfg['splits']} vs emulation"}

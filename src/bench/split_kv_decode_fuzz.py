@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from hotpaths.harness import fuzzing
 from hotpaths.harness.check import check
 from hotpaths.harness.fuzzing import Draw, GuardedBuffers, unchanged
 from hotpaths.reference import split_kv_decode as ref
@@ -133,10 +134,11 @@ def fuzz_run(cfg: dict) -> dict:
         bad = ref.compare_workspaces(p.workspace.cpu().numpy(), tm)
         if bad:
             fails.append(f"device task map differs from the host one: {bad}")
-    dev_inputs = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in host.items()}  # GPU: fast
+    rdev = fuzzing.REF_DEVICE  # the GPU (fast), or the CPU under compute-sanitizer
+    dev_inputs = {k: (v.to(rdev) if isinstance(v, torch.Tensor) else v) for k, v in host.items()}
     emu = ref.split_kv_decode_emulation(**dev_inputs, task_map=tm, p_dtype=K.p_dtype_for(cfg["kv_dtype"] == "fp8"))
     path = f"{cfg['kv_dtype']}_vs_emulation"
-    res = check(out, emu, op=OP, path=path)
+    res = check(out.to(rdev), emu, op=OP, path=path)
     if not res.passed:
         fails.append(f"kernel vs emulation ({path}): {res}")
     return {"failures": fails, "path": f"kernel {cfg['variant']}/{cfg['mode']} {path}"}

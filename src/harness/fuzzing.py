@@ -9,6 +9,7 @@ seeded numpy generator), and ``fuzz_run(cfg) -> dict`` returning ``{"failures": 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -109,19 +110,15 @@ class GuardedBuffers:
         return self.alloc(name, tuple(t.shape), t.dtype, t.device, fill=t)
 
     def violations(self) -> list[str]:
-        import torch
-
         bad = []
         for name, (raw, nbytes) in self._bufs.items():
-            for side, seg, base in (("before", raw[:self.guard], -self.guard),
-                                    ("after", raw[self.guard + nbytes:], nbytes)):
+            for side, seg in (("before", raw[:self.guard]), ("after", raw[self.guard + nbytes:])):
                 diff = (seg != self.pattern).nonzero()
                 if diff.numel():
-                    off = int(diff[0, 0]) + base
-                    val = int(seg[int(diff[0, 0])])
-                    bad.append(f"{name}: guard {side} the buffer overwritten ({int(diff.shape[0])} bytes, first at "
-                               f"byte offset {off}, value 0x{val:02x})")
-        del torch
+                    i = int(diff[0, 0]) if side == "after" else int(diff[-1, 0])
+                    where = f"{i} bytes past its end" if side == "after" else f"{self.guard - i} bytes before its start"
+                    bad.append(f"{name}: guard {side} the buffer overwritten ({int(diff.shape[0])} bytes; nearest "
+                               f"{where}, value 0x{int(seg[i]):02x})")
         return bad
 
 
@@ -180,3 +177,40 @@ def summary(rows: list[dict]) -> dict:
         s["tried"] += 1
         s["failed"] += r["status"] != "ok"
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# compute-sanitizer logs
+
+# Where the fuzz runners compute their reference results: "cuda" (fast) or "cpu" (under compute-sanitizer, so that
+# only the op's own launches and a few copies run instrumented).
+REF_DEVICE = "cuda"
+
+CASE_MARK = "hotpaths-sanitize-case"  # the driver prints "<CASE_MARK> <op> <index>" before each case
+_SUMMARY = re.compile(r"^=+ ERROR SUMMARY: (\d+) errors?", re.M)
+_NOT_REPORTS = ("ERROR SUMMARY", "COMPUTE-SANITIZER", "RACECHECK SUMMARY", "LEAK SUMMARY", "Target application")
+
+
+def parse_sanitizer_log(text: str) -> dict:
+    """Parse one compute-sanitizer run of the sanitize driver: ``summary`` (the ERROR SUMMARY count, None when the
+    tool printed none: it refused or died), ``per_case`` {case index: reports} (first lines of reports, i.e.
+    '========= X...' lines not indented, attributed to the last case marker before them), ``first`` (the first
+    report line, '' when none) and ``case_status`` {case index: the driver's ok/FAIL line}."""
+    m = _SUMMARY.findall(text)
+    summary = int(m[-1]) if m else None
+    per_case: dict = {}
+    status: dict = {}
+    first, case = "", None
+    for line in text.splitlines():
+        if line.startswith(CASE_MARK):
+            case = int(line.split()[-1])
+            per_case.setdefault(case, 0)
+            continue
+        if line.startswith("sanitize ") and " case " in line and case is not None:
+            status[case] = line.split(": ", 1)[-1]
+        if line.startswith("========= ") and not line.startswith("=========  ") and \
+                not any(k in line for k in _NOT_REPORTS):
+            if case is not None:
+                per_case[case] = per_case.get(case, 0) + 1
+            first = first or line[10:].strip()
+    return {"summary": summary, "per_case": per_case, "first": first, "case_status": status}
