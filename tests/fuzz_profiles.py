@@ -1,12 +1,12 @@
 """Hypothesis settings of the fuzz tests (tests/test_fuzz_*.py): profile "ci" (default) is a fixed, derandomized
-example budget (all four fuzz files in well under a minute on two slow cores); HYPOTHESIS_PROFILE=long draws many
+example budget (all four fuzz files in about a minute on two busy cores, measured); HYPOTHESIS_PROFILE=long draws many
 more cases with a random seed for local runs. No deadline: a case's time depends on its drawn sizes."""
 
 import os
 
 from hypothesis import HealthCheck, settings
 
-CI_EXAMPLES = 40
+CI_EXAMPLES = 300
 settings.register_profile("ci", max_examples=CI_EXAMPLES, deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("long", max_examples=2000, deadline=None, print_blob=True,

@@ -60,7 +60,22 @@ def make_inputs(cfg: dict) -> dict:
                              routing="random" if cfg["routing"] == "drawn" else cfg["routing"], rank=cfg["rank"])
     if cfg["routing"] == "drawn":
         inp["topk_ids"] = torch.tensor(cfg["ids"], dtype=torch.int32).reshape(cfg["tokens"], cfg["topk"])
+        if cfg["scales"] == "pertensor":  # the static a2_scale was calibrated on the generator's routing: redo it
+            inp["a2_scale"] = _a2_scale(inp)
     return inp
+
+
+def _a2_scale(inp: dict) -> torch.Tensor:
+    """amax(silu(g) * u) over the local pairs of inp's routing / FP8_MAX, as make_moe_inputs calibrates it."""
+    fm = _ref()
+    e, off, i = inp["num_experts"], inp["expert_offset"], inp["inter"]
+    loc = inp["topk_ids"].long() - off
+    amax = torch.zeros(())
+    for ex in torch.unique(loc[(loc >= 0) & (loc < e)]).tolist():
+        tok = torch.nonzero((loc == ex).any(dim=1)).flatten()
+        w = fm.dequant_weight(inp["w13"][ex], inp["w13_scale"][ex].reshape(()), dtype=torch.float32)
+        amax = torch.maximum(amax, fm.silu_mul(inp["x"][tok].float() @ w.T, i).float().abs().amax())
+    return (torch.clamp(amax, min=fm.GROUP_EPS) / fm.FP8_MAX).reshape(1).float()
 
 
 def plan_failures(ids: np.ndarray, plan, num_experts: int, expert_offset: int) -> list[str]:
