@@ -18,7 +18,7 @@ from hotpaths.reference import split_kv_decode as dref
 
 def _moe_ref():
     return pytest.importorskip("hotpaths.reference.fused_moe",
-                               reason="hotpaths.reference.fused_moe (the MoE reference) has not landed in this checkout")
+                               reason="hotpaths.reference.fused_moe (the MoE reference) has not landed here yet")
 
 
 def _no_failures(res):

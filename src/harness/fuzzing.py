@@ -127,6 +127,8 @@ def unchanged(before, after, mask=None, *, name: str) -> list[str]:
     True: slots the op must not write."""
     import torch
 
+    if before.numel() == 0:
+        return []
     b = before.detach().contiguous().view(torch.uint8).reshape(before.shape[0], -1) if before.dim() else before
     a = after.detach().contiguous().view(torch.uint8).reshape(after.shape[0], -1) if after.dim() else after
     diff = (a != b).any(dim=1) if a.dim() == 2 else (a != b)
