@@ -4,6 +4,7 @@ Skipped until the reference module hotpaths.reference.fused_moe is in the tree. 
 
 import pytest
 
+pytest.importorskip("hypothesis", reason="hypothesis (the dev extra) is not installed")
 pytest.importorskip("hotpaths.reference.fused_moe",
                     reason="hotpaths.reference.fused_moe (the MoE reference) has not landed in this checkout")
 

@@ -2,11 +2,15 @@
 configuration; the assertion prints it as a `hotpaths fuzz --op split_kv_decode --config ...` command.
 Budget: tests/fuzz_profiles.py."""
 
-from fuzz_profiles import run_case
-from hypothesis import given
-from hypothesis import strategies as st
+import pytest
 
-from hotpaths.bench import split_kv_decode_fuzz as F
+pytest.importorskip("hypothesis", reason="hypothesis (the dev extra) is not installed")
+
+from fuzz_profiles import run_case  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from hotpaths.bench import split_kv_decode_fuzz as F  # noqa: E402
 
 
 @given(st.data())
