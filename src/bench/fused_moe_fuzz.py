@@ -14,6 +14,7 @@ ModuleNotFoundError naming it.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import numpy as np
 import torch
@@ -27,6 +28,13 @@ ROUTINGS = ("random", "one_expert", "hot_expert", "duplicates", "skip", "half_ex
 
 def _ref():
     return importlib.import_module("hotpaths.reference.fused_moe")
+
+
+def unavailable_reason() -> str | None:
+    """Why this op cannot be fuzzed in this checkout (its reference module is missing), or None."""
+    if importlib.util.find_spec("hotpaths.reference.fused_moe") is None:
+        return "hotpaths.reference.fused_moe (the MoE reference) is not in this checkout"
+    return None
 
 
 def fuzz_case(draw: Draw, *, kernel: bool = False) -> dict:

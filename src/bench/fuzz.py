@@ -33,9 +33,10 @@ def on_kernel() -> bool:
     return sm90_skip_reason() is None
 
 
-def run_fuzz(op: str, *, n: int, seed: int, config: str | None = None, save: bool = True,
+def run_fuzz(op: str, *, n: int, seed: int, config: str | None = None, save: bool = True, out_dir=None,
              progress=None) -> list[dict]:
-    """n drawn cases (or the one --config JSON case) of op; saves the table fuzz_<op> when save."""
+    """n drawn cases (or the one --config JSON case) of op; saves the table fuzz_<op> when save (in out_dir, default
+    hotpaths.harness.runs.results_dir())."""
     mod = fuzz_module(op)
     if config is not None:
         cfg = json.loads(config)
@@ -46,7 +47,7 @@ def run_fuzz(op: str, *, n: int, seed: int, config: str | None = None, save: boo
                              progress=progress)
     if save:
         where = "kernel" if on_kernel() else "CPU emulation"
-        tables.save(rows, f"fuzz_{op}", title=f"fuzz {op}: {len(rows)} configurations, seed {seed}, "
+        tables.save(rows, f"fuzz_{op}", out_dir=out_dir, title=f"fuzz {op}: {len(rows)} configurations, seed {seed}, "
                     f"{sum(r['status'] != 'ok' for r in rows)} failures ({where})")
     return rows
 
@@ -55,8 +56,14 @@ def _cmd(args) -> int:
     ops = FUZZ_OPS if args.op == "all" else [args.op]
     all_rows = []
     for op in ops:
+        reason = getattr(fuzz_module(op), "unavailable_reason", lambda: None)()
+        if reason:
+            print(f"fuzz {op}: skipped: {reason}", file=sys.stderr)
+            if args.op != "all":
+                return 1
+            continue
         save = args.config is None and not args.no_save
-        rows = run_fuzz(op, n=args.n, seed=args.seed, config=args.config, save=save,
+        rows = run_fuzz(op, n=args.n, seed=args.seed, config=args.config, save=save, out_dir=args.out_dir,
                         progress=None if args.json else (lambda s: print(s, file=sys.stderr)))
         all_rows += rows
     if args.json:
@@ -80,6 +87,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="sweep seed (default 0)")
     p.add_argument("--config", default=None, help="one configuration as JSON (a failure's repro); not saved")
     p.add_argument("--no-save", action="store_true", help="do not write the fuzz_<op> table")
+    p.add_argument("--out-dir", default=None, help="folder of the fuzz_<op> table (default: the results dir, "
+                   "scratch/results/<device>/ outside `hotpaths reproduce`; data/results/<device> to commit it)")
     p.add_argument("--json", action="store_true", help="one JSON row per line")
     p.set_defaults(func=_cmd)
 
@@ -89,6 +98,10 @@ def sanitize_case(op: str) -> int:
     mod = fuzz_module(op)
     if not on_kernel():
         print(f"sanitize {op}: no SM90 GPU; nothing launched", file=sys.stderr)
+        return 2
+    reason = getattr(mod, "unavailable_reason", lambda: None)()
+    if reason:
+        print(f"sanitize {op}: skipped: {reason}", flush=True)
         return 2
     fuzzing.REF_DEVICE = "cpu"  # only the op's launches (and a few copies) run instrumented
     bad = 0
@@ -134,6 +147,7 @@ def main(argv=None) -> int:
     g.add_argument("--sanitize-case", choices=FUZZ_OPS, help="run the op's fixed edge launches (for compute-sanitizer)")
     g.add_argument("--sanitize-table", metavar="LOG_DIR", help="write the sanitizer table from the logs in LOG_DIR")
     p.add_argument("--case", type=int, default=None, help="only this case index")
+    p.add_argument("--out-dir", default=None, help="folder of the sanitizer table (default: the results dir)")
     args = p.parse_args(argv)
     if args.sanitize_table:
         from hotpaths.harness import env
@@ -142,7 +156,8 @@ def main(argv=None) -> int:
         if not rows:
             print(f"no <tool>__<op>.log files in {args.sanitize_table}", file=sys.stderr)
             return 2
-        paths = tables.save(rows, "sanitizer", title="compute-sanitizer over each kernel family (edge cases)")
+        paths = tables.save(rows, "sanitizer", out_dir=args.out_dir,
+                            title="compute-sanitizer over each kernel family (edge cases)")
         print(tables.to_markdown(tables.normalize(rows)))
         print(f"wrote {paths[0]} and {paths[1]}", file=sys.stderr)
         total = [r["errors"] for r in rows if r["case"] == "all"]

@@ -7,7 +7,8 @@
 # One command on the GPU machine:   bash tools/gpu/sanitize.sh            (about 5 minutes on an H200)
 #   OPS="split_kv_decode router_gemm" TOOLS="memcheck" bash tools/gpu/sanitize.sh    a subset
 # Environment: SANITIZER (default /usr/local/cuda/bin/compute-sanitizer, else the one on PATH), PYTHON (python3),
-#   PER_RUN_TIMEOUT seconds per sanitizer run (default 150), OUT (default ./gpu_out).
+#   PER_RUN_TIMEOUT seconds per sanitizer run (default 150), OUT (default ./gpu_out), SANITIZER_FLAGS extra options
+#   for every tool (default "--print-limit 50"), RESULTS_DIR (default data/results/<device tag>).
 # Exit status: 0 when every (tool, op) reports 0 errors, 1 otherwise, 2 when nothing could run.
 set -uo pipefail
 
@@ -25,11 +26,10 @@ mkdir -p "$logs"
 rm -f "$logs"/*__*.log
 export PYTHONUNBUFFERED=1
 
-if ! "$py" -c "import hotpaths" 2>/dev/null; then  # a checkout without `pip install -e .`: link the package
-  link="${HP_LINK_DIR:-/tmp/hp}"
-  mkdir -p "$link" && ln -sfn "$root/src" "$link/hotpaths"
-  export PYTHONPATH="$link${PYTHONPATH:+:$PYTHONPATH}"
-fi
+# this checkout's package first (works without `pip install -e .`, and wins over another installed copy)
+link="${HP_LINK_DIR:-/tmp/hp}"
+mkdir -p "$link" && ln -sfn "$root/src" "$link/hotpaths"
+export PYTHONPATH="$link${PYTHONPATH:+:$PYTHONPATH}"
 
 # Build the kernels and check the cases once without a sanitizer (compilation must not count against the tools'
 # time, and a case that fails its own checks is worth knowing before reading sanitizer reports).
@@ -47,9 +47,8 @@ else
   for op in $ops; do
     start=$(date +%s)
     for tool in $tools; do  # the four tools of one op side by side (each mostly waits on its own instrumentation)
-      extra=()
-      [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
-      timeout "$per_run" "$san" --tool "$tool" --print-limit 50 --show-backtrace device "${extra[@]}" \
+      # shellcheck disable=SC2086  # SANITIZER_FLAGS is a list of options
+      timeout "$per_run" "$san" --tool "$tool" ${SANITIZER_FLAGS---print-limit 50} \
         "$py" -m hotpaths.bench.fuzz --sanitize-case "$op" > "$logs/${tool}__${op}.log" 2>&1 &
     done
     wait
@@ -57,4 +56,5 @@ else
   done
 fi
 
-"$py" -m hotpaths.bench.fuzz --sanitize-table "$logs"
+tag="$("$py" -c 'from hotpaths.reference.common import device_tag; print(device_tag())')"
+"$py" -m hotpaths.bench.fuzz --sanitize-table "$logs" --out-dir "${RESULTS_DIR:-$root/data/results/$tag}"
