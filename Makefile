@@ -30,7 +30,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt Makefile
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -c constraints/cpu.txt -e ".[dev,lab]"
+	$(BIN)/python -m pip install -q -c constraints/cpu.txt -e ".[dev,lab,lint]"
 	touch $@
 
 reproduce: setup

@@ -12,6 +12,6 @@ The CLI (hotpaths.harness.cli) imports these modules by name from OPS, so the ha
 # this package's <op>.py, tests/test_<op>_*.py and a notebook (docs/adding_an_op.md).
 OPS = ("split_kv_decode", "attention_prologue", "router_gemm", "fused_moe")
 
-# Commands that are not ops (compose ops or read their tables), registered the same way (register(subparsers)):
-# hotpaths step (hotpaths.bench.decode_step) and the report's README updater (hotpaths.bench.report).
-COMMANDS = ("decode_step", "report")
+# Commands that are not one op's (each module has register(subparsers)): hotpaths step (decode_step), the report's
+# README updater (report) and the fuzz sweep over every op (fuzz).
+COMMANDS = ("decode_step", "report", "fuzz")

@@ -11,8 +11,7 @@ import importlib
 import json
 import sys
 
-import hotpaths.bench
-from hotpaths.bench import OPS
+from hotpaths.bench import COMMANDS, OPS
 from hotpaths.harness import bench, ceilings, env, tables
 from hotpaths.harness.reproduce import reproduce
 from hotpaths.harness.shapes import positive_int_arg
@@ -92,9 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Op subcommands: each op's benchmark module registers its own (hotpaths.bench.<op>.register); imported by
     # name so the generic harness has no import edge to any op.
-    # Non-op commands (hotpaths step, ...) come from hotpaths.bench.COMMANDS the same way.
-    names = list(OPS) + [c for c in getattr(hotpaths.bench, "COMMANDS", ()) if c not in OPS]
-    for modname in [f"hotpaths.bench.{name}" for name in names]:
+    # Extra commands (hotpaths.bench.COMMANDS, e.g. fuzz) register the same way.
+    for modname in [f"hotpaths.bench.{name}" for name in OPS + COMMANDS]:
         try:
             mod = importlib.import_module(modname)
         except ModuleNotFoundError as exc:  # an op not built yet in this checkout

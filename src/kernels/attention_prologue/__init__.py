@@ -191,7 +191,8 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
             int(cfg.norm_order == "rope_norm"), int(cfg.rope == "interleaved"), _Q_MODE[cfg.q_mode],
             int(cfg.kv_fp8), int(bool(pdl)), _TRIGGER_CODE[trig], items, int(bool(early_inputs)),
             stream_ptr(dev))
-        check_status(code, "attention_prologue")
+        check_status(code, f"attention_prologue (tokens={T}, q_heads={cfg.q_heads}, kv_heads={cfg.kv_heads}, "
+                            f"head_dim={D}, rotary_dim={cfg.rotary_dim}, q_mode={cfg.q_mode}, kv_fp8={cfg.kv_fp8})")
     return q_out, q_scale_out
 
 

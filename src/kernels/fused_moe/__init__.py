@@ -229,7 +229,8 @@ class MoEPlan:
         code = _lib().hp_moe_route(_ptr(self.topk_ids), _ptr(self.workspace), self.num_tokens * self.topk,
                                    self.num_experts, self.expert_offset, self.max_pairs, self.block_m, int(pdl),
                                    _stream(self.device))
-        _check(code, "hp_moe_route")
+        _check(code, f"fused_moe route (tokens={self.num_tokens}, topk={self.topk}, experts={self.num_experts}, "
+                     f"expert_offset={self.expert_offset}, block_m={self.block_m})")
 
     def buffers(self, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(act bf16 [max_pairs, I], ybuf bf16 [max_pairs, H]), allocated once per (H, I)."""
@@ -416,15 +417,19 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
         _check(lib.hp_moe_gate_up(_ptr(p.workspace), _ptr(x), _ptr(w13), _ptr(w13_scale), _ptr(a1_scale), _ptr(act),
                                   p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), _ptr(sk_gu),
                                   stream),
-               "hp_moe_gate_up")
+               f"fused_moe gate_up (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, I={i}, "
+               f"scales={scales}, block_m={p.block_m})")
     if "down" in todo:
         _check(lib.hp_moe_down(_ptr(p.workspace), _ptr(act), _ptr(w2), _ptr(w2_scale), _ptr(a2_scale), _ptr(ybuf),
                                p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), _ptr(sk_dn),
                                stream),
-               "hp_moe_down")
+               f"fused_moe down (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, I={i}, "
+               f"scales={scales}, block_m={p.block_m})")
     if "reduce" in todo:
         _check(lib.hp_moe_reduce(_ptr(p.topk_ids), _ptr(topk_weights), _ptr(ybuf), _ptr(shared_out), _ptr(out), t,
-                                 p.topk, p.num_experts, p.expert_offset, h, int(pdl), stream), "hp_moe_reduce")
+                                 p.topk, p.num_experts, p.expert_offset, h, int(pdl), stream),
+               f"fused_moe reduce (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, "
+               f"expert_offset={p.expert_offset})")
     return out
 
 

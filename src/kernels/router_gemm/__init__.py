@@ -524,7 +524,7 @@ def _run_kernel(x, weights, out, *, parts, variant="auto", splits=0):
                                         ptr(ws), max(nws, 0), stream_ptr(x.device))
     if code == 1:  # cudaErrorInvalidValue: a shape/config the C side refuses
         kernel_config(m, n, k, variant=variant, splits=splits)  # raises the descriptive ValueError
-    check_status(code, f"hp_router_gemm(M={m}, N={n}, K={k}, parts={parts}, variant={variant})")
+    check_status(code, f"router_gemm kernel (M={m}, N={n}, K={k}, parts={parts}, variant={variant})")
     return out
 
 

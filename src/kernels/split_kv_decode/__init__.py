@@ -271,7 +271,8 @@ class DecodePlan:
                 code = _load().hp_decode_assign(kv_lens.data_ptr(), self.workspace.data_ptr(), batch,
                                                 self.num_kv_heads, self.num_ctas, self.min_tiles, self.max_pairs,
                                                 stream_ptr(kv_lens.device))
-            check_status(code, "split_kv_decode assign")
+            check_status(code, f"split_kv_decode assign (batch={batch}, kv_heads={self.num_kv_heads}, "
+                              f"num_ctas={self.num_ctas}, max_pairs={self.max_pairs})")
         return self
 
 
@@ -501,7 +502,8 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
         fuse = p.fuse_max if (p.variant in V3_CONFIGS and fp8) else 0  # BF16 runs the v2 kernel: no fused merge
         if stages != "combine":
             code = lib.hp_decode_attention(*args, CONFIGS[p.variant], ptr(p.counters), fuse)
-            check_status(code, f"split_kv_decode attention ({p.variant})")
+            check_status(code, f"split_kv_decode attention (variant={p.variant}, mode={p.mode}, batch={batch}, "
+                               f"q_heads={q_heads}, kv_heads={H}, q_len={q_len}, page_size={page_size})")
         if stages == "attention" or fuse >= FUSE_ALL:  # fuse-all: the attention kernel wrote every row
             return out
         # the v3 and v2f* variants run the online combine (which also skips v3's fused pairs), v2 the two-pass one
@@ -509,7 +511,8 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
         code = lib.hp_decode_combine(kv_lens.data_ptr(), out.data_ptr(), p.partial_o.data_ptr(),
                                      p.partial_lse.data_ptr(), p.workspace.data_ptr(), batch, H, q_heads, q_len,
                                      p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, 1, s, online, fuse)
-        check_status(code, "split_kv_decode combine")
+        check_status(code, f"split_kv_decode combine (variant={p.variant}, mode={p.mode}, batch={batch}, "
+                           f"q_heads={q_heads}, kv_heads={H}, q_len={q_len})")
     return out
 
 

@@ -1,0 +1,189 @@
+"""Fuzzing the fused FP8 MoE: routings with duplicate ids, -1 slots, everything on one expert, empty experts, an
+expert offset (EP ranks), per-tensor and block scales, intermediate sizes incl. 192, small hidden sizes.
+
+``check_cpu``: the host routing plan's invariants (every valid (token, slot) placed once, contiguous expert
+ranges, stable order within an expert, tiles covering each range once), the plan-driven emulation equal to the
+per-token loop bit for bit, and the emulation vs the exact reference within the tolerance row. ``fuzz_run`` on an
+SM90 GPU: the route kernel's workspace equal to the host plan byte for byte, then the expert layer on guarded,
+poisoned buffers (workspace, act, ybuf, out) vs the emulation.
+
+The reference module (hotpaths.reference.fused_moe) is imported lazily: without it ``check_cpu`` raises
+ModuleNotFoundError naming it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import numpy as np
+import torch
+
+from hotpaths.harness.check import check
+from hotpaths.harness.fuzzing import Draw, GuardedBuffers, unchanged
+
+OP = "fused_moe"
+ROUTINGS = ("random", "one_expert", "hot_expert", "duplicates", "skip", "half_experts", "drawn")
+
+
+def _ref():
+    return importlib.import_module("hotpaths.reference.fused_moe")
+
+
+def unavailable_reason() -> str | None:
+    """Why this op cannot be fuzzed in this checkout (its reference module is missing), or None."""
+    if importlib.util.find_spec("hotpaths.reference.fused_moe") is None:
+        return "hotpaths.reference.fused_moe (the MoE reference) is not in this checkout"
+    return None
+
+
+def fuzz_case(draw: Draw, *, kernel: bool = False) -> dict:
+    """experts 1-16 (tp8ep1: all local) or 8 ranks of 1-4 (tp1ep8: an expert offset), top-k up to 8, hidden
+    64-256 (CPU) / up to 1024 (GPU), intermediate per rank 64-256 incl. 192, tokens incl. 0/1 and block_m
+    boundaries; routing "drawn" = ids drawn one by one from [-1, experts_total) (duplicates and -1 included)."""
+    mode = draw.choice(("tp8ep1", "tp1ep8"))
+    local = draw.integer(1, 16) if mode == "tp8ep1" else draw.integer(1, 4)
+    total = local * (8 if mode == "tp1ep8" else 1)
+    topk = draw.integer(1, min(8, total))
+    tokens = draw.choice((0, 1, 2, 7, 8, 15, 16, 17, 32, 33)) if draw.boolean() else draw.integer(0, 300 if kernel
+                                                                                                   else 40)
+    cfg = dict(tokens=tokens, mode=mode, experts=total, topk=topk, rank=draw.integer(0, 7) if mode == "tp1ep8" else 0,
+               hidden=64 * draw.integer(1, 16 if kernel else 4), inter=draw.choice((64, 128, 192, 256)),
+               scales=draw.choice(("pertensor", "block")), routing=draw.choice(ROUTINGS),
+               block_m=draw.choice((8, 16, 32, 64)), spare_tokens=draw.integer(0, 5), seed=draw.integer(0, 2**16))
+    if cfg["routing"] == "drawn":
+        cfg["ids"] = [[draw.integer(-1, total - 1) for _ in range(topk)] for _ in range(tokens)]
+    if kernel:
+        cfg["kernel"] = True
+    return cfg
+
+
+def make_inputs(cfg: dict) -> dict:
+    """make_moe_inputs for the config (inter is per rank: the whole model's is 8x in tp8ep1), with the drawn ids
+    swapped in for routing "drawn"."""
+    fm = _ref()
+    whole_inter = cfg["inter"] * (8 if cfg["mode"] == "tp8ep1" else 1)
+    inp = fm.make_moe_inputs(cfg["tokens"], mode=cfg["mode"], experts=cfg["experts"], topk=cfg["topk"],
+                             hidden=cfg["hidden"], inter=whole_inter, scales=cfg["scales"], seed=cfg["seed"],
+                             routing="random" if cfg["routing"] == "drawn" else cfg["routing"], rank=cfg["rank"])
+    if cfg["routing"] == "drawn":
+        inp["topk_ids"] = torch.tensor(cfg["ids"], dtype=torch.int32).reshape(cfg["tokens"], cfg["topk"])
+        if cfg["scales"] == "pertensor":  # the static a2_scale was calibrated on the generator's routing: redo it
+            inp["a2_scale"] = _a2_scale(inp)
+    return inp
+
+
+def _a2_scale(inp: dict) -> torch.Tensor:
+    """amax(silu(g) * u) over the local pairs of inp's routing / FP8_MAX, as make_moe_inputs calibrates it."""
+    fm = _ref()
+    e, off, i = inp["num_experts"], inp["expert_offset"], inp["inter"]
+    loc = inp["topk_ids"].long() - off
+    amax = torch.zeros(())
+    for ex in torch.unique(loc[(loc >= 0) & (loc < e)]).tolist():
+        tok = torch.nonzero((loc == ex).any(dim=1)).flatten()
+        w = fm.dequant_weight(inp["w13"][ex], inp["w13_scale"][ex].reshape(()), dtype=torch.float32)
+        amax = torch.maximum(amax, fm.silu_mul(inp["x"][tok].float() @ w.T, i).float().abs().amax())
+    return (torch.clamp(amax, min=fm.GROUP_EPS) / fm.FP8_MAX).reshape(1).float()
+
+
+def plan_failures(ids: np.ndarray, plan, num_experts: int, expert_offset: int) -> list[str]:
+    """The plan's invariants, checked independently of the reference's own check_plan (which runs too)."""
+    fm = _ref()
+    bad = [f"check_plan: {b}" for b in fm.check_plan(plan, ids)]
+    loc = ids.reshape(-1).astype(np.int64) - expert_offset
+    valid = np.nonzero((loc >= 0) & (loc < num_experts))[0]
+    nv = plan.num_valid
+    placed = plan.sorted_pairs[:nv].astype(np.int64)
+    if nv != len(valid) or not np.array_equal(np.sort(placed), valid):
+        bad.append(f"placed pairs are not the {len(valid)} valid (token, slot) pairs once each")
+        return bad
+    offs = plan.expert_offsets.astype(np.int64)
+    for e in range(num_experts):
+        seg = placed[offs[e]:offs[e + 1]]
+        if len(seg) != int((loc[valid] == e).sum()) or (len(seg) and ((loc[seg] != e).any()
+                                                                       or (np.diff(seg) <= 0).any())):
+            bad.append(f"expert {e}: its range is not exactly its pairs in increasing (stable) order")
+            break
+    return bad
+
+
+def check_cpu(cfg: dict) -> dict:
+    fm = _ref()
+    inp = make_inputs(cfg)
+    args, kw = fm.call_args(inp)
+    e, off = inp["num_experts"], inp["expert_offset"]
+    ids = inp["topk_ids"].numpy()
+    plan = fm.build_routing_plan(inp["topk_ids"], num_experts=e, expert_offset=off,
+                                 max_tokens=cfg["tokens"] + cfg["spare_tokens"], block_m=cfg["block_m"])
+    fails = plan_failures(ids, plan, e, off)
+    emu = fm.fused_moe_emulation(*args, **kw, plan=plan)
+    loop = fm.fused_moe_loop(*args, **kw)
+    if not torch.equal(emu, loop):
+        d = (emu.double() - loop.double()).abs()
+        fails.append(f"plan-driven emulation != per-token loop ({int((d > 0).sum())} elements, "
+                     f"max {float(d.max()):.3g})")
+    if not torch.isfinite(emu).all():
+        fails.append("emulation output not finite")
+    exact = fm.fused_moe_ref(*args, **kw)
+    if cfg["tokens"] and float(exact.norm()) > 0:
+        path = f"{cfg['scales']}_vs_exact"
+        res = check(emu, exact, op=OP, path=path)
+        if not res.passed:
+            fails.append(f"emulation vs exact ({path}): {res}")
+    return {"failures": fails, "path": "cpu plan + emulation vs loop and exact"}
+
+
+def fuzz_run(cfg: dict) -> dict:
+    from hotpaths.reference.common import sm90_skip_reason
+
+    if not cfg.get("kernel") or sm90_skip_reason() is not None:
+        return check_cpu(cfg)
+    from hotpaths.kernels import fused_moe as K
+
+    fm = _ref()
+    dev = torch.device("cuda")
+    inp = make_inputs(cfg)
+    g = GuardedBuffers()
+    d = {k: (g.adopt(k, v.to(dev)) if isinstance(v, torch.Tensor) else v) for k, v in inp.items()}
+    e, off, T, H, inter = inp["num_experts"], inp["expert_offset"], cfg["tokens"], cfg["hidden"], cfg["inter"]
+    max_tokens = T + cfg["spare_tokens"]
+    p = K.plan(d["topk_ids"], num_experts=e, expert_offset=off, max_tokens=max(max_tokens, 1),
+               block_m=cfg["block_m"])
+    p.workspace = g.alloc("workspace", tuple(p.workspace.shape), torch.int32, dev, fill=-7)
+    mp = max(p.max_pairs, 1)
+    p._bufs[(H, inter)] = (g.alloc("act", (mp, inter), torch.bfloat16, dev, fill=float("nan")),
+                           g.alloc("ybuf", (mp, H), torch.bfloat16, dev, fill=float("nan")))
+    p.update(d["topk_ids"])
+    before = {n: d[n].clone() for n in ("x", "topk_ids", "topk_weights", "w13", "w2")}
+    out = g.alloc("out", (T, H), torch.bfloat16, dev, fill=float("nan"))
+    K.run(p, d["x"], d["w13"], d["w2"], d["topk_weights"], scales=cfg["scales"], w13_scale=d["w13_scale"],
+          w2_scale=d["w2_scale"], a1_scale=d["a1_scale"], a2_scale=d["a2_scale"], shared_out=d["shared_out"],
+          out=out)
+    torch.cuda.synchronize()
+    fails = g.violations()
+    for n, t in before.items():
+        fails += unchanged(t, d[n], name=n)
+    host = fm.build_routing_plan(inp["topk_ids"], num_experts=e, expert_offset=off, max_tokens=max(max_tokens, 1),
+                                 block_m=cfg["block_m"])
+    got = p.workspace.cpu().numpy()
+    if not np.array_equal(got, host.workspace):
+        fails.append(f"route kernel workspace != host plan at {int((got != host.workspace).sum())} int32 entries")
+    args, kw = fm.call_args(inp)
+    emu = fm.fused_moe_emulation(*args, **kw)
+    path = f"{cfg['scales']}_vs_emulation"
+    res = check(out.cpu(), emu, op=OP, path=path)
+    if T and not res.passed:
+        fails.append(f"kernel vs emulation ({path}): {res}")
+    return {"failures": fails, "path": f"kernel block_m {cfg['block_m']} {path}"}
+
+
+SANITIZE_CASES = [
+    dict(tokens=1, mode="tp8ep1", experts=16, topk=8, rank=0, hidden=256, inter=192, scales="block",
+         routing="random", block_m=16, spare_tokens=0, seed=0, kernel=True),
+    dict(tokens=32, mode="tp8ep1", experts=8, topk=4, rank=0, hidden=512, inter=192, scales="block",
+         routing="duplicates", block_m=16, spare_tokens=3, seed=1, kernel=True),
+    dict(tokens=33, mode="tp1ep8", experts=32, topk=8, rank=3, hidden=256, inter=128, scales="pertensor",
+         routing="skip", block_m=32, spare_tokens=0, seed=2, kernel=True),
+    dict(tokens=17, mode="tp8ep1", experts=4, topk=2, rank=0, hidden=128, inter=64, scales="pertensor",
+         routing="one_expert", block_m=8, spare_tokens=1, seed=3, kernel=True),
+]

@@ -1,0 +1,28 @@
+"""Hypothesis settings of the fuzz tests (tests/test_fuzz_*.py): profile "ci" (default) is a fixed, derandomized
+example budget (all four fuzz files in about a minute on two busy cores, measured); HYPOTHESIS_PROFILE=long draws many
+more cases with a random seed for local runs. No deadline: a case's time depends on its drawn sizes."""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+CI_EXAMPLES = 300
+settings.register_profile("ci", max_examples=CI_EXAMPLES, deadline=None, derandomize=True, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("long", max_examples=2000, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def run_case(op: str, mod, data):
+    """Draw one configuration through hypothesis, run the op's CPU checks, fail with the repro command."""
+    from hypothesis import event, note
+
+    from hotpaths.harness.fuzzing import HypothesisDraw, repro_command
+
+    cfg = mod.fuzz_case(HypothesisDraw(data), kernel=False)
+    cmd = repro_command(op, cfg)
+    note(f"repro: {cmd}")
+    fails = mod.check_cpu(cfg)["failures"]
+    event("failed" if fails else "passed")
+    assert not fails, "\n".join(fails) + f"\nrepro: {cmd}"
