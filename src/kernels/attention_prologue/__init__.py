@@ -8,8 +8,9 @@ One kernel (prologue.cu) reads the QKV projection output once and writes Q (FP8 
 BF16) and the paged K/V cache once; the math, layouts and precision are those of
 hotpaths.reference.attention_prologue (attention_prologue_emulation is bit-exact with the kernel by design).
 PDL: launched with programmatic stream serialization (it may start while its predecessor drains; it waits before
-reading anything), and with ``trigger`` it lets its successor (the decode attention kernel, also PDL-launched) be scheduled
-right after its loads.
+reading anything), and with ``trigger`` it lets its successor (the decode attention kernel, also PDL-launched) be
+scheduled right after its loads. (Deeper per-thread queues, reads before the wait and an earlier trigger were
+measured and removed: docs/ops/attention_prologue.md.)
 """
 
 from __future__ import annotations
