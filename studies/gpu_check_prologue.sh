@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # One-shot attention-prologue check on an SM90 machine: build (ptxas report), the GPU tests, the decode and prefill
 # table with every impl (fused, HPC-Ops, FlashInfer 0.7.2, unfused torch eager / graph) with --check, the 64q/8kv
-# heads, and the chain into split-KV decode; our kernel's launch variants (--variants: units per lane group 1/2/4,
-# early pre-wait reads; chain_pdl_start*: trigger at the prologue's start) are rows of the same tables, so one run
-# picks the defaults.
+# heads, and the chain into split-KV decode (with and without the prologue's PDL trigger).
 # Usage (repo root, package importable as hotpaths): bash studies/gpu_check_prologue.sh [PARTS]
 # PARTS: comma-separated among build,tests,tables,chain (default all), to split the check over calls of a limited
 # length.
@@ -33,11 +31,11 @@ fi
 if want tables; then
 echo "== table 8q/1kv (decode 1-256, prefill 1K-16K), all impls, --check"
 timeout 420 "$PY" -m hotpaths prologue --tokens 1,7,64,256,1024,4096,16384 --q-heads 8 --kv-heads 1 --head-dim 128 \
-  --page-size 64 --norm-order norm_rope --rope neox --kv-dtype fp8 --check --variants --json \
+  --page-size 64 --norm-order norm_rope --rope neox --kv-dtype fp8 --check --json \
   --save attention_prologue_8q1kv \
   > "$OUT/prologue_8q1kv.jsonl"; echo "exit $?"
 echo "== table 64q/8kv"
-timeout 420 "$PY" -m hotpaths prologue --tokens 1,64,256,4096,16384 --q-heads 64 --kv-heads 8 --check --variants --json \
+timeout 420 "$PY" -m hotpaths prologue --tokens 1,64,256,4096,16384 --q-heads 64 --kv-heads 8 --check --json \
   > "$OUT/prologue_64q8kv.jsonl"; echo "exit $?"
 echo "== bf16 cache, rope_norm, interleaved (fused + torch only)"
 timeout 120 "$PY" -m hotpaths prologue --tokens 1,64,4096 --kv-dtype bf16 --norm-order rope_norm --rope interleaved \

@@ -136,36 +136,22 @@ def test_cli_bad_flags_exit_2(args, word):
     assert word in p.stderr
 
 
-def test_launch_variant_resolution(monkeypatch):
+def test_trigger_must_be_a_bool():
     from hotpaths.kernels import attention_prologue as ap
 
-    monkeypatch.delenv(ap.ITEMS_ENV, raising=False)
-    monkeypatch.delenv(ap.TRIGGER_ENV, raising=False)
-    assert ap.resolve_variant(None, True) == (ap.DEFAULT_ITEMS, ap.DEFAULT_TRIGGER)
-    assert ap.resolve_variant(4, False) == (4, "none")
-    assert ap.resolve_variant("auto", "loads") == ("auto", "loads")
-    # auto: decode sizes keep one unit per lane group, prefill deepens while every SM still gets 2 CTAs
-    assert ap.auto_items(10, 128, 132) == 1 and ap.auto_items(64 * 80, 128, 132) == 2
-    assert ap.auto_items(4096 * 10, 128, 132) == 8 and ap.auto_items(16384 * 10, 256, 132) == 8
-    assert ap.auto_items(1024 * 10, 128, 132) == 4
-    assert ap.resolve_variant(1, "start") == (1, "start")
-    monkeypatch.setenv(ap.ITEMS_ENV, "4")
-    monkeypatch.setenv(ap.TRIGGER_ENV, "start")
-    assert ap.resolve_variant(None, True) == (4, "start")
-    assert ap.resolve_variant(2, True) == (2, "start")  # an argument wins over the environment
-    monkeypatch.setenv(ap.ITEMS_ENV, "3")
-    with pytest.raises(ValueError, match=ap.ITEMS_ENV):
-        ap.resolve_variant(None, True)
-    with pytest.raises(ValueError, match="items"):
-        ap.resolve_variant(16, True)
-    with pytest.raises(ValueError, match="trigger"):
-        ap.resolve_variant(1, "end")
+    inp = ref.make_prologue_inputs(3, q_heads=2, kv_heads=1, head_dim=64, page_size=16, seed=1)
+    a = [inp[k] for k in ("qkv", "q_norm_weight", "k_norm_weight", "cos_sin", "positions", "slot_mapping", "k_cache",
+                          "v_cache")]
+    with pytest.raises(TypeError, match="trigger"):
+        ap.attention_prologue(*a, k_scale=inp["k_scale"], v_scale=inp["v_scale"], trigger="start")
+    assert not hasattr(ap, "resolve_variant") and not hasattr(ap, "ITEMS")
 
 
-def test_variant_rows_fall_back_to_emulation():
+def test_fused_row_falls_back_to_emulation():
     from hotpaths.bench import attention_prologue as bap
 
-    rows = bap.prologue_rows([3], impls=("fused", "fused_i4_early"), iters=1)
-    assert [r["impl"] for r in rows] == ["fused_emulation", "fused_i4_early_emulation"]
+    rows = bap.prologue_rows([3], impls=("fused",), iters=1)
+    assert [r["impl"] for r in rows] == ["fused_emulation"]
+    assert rows[0]["rel_l2_err"] < 0.1
     with pytest.raises(ValueError, match="impl"):
-        bap.prologue_rows([3], impls=("fused_i3",))
+        bap.prologue_rows([3], impls=("fused_i4",))  # the multi-item launch variants are gone

@@ -111,17 +111,15 @@ def test_token_counts_and_exact_tolerance(ap, T):
     assert check(kd, kr, tol=tolerance("attention_prologue", "fp8_kv_vs_exact")).passed
 
 
-@pytest.mark.parametrize("items", (1, 2, 4, 8, "auto"))
-@pytest.mark.parametrize("early", (False, True))
-@pytest.mark.parametrize("trigger", (False, "loads", "start"))
+@pytest.mark.parametrize("pdl,trigger", [(True, True), (True, False), (False, False)])
 @pytest.mark.parametrize("T,D,style", [(1, 128, "neox"), (13, 64, "interleaved"), (301, 256, "neox")])
-def test_launch_variants_match_emulation(ap, items, early, trigger, T, D, style):
-    """Every launch variant (units per lane group, early reads, trigger placement) computes the same bytes; T not a
-    multiple of a CTA's units so the tail items of the last CTA are inactive."""
+def test_launch_options_match_emulation(ap, pdl, trigger, T, D, style):
+    """With or without PDL and the trigger the kernel computes the same bytes; T not a multiple of a CTA's units so
+    the tail lane groups of the last CTA are inactive."""
     inp = ref.make_prologue_inputs(T, q_heads=8, kv_heads=1, head_dim=D, page_size=16, rope=style, pad_every=4,
                                    seed=T + D)
-    got = run_kernel(ap, inp, items=items, early_inputs=early, trigger=trigger)
-    assert_matches_emulation(got, emulate(inp), f"items={items} early={early} trigger={trigger} T={T} D={D}")
+    got = run_kernel(ap, inp, pdl=pdl, trigger=trigger)
+    assert_matches_emulation(got, emulate(inp), f"pdl={pdl} trigger={trigger} T={T} D={D}")
 
 
 def test_pads_write_q_but_not_the_cache(ap):
@@ -214,10 +212,9 @@ def test_chain_into_decode_equals_separate_runs(case, q_len, kv_dtype):
     from hotpaths.bench import attention_prologue as bap
 
     results = []
-    for trigger, early, graph in ((True, False, False), (False, False, False), (True, False, True),
-                                  ("start", False, True), ("start", True, True), ("loads", True, False)):
+    for trigger, graph in ((True, False), (False, False), (True, True), (False, True)):
         ci = bap.make_chain_inputs(case, q_len=q_len, kv_dtype=kv_dtype, seed=3)
-        chain, pf, dec = bap.make_chain(ci, trigger=trigger, early_inputs=early)
+        chain, pf, dec = bap.make_chain(ci, trigger=trigger)
         if graph:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -239,7 +236,7 @@ def test_chain_into_decode_equals_separate_runs(case, q_len, kv_dtype):
         sep = dec().clone()
         torch.cuda.synchronize()
         assert torch.isfinite(sep.float()).all() and torch.isfinite(chained.float()).all()
-        assert torch.equal(chained, sep), f"chain (trigger={trigger}, early={early}, graph={graph}) differs"
+        assert torch.equal(chained, sep), f"chain (trigger={trigger}, graph={graph}) differs"
     assert all(torch.equal(results[0], r) for r in results[1:])
 
 
@@ -278,4 +275,4 @@ def test_bench_rows_on_gpu():
             assert r.get("median_us") or r.get("note"), f"{peer}: neither a time nor a reason"
     crow = bap.chain_rows(["8x0.5K"], iters=20)
     names = {r["impl"] for r in crow}
-    assert names == {"prologue", "decode", "chain_pdl", "chain_no_trigger", "sum_alone", *bap.CHAIN_VARIANTS}
+    assert names == {"prologue", "decode", "chain_pdl", "chain_no_trigger", "sum_alone"}

@@ -336,7 +336,8 @@ def test_cli_q_len_and_dtype_lists_and_hpc_rows():
 def test_auto_variant_choice_above_eight_rows():
     """variant="auto" with more than 8 query rows per pair (q_len x GQA ratio: MTP at 8:1): v3m (one row group of up
     to 32 rows, 2 CTAs per SM) where its grid keeps the longest pair within AUTO_MAX_CHUNKS chunks, v2 where one
-    long request dominates; 8 rows (q_len 1 at 8:1) keep today's choice (v3s2c4 / v2) exactly."""
+    long request dominates at 9-16 rows; above 16 rows (8:1 at q_len 3-4) v3m whatever the chunk estimate; 8 rows
+    (q_len 1 at 8:1) keep today's choice (v3s2c4 / v2) exactly."""
     import torch
 
     from hotpaths.harness.shapes import expand_lengths, parse_cases
@@ -347,12 +348,18 @@ def test_auto_variant_choice_above_eight_rows():
             "1x16K+15x64": ("v2", 129), "1x64K+7x4K": ("v2", 172)}
     for case, (v, longest) in want.items():
         lens = torch.tensor(expand_lengths(parse_cases(case)), dtype=torch.int32)
-        for rows in (12, 16, 24, 32, 64):
+        for rows in (12, 16):
             assert K._auto_choice(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=rows) == (v, longest)
+        for rows in (17, 24, 32, 64):  # the chunk estimate is still reported (fuse-all reads it)
+            assert K._auto_choice(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=rows) == ("v3m", longest)
+            assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=rows, mode="static_count",
+                                    ) == K.AUTO_FALLBACK  # dynamic mode only
         got8 = K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=8)
         assert got8 == K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132) != "v3m", case
         assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="bf16", num_sms=132, rows=32) == K.AUTO_FALLBACK
     assert K.AUTO_MTP in K.MTP_CONFIGS and set(K.MTP_CONFIGS) <= set(K.V3_CONFIGS)
-    assert set(K.ROW_CONFIGS) == {"v2", "v2f", "v2fs3c1", "v2fs4c1"} and not set(K.ROW_CONFIGS) & set(K.V3_CONFIGS)
+    assert K.AUTO_MTP_ALWAYS_ROWS == 16
+    assert set(K.ROW_CONFIGS) == {"v2"} and not set(K.ROW_CONFIGS) & set(K.V3_CONFIGS)
     assert set(K.CONFIGS) == set(K.VARIANTS) and len(set(K.CONFIGS.values())) == len(K.CONFIGS)
-    assert "v2" not in K.ONLINE_COMBINE and {"v2f", "v3m", "v3s2c4"} <= set(K.ONLINE_COMBINE)
+    assert "v2" not in K.ONLINE_COMBINE and {"v3m", "v3s2c4"} <= set(K.ONLINE_COMBINE)
+    assert not {"v3ms4c1", "v2f", "v2fs3c1", "v2fs4c1"} & set(K.VARIANTS)  # measured and removed

@@ -29,12 +29,6 @@ from hotpaths.reference import attention_prologue as ref
 
 OP = "attention_prologue"
 IMPLS = ("fused", "hpc_ops", "flashinfer_fused", "torch_unfused", "torch_unfused_graph")
-# Launch variants of our kernel for A/B rows (``--variants`` or by name in --impl): name -> attention_prologue()
-# keywords. "fused" itself runs the defaults (DEFAULT_ITEMS, early_inputs=False); "_early" reads positions, cos_sin
-# and the norm weights before the PDL wait (valid here: they are host-written inputs).
-FUSED_VARIANTS = {f"fused_i{n}{'_early' if e else ''}": dict(items=n, early_inputs=True) if e else dict(items=n)
-                  for e in (False, True) for n in (1, 2, 4, 8)}
-FUSED_VARIANTS["fused_early"] = dict(early_inputs=True)  # the default items rule, early reads
 DECODE_MAX = 256
 ERR_TOKENS = 256     # tokens compared with the exact reference (per-token op: a prefix is a fair sample)
 CHECK_TOKENS = 1024  # tokens compared bit for bit with the emulation under check=True
@@ -131,9 +125,9 @@ def op_args(inputs: dict) -> tuple[tuple, dict]:
     return tuple(inputs[k] for k in OP_ARGS), {k: inputs[k] for k in OP_KW}
 
 
-def make_fused(inputs, *, pdl: bool = True, trigger: bool | str = True, **variant):
-    """Our kernel with preallocated outputs: fn() -> (q, q_scale, k_cache, v_cache); capturable. variant: items /
-    early_inputs of attention_prologue()."""
+def make_fused(inputs, *, pdl: bool = True, trigger: bool = True):
+    """Our kernel with preallocated outputs: fn() -> (q, q_scale, k_cache, v_cache); capturable. pdl / trigger: as
+    attention_prologue()."""
     from hotpaths.kernels.attention_prologue import attention_prologue
 
     a, kw = op_args(inputs)
@@ -143,11 +137,10 @@ def make_fused(inputs, *, pdl: bool = True, trigger: bool | str = True, **varian
     fp8q = inputs["q_dtype"] == "fp8"
     q_out = torch.empty((T, Hq, D), dtype=ref.FP8_DTYPE if fp8q else torch.bfloat16, device=dev)
     qs_out = torch.empty((T, Hq), dtype=torch.float32, device=dev) if fp8q else None
-    attention_prologue(*a, **kw, q_out=q_out, q_scale_out=qs_out, pdl=pdl, trigger=trigger, **variant)  # validates
+    attention_prologue(*a, **kw, q_out=q_out, q_scale_out=qs_out, pdl=pdl, trigger=trigger)  # validates
 
     def fn():
-        attention_prologue(*a, **kw, q_out=q_out, q_scale_out=qs_out, pdl=pdl, trigger=trigger, check_inputs=False,
-                           **variant)
+        attention_prologue(*a, **kw, q_out=q_out, q_scale_out=qs_out, pdl=pdl, trigger=trigger, check_inputs=False)
         return q_out, qs_out, inputs["k_cache"], inputs["v_cache"]
     return fn
 
@@ -228,9 +221,9 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
     from hotpaths.harness import bench as hb
     from hotpaths.harness.env import device_tag, has_sm90
 
-    bad = [i for i in impls if i not in IMPLS and i not in FUSED_VARIANTS]
+    bad = [i for i in impls if i not in IMPLS]
     if bad:
-        raise ValueError(f"impl: unknown {bad}; expected some of {IMPLS + tuple(FUSED_VARIANTS)}")
+        raise ValueError(f"impl: unknown {bad}; expected some of {IMPLS}")
     if head_dim not in ref.HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} unsupported (supported: {ref.HEAD_DIMS})")
     if q_heads < 1 or kv_heads < 1 or q_heads % kv_heads:
@@ -257,9 +250,9 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
                    "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "repro": _repro(t, cfg, impl),
                    "floor_us": None if floor is None else floor.median_us}
             fn, reason, graph = None, None, True
-            if impl == "fused" or impl in FUSED_VARIANTS:
+            if impl == "fused":
                 if gpu:
-                    fn = make_fused(inputs, **FUSED_VARIANTS.get(impl, {}))
+                    fn = make_fused(inputs)
                 else:
                     a, kw = op_args(inputs)
                     out = ref.attention_prologue_emulation(*a, **kw)
@@ -291,7 +284,7 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
                 row.update(_errors(out, inputs, ERR_TOKENS))
                 if check:
                     row.update(_mismatch(out, inputs, CHECK_TOKENS, memo))
-                    if not (impl == "fused" or impl in FUSED_VARIANTS):
+                    if impl != "fused":
                         row["note"] = ("mismatch columns count bytes that differ from our reference's; compare "
                                        "rel_l2_err / k_rel_l2_err (vs the exact reference)")
             except Exception as e:  # a peer whose output we cannot read still gets its timing
@@ -301,7 +294,7 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
             try:
                 tm = hb.bench(fn, graph=graph, iters=iters)
             except Exception as e:  # e.g. a peer that cannot be captured in a graph: a reason, not a crash
-                if impl == "fused" or impl in FUSED_VARIANTS:
+                if impl == "fused":
                     raise
                 row["note"] = (row.get("note") or "") + f" timing failed: {type(e).__name__}: {str(e)[:200]}"
                 rows.append(row)
@@ -382,9 +375,9 @@ def make_chain_inputs(case: str, *, q_len: int = 1, q_heads: int = 8, kv_heads: 
     return {"decode": dec, "prologue": pro, "lens": lens, "q_len": q_len}
 
 
-def make_chain(ci: dict, *, trigger: bool | str = True, **variant):
+def make_chain(ci: dict, *, trigger: bool = True):
     """fn() running prologue then split-KV decode on its q / q_scale (capturable); returns the decode output.
-    Also returns the two halves: (chain, prologue_only, decode_only). trigger / variant: as make_fused()."""
+    Also returns the two halves: (chain, prologue_only, decode_only). trigger: as make_fused()."""
     from hotpaths.kernels import split_kv_decode as sk
 
     dec, pro = ci["decode"], ci["prologue"]
@@ -392,7 +385,7 @@ def make_chain(ci: dict, *, trigger: bool | str = True, **variant):
     Hq = dec["q"].shape[1]
     plan = sk.plan(dec["kv_lens"], num_kv_heads=H, q_heads=Hq, head_dim=128, q_len=ci["q_len"],
                    kv_dtype=dec["k_cache"].dtype)
-    pf = make_fused(pro, trigger=trigger, **variant)
+    pf = make_fused(pro, trigger=trigger)
     q, qs, _, _ = pf()
     out = torch.empty((q.shape[0], Hq, 128), dtype=torch.bfloat16, device=q.device)
     fp8 = dec["k_cache"].dtype == ref.FP8_DTYPE
@@ -409,16 +402,10 @@ def make_chain(ci: dict, *, trigger: bool | str = True, **variant):
     return chain, pf, decode
 
 
-CHAIN_VARIANTS = {"chain_pdl_start": dict(trigger="start"), "chain_pdl_early": dict(trigger="loads", early_inputs=True),
-                  "chain_pdl_start_early": dict(trigger="start", early_inputs=True)}
-
-
 def chain_rows(cases, *, q_len: int = 1, q_heads: int = 8, kv_heads: int = 1, kv_dtype: str = "fp8",
                iters: int = 100, seed: int = 0) -> list[dict]:
-    """Rows (impl prologue / decode / sum_alone / chain_pdl / chain_no_trigger / CHAIN_VARIANTS) per decode case: each
-    alone, their sum, and the two in one graph with the prologue's default PDL trigger, without it, and with the
-    CHAIN_VARIANTS launch choices (trigger at the prologue's start; positions / cos_sin / weights read before the
-    wait); ``saved_us`` = sum - chain.
+    """Rows (impl prologue / decode / sum_alone / chain_pdl / chain_no_trigger) per decode case: each alone, their
+    sum, and the two in one graph with the prologue's PDL trigger and without it; ``saved_us`` = sum - chain.
     SM90 only: without it one row per case says why. Raises ValueError for a bad case."""
     from hotpaths.harness import bench as hb
     from hotpaths.harness.env import device_tag, has_sm90, sm90_skip_reason
@@ -437,8 +424,6 @@ def chain_rows(cases, *, q_len: int = 1, q_heads: int = 8, kv_heads: int = 1, kv
         chain_n, pf_n, _ = make_chain(ci, trigger=False)
         times = {"prologue": hb.bench(pf_t, iters=iters), "decode": hb.bench(dec_fn, iters=iters),
                  "chain_pdl": hb.bench(chain_t, iters=iters), "chain_no_trigger": hb.bench(chain_n, iters=iters)}
-        for name, kw in CHAIN_VARIANTS.items():
-            times[name] = hb.bench(make_chain(ci, **kw)[0], iters=iters)
         s = times["prologue"].median_us + times["decode"].median_us
         base = {"op": OP, "case": f"chain-{c}-q{q_len}", "device": tag, "dtype": f"q {kv_dtype}, kv {kv_dtype}",
                 "tokens": len(ci["lens"]) * q_len, "mode": "decode", "q_heads": q_heads, "kv_heads": kv_heads,
@@ -484,9 +469,7 @@ def register(subparsers) -> None:
     p.add_argument("--mode", choices=("auto", "decode", "prefill"), default="auto",
                    help=f"token layout (auto: decode up to {DECODE_MAX} tokens)")
     p.add_argument("--impl", default=",".join(IMPLS),
-                   help=f"comma-separated impls among {', '.join(IMPLS + tuple(FUSED_VARIANTS))}")
-    p.add_argument("--variants", action="store_true",
-                   help=f"also run our kernel's launch variants ({', '.join(FUSED_VARIANTS)}) as rows")
+                   help=f"comma-separated impls among {', '.join(IMPLS)}")
     p.add_argument("--check", action="store_true", help="bit-exact comparison with the emulation")
     p.add_argument("--chain", type=case_list_arg, default=None, metavar="CASES",
                    help="time prologue + decode attention for these decode cases (e.g. 64x0.5K,32x4K)")
@@ -509,8 +492,6 @@ def _run(args) -> int:
                           kv_dtype=args.kv_dtype, iters=args.iters, seed=args.seed)
     else:
         impls = [s.strip() for s in args.impl.split(",") if s.strip()]
-        if args.variants:
-            impls += [v for v in FUSED_VARIANTS if v not in impls]
         rows = prologue_rows(args.tokens, q_heads=args.q_heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
                              page_size=args.page_size, norm_order=args.norm_order, rope=args.rope,
                              kv_dtype=args.kv_dtype, q_dtype=args.q_dtype or args.kv_dtype,
@@ -538,6 +519,6 @@ def stored_table(device_tag: str = "h200"):
     return tables.load(p) if p.exists() else None
 
 
-__all__ = ["IMPLS", "FUSED_VARIANTS", "CHAIN_VARIANTS", "case_name", "mode_of", "request_layout", "make_bench_inputs",
+__all__ = ["IMPLS", "case_name", "mode_of", "request_layout", "make_bench_inputs",
            "make_fused", "prologue_rows", "make_chain_inputs", "make_chain", "chain_rows", "register", "stored_table",
            "unfused_traffic"]

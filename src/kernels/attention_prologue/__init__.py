@@ -8,15 +8,15 @@ One kernel (prologue.cu) reads the QKV projection output once and writes Q (FP8 
 BF16) and the paged K/V cache once; the math, layouts and precision are those of
 hotpaths.reference.attention_prologue (attention_prologue_emulation is bit-exact with the kernel by design).
 PDL: launched with programmatic stream serialization (it may start while its predecessor drains; it waits before
-reading), and with ``trigger`` it lets its successor (the decode attention kernel, also PDL-launched) be scheduled
-right after its loads.
+reading anything), and with ``trigger`` it lets its successor (the decode attention kernel, also PDL-launched) be
+scheduled right after its loads. (Deeper per-thread queues, reads before the wait and an earlier trigger were
+measured and removed: docs/ops/attention_prologue.md.)
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 
 import torch
 
@@ -26,20 +26,6 @@ from hotpaths.reference.common import sm90_skip_reason
 OP = "attention_prologue"
 HEAD_DIMS = ref.HEAD_DIMS
 _Q_MODE = {"dynamic": 0, "static": 1, "bf16": 2}
-# Launch variants (configurations of the one kernel template), chosen by argument or, for the benchmark's A/B runs,
-# by environment variable: ITEMS (1, 2, 4, 8) = (token, head) units per lane group, all their loads issued before any
-# arithmetic (more bytes in flight per thread, more registers); TRIGGER ("loads": launch_dependents after the loads,
-# "start": at the very start, so a PDL successor's pre-wait part overlaps the whole prologue).
-ITEMS = (1, 2, 4, 8)
-# "auto": the largest ITEMS that still gives every SM AUTO_CTAS_PER_SM CTAs (fill the machine first, then deepen
-# each thread's queue of loads): decode sizes get 1, prefill 4-8.
-DEFAULT_ITEMS = "auto"
-AUTO_CTAS_PER_SM = 2
-ITEMS_ENV = "HOTPATHS_PROLOGUE_ITEMS"
-TRIGGERS = ("loads", "start")
-DEFAULT_TRIGGER = "loads"
-TRIGGER_ENV = "HOTPATHS_PROLOGUE_TRIGGER"
-_TRIGGER_CODE = {"none": 0, "loads": 1, "start": 2}
 # tensors the kernel reads or writes with 16-byte accesses (the others need only their element alignment)
 _VECTOR_ARGS = ("qkv", "q_norm_weight", "k_norm_weight", "cos_sin", "k_cache", "v_cache", "q_out")
 
@@ -51,7 +37,7 @@ def _lib() -> ctypes.CDLL:
     lib = _build.load(OP)
     vp, i, ll, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
     lib.hp_attention_prologue.argtypes = [vp, vp, vp, vp, vp, i, vp, vp, vp, vp, vp, vp, vp, vp, ll, i, i, i, i, ll,
-                                          i, f, i, i, i, i, i, i, i, i, vp]
+                                          i, f, i, i, i, i, i, i, vp]
     lib.hp_attention_prologue.restype = i
     return lib
 
@@ -61,42 +47,6 @@ def _is_capturing() -> bool:
         return torch.cuda.is_current_stream_capturing()
     except Exception:
         return False
-
-
-def auto_items(units: int, head_dim: int, num_sms: int) -> int:
-    """The largest ITEMS whose grid still has AUTO_CTAS_PER_SM CTAs per SM (1 if none does). units = tokens x
-    (q_heads + 2 kv_heads); a CTA holds 128 / (head_dim / 8) units per item."""
-    chunks = -(-units // (128 // (head_dim // 8)))
-    return max([n for n in ITEMS if -(-chunks // n) >= AUTO_CTAS_PER_SM * num_sms] or [1])
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def resolve_variant(items, trigger) -> tuple[int | str, str]:
-    """(items or "auto", trigger mode) from the arguments, else the environment (ITEMS_ENV, TRIGGER_ENV), else the
-    defaults.
-    trigger: False -> "none", True -> the default/environment mode, or a mode of TRIGGERS. Raises ValueError on an
-    unknown value (naming the argument or variable)."""
-    if items is None:
-        env = os.environ.get(ITEMS_ENV)
-        if env is not None and env != "auto" and (not env.strip().isdigit() or int(env) not in ITEMS):
-            raise ValueError(f"{ITEMS_ENV}: expected 'auto' or one of {ITEMS}, got {env!r}")
-        items = DEFAULT_ITEMS if env is None else (env if env == "auto" else int(env))
-    elif items != "auto" and items not in ITEMS:
-        raise ValueError(f"items: expected 'auto' or one of {ITEMS}, got {items!r}")
-    if trigger is False:
-        return items, "none"
-    if trigger is True:
-        mode = os.environ.get(TRIGGER_ENV, DEFAULT_TRIGGER)
-        if mode not in TRIGGERS:
-            raise ValueError(f"{TRIGGER_ENV}: expected one of {TRIGGERS}, got {mode!r}")
-        return items, mode
-    if trigger not in TRIGGERS:
-        raise ValueError(f"trigger: expected True, False or one of {TRIGGERS}, got {trigger!r}")
-    return items, trigger
 
 
 def _check_device(cfg, tensors: dict) -> torch.device:
@@ -122,8 +72,7 @@ def _check_device(cfg, tensors: dict) -> torch.device:
 def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, slot_mapping, k_cache, v_cache, *,
                        eps: float = ref.DEFAULT_EPS, norm_order: str = "norm_rope", rope: str = "neox",
                        rotary_dim: int | None = None, q_dtype: str = "fp8", q_scale_static=None, k_scale=None,
-                       v_scale=None, q_out=None, q_scale_out=None, pdl: bool = True, trigger: bool | str = True,
-                       early_inputs: bool = False, items: int | str | None = None,
+                       v_scale=None, q_out=None, q_scale_out=None, pdl: bool = True, trigger: bool = True,
                        check_inputs: bool | None = None):
     """QK-Norm -> RoPE (or RoPE -> norm) -> Q in FP8/BF16 + K/V into the paged cache, in one kernel.
 
@@ -136,13 +85,8 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
     Returns (q [tokens, q_heads, head_dim] float8_e4m3fn or bf16 (q_dtype), q_scale [tokens, q_heads] fp32 for
     FP8 Q, else None): the layout hotpaths.kernels.split_kv_decode.run() reads. q_out / q_scale_out: preallocated
     outputs (CUDA-graph capture).
-    pdl: launch with programmatic stream serialization; trigger: let the next PDL kernel be scheduled early (True:
-    DEFAULT_TRIGGER or $HOTPATHS_PROLOGUE_TRIGGER; "loads": after this kernel's loads; "start": at its start;
-    False: never). early_inputs: the kernel launched just before this one writes none of positions, cos_sin,
-    q_norm_weight, k_norm_weight (true when they are host-written inputs or written earlier in the step), so they
-    and the cos/sin rows are read before the PDL wait (two dependent loads off the critical path); False waits
-    first. items: (token, head) units per lane group (ITEMS or "auto": auto_items(); None: $HOTPATHS_PROLOGUE_ITEMS
-    or DEFAULT_ITEMS).
+    pdl: launch with programmatic stream serialization; trigger: let the next PDL kernel be scheduled right after
+    this kernel's loads (False: never).
     check_inputs (default: True unless a CUDA graph is being captured) reads slot_mapping and positions on the
     host to reject out-of-range values; without it the kernel skips out-of-range slots and clamps positions.
     Raises TypeError/ValueError naming the argument (dtype, shape, unsupported head_dim / rotary_dim / option,
@@ -151,7 +95,8 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
     """
     if check_inputs is None:
         check_inputs = not _is_capturing()
-    items, trig = resolve_variant(items, trigger)
+    if not isinstance(trigger, bool):
+        raise TypeError(f"trigger: expected a bool, got {trigger!r}")
     cfg = ref.validate_inputs(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, slot_mapping, k_cache, v_cache,
                               eps=eps, norm_order=norm_order, rope=rope, rotary_dim=rotary_dim, q_dtype=q_dtype,
                               q_scale_static=q_scale_static, k_scale=k_scale, v_scale=v_scale,
@@ -177,8 +122,6 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
         q_out = torch.empty((T, Hq, D), dtype=q_torch_dtype, device=dev)
     if q_scale_out is None and cfg.q_mode != "bf16":
         q_scale_out = torch.empty((T, Hq), dtype=torch.float32, device=dev)
-    if items == "auto":
-        items = auto_items(T * (cfg.q_heads + 2 * cfg.kv_heads), D, _num_sms(dev.index or 0))
     from hotpaths.kernels._build import check_status, ptr, stream_ptr
 
     lib = _lib()
@@ -189,8 +132,7 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
             ptr(q_scale_out), ptr(q_scale_static), ptr(k_scale), ptr(v_scale), T, cfg.q_heads, cfg.kv_heads, D,
             cfg.rotary_dim, cfg.num_pages * cfg.page_size, int(cos_sin.shape[0]), float(eps),
             int(cfg.norm_order == "rope_norm"), int(cfg.rope == "interleaved"), _Q_MODE[cfg.q_mode],
-            int(cfg.kv_fp8), int(bool(pdl)), _TRIGGER_CODE[trig], items, int(bool(early_inputs)),
-            stream_ptr(dev))
+            int(cfg.kv_fp8), int(bool(pdl)), int(trigger), stream_ptr(dev))
         check_status(code, f"attention_prologue (tokens={T}, q_heads={cfg.q_heads}, kv_heads={cfg.kv_heads}, "
                             f"head_dim={D}, rotary_dim={cfg.rotary_dim}, q_mode={cfg.q_mode}, kv_fp8={cfg.kv_fp8})")
     return q_out, q_scale_out

@@ -4,9 +4,9 @@
 //
 // Launch shape: one group of G = head_dim / 8 lanes per (token, head) unit (8, 16 or 32 lanes for head_dim 64, 128,
 // 256), every lane holding 8 consecutive elements (one 16-byte bf16 load); units are numbered token-major over the
-// q_heads + 2*kv_heads heads of a token, 128 threads per CTA, and each thread group handles ITEMS units (the CTA
-// covers ITEMS consecutive 128-thread chunks, so every item's accesses stay coalesced): all items' loads are issued
-// before any item's arithmetic, so a lane has ITEMS 16-byte qkv loads (and the dependent cos/sin rows) in flight.
+// q_heads + 2*kv_heads heads of a token, 128 threads per CTA, one unit per lane group. (Deeper per-thread queues
+// (2-8 units per group, all loads issued first) and reading the step's parameters before the PDL wait were measured
+// and lost or changed nothing: docs/ops/attention_prologue.md.)
 // Reductions (sum of squares, amax) are xor butterflies inside the group; neox RoPE takes its partner's 8 elements
 // with one indexed shuffle per element (partner lane +-rotary_dim/16); interleaved pairs are adjacent inside a lane.
 // Why a lane group per head and not a warp per head or a CTA per token: a warp per head at head_dim 128 gives each
@@ -23,13 +23,9 @@
 // (token, head) for Q's dynamic scale and once per thread for the static scales (a per-element IEEE division was
 // most of the per-element work). hotpaths.reference.attention_prologue.attention_prologue_emulation computes the
 // same bits on the CPU.
-// PDL: griddepcontrol.wait before reading anything a predecessor may write (qkv, slots, the caches and, unless the
-// caller says the predecessor does not write them (`early`), positions, cos_sin and the norm weights: with `early`
-// those and the dependent cos/sin row are loaded before the wait, taking two dependent loads off the decode-size
-// critical path). Trigger (launch_dependents: the decode kernel launched next may be scheduled; its own wait still
-// waits for this grid's completion and memory flush): 0 none, 1 after the loads, 2 at the very start (the
-// dependent's pre-wait part then overlaps the whole prologue; it costs SM slots only if the grid is larger than the
-// machine).
+// PDL: griddepcontrol.wait before reading anything (qkv, slots and the caches may be written by the predecessor).
+// Trigger (launch_dependents: the decode kernel launched next may be scheduled; its own wait still waits for this
+// grid's completion and memory flush): 0 none, 1 after the loads.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -64,7 +60,7 @@ struct Params {
   int q_mode;                     // 0: fp8 computed scale, 1: fp8 static scale, 2: bf16
   int kv_fp8;
   int pos64;
-  int trigger;                    // 0 none, 1 after the loads, 2 at the start
+  int trigger;                    // 0 none, 1 after the loads
 };
 
 __device__ __forceinline__ uint16_t fp8x2(float lo, float hi) {
@@ -197,141 +193,102 @@ __device__ __forceinline__ void load_rope_inputs(const Params& p, const Unit& u,
   }
 }
 
-// Items: every unit's qkv row (the HBM bytes), position and slot are loaded up front (ITEMS 16-byte loads in flight
-// per lane); the norm weight and cos/sin row (L1/L2-resident after the first unit of a token) are fetched one unit
-// ahead of the arithmetic, so only two sets of them are live at a time.
-template <int D, int ITEMS, bool EARLY>
+// One (token, head) unit per lane group: its qkv row (the HBM bytes), position and slot are loaded first, then the
+// norm weight and the cos/sin row (L1/L2-resident after the first unit of a token) that depend on the position.
+template <int D>
 __global__ void __launch_bounds__(kThreads) prologue_kernel(const Params p) {
   constexpr int G = D / kElems;
   constexpr int kUnitsPerChunk = kThreads / G;
-  if (p.trigger == 2) hp::pdl_launch_dependents();
   const int heads = p.q_heads + 2 * p.kv_heads;
   const unsigned units = unsigned(p.tokens) * unsigned(heads);  // < 2^31: the host checks
   const int sub = int(threadIdx.x % G);
-  Unit u[ITEMS];
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
+  Unit u;
+  {
     // 32-bit index math (a 64-bit division is a long software sequence)
-    const unsigned unit = (blockIdx.x * unsigned(ITEMS) + i) * kUnitsPerChunk + threadIdx.x / G;
-    u[i].active = unit < units;
-    const unsigned v = u[i].active ? unit : 0u;
-    u[i].t = int(v / unsigned(heads));
-    u[i].h = int(v - unsigned(u[i].t) * unsigned(heads));
-    u[i].kind = u[i].h < p.q_heads ? 0 : (u[i].h < p.q_heads + p.kv_heads ? 1 : 2);
-    u[i].qk = u[i].active && u[i].kind < 2;
+    const unsigned unit = blockIdx.x * kUnitsPerChunk + threadIdx.x / G;
+    u.active = unit < units;
+    const unsigned v = u.active ? unit : 0u;
+    u.t = int(v / unsigned(heads));
+    u.h = int(v - unsigned(u.t) * unsigned(heads));
+    u.kind = u.h < p.q_heads ? 0 : (u.h < p.q_heads + p.kv_heads ? 1 : 2);
+    u.qk = u.active && u.kind < 2;
   }
 
-  // the static scales: loaded with the other independent loads (before the wait with EARLY: like the weights they
-  // are parameters of the step), their reciprocals taken once per thread below
   const bool kv_fp8 = p.kv_fp8 != 0;
   float k_scale = 1.f, v_scale = 1.f, q_static = 1.f;
-  int pos[ITEMS];
+  hp::pdl_wait();  // everything read below may be written by the previous kernel
+  // every independent load first: qkv, position, slot
+  const uint4 xr = u.active ? *reinterpret_cast<const uint4*>(p.qkv + ((long long)u.t * heads + u.h) * D +
+                                                              sub * kElems)
+                            : make_uint4(0, 0, 0, 0);
+  const int pos = u.qk ? load_pos(p, u.t) : 0;
+  const long long slot = u.active && u.kind > 0 ? p.slots[u.t] : -1;
+  // the static scales, their reciprocals taken once per thread below
+  if (kv_fp8) k_scale = *p.k_scale, v_scale = *p.v_scale;
+  if (p.q_mode == 1) q_static = *p.q_scale_static;
   RopeIn cur;
-  if (EARLY) {  // the caller guarantees the predecessor writes neither positions, cos_sin, weights nor scales
-    if (kv_fp8) k_scale = *p.k_scale, v_scale = *p.v_scale;
-    if (p.q_mode == 1) q_static = *p.q_scale_static;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) pos[i] = u[i].qk ? load_pos(p, u[i].t) : 0;
-    load_rope_inputs(p, u[0], pos[0], sub, cur);
-  }
-  hp::pdl_wait();  // qkv, slots and the caches (and without EARLY the rest) may be written by the previous kernel
-  uint4 xr[ITEMS];
-  long long slot[ITEMS];
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {  // every independent load first: qkv, position, slot
-    xr[i] = u[i].active ? *reinterpret_cast<const uint4*>(p.qkv + ((long long)u[i].t * heads + u[i].h) * D +
-                                                          sub * kElems)
-                        : make_uint4(0, 0, 0, 0);
-    if (!EARLY) pos[i] = u[i].qk ? load_pos(p, u[i].t) : 0;
-    slot[i] = u[i].active && u[i].kind > 0 ? p.slots[u[i].t] : -1;
-  }
-  if (!EARLY) {
-    if (kv_fp8) k_scale = *p.k_scale, v_scale = *p.v_scale;
-    if (p.q_mode == 1) q_static = *p.q_scale_static;
-    load_rope_inputs(p, u[0], pos[0], sub, cur);
-  }
+  load_rope_inputs(p, u, pos, sub, cur);
   if (p.trigger == 1) hp::pdl_launch_dependents();
 
   const bool interleaved = p.interleaved != 0;
   const float k_inv = __frcp_rn(k_scale), v_inv = __frcp_rn(v_scale), q_static_inv = __frcp_rn(q_static);
+  float x[kElems], w[kElems];
+  unpack8(xr, x);
+  unpack8(cur.w, w);
+  const bool qk = u.qk;
+  if (p.rope_first) {
+    rope<G>(x, cur.c, cur.s, sub, p.rot, interleaved, qk);
+    rms_norm<G>(x, w, p.eps, qk);
+  } else {
+    rms_norm<G>(x, w, p.eps, qk);
+    rope<G>(x, cur.c, cur.s, sub, p.rot, interleaved, qk);
+  }
+  // Q amax over the head (every lane shuffles; only Q units use it)
+  float amax = 0.f;
 #pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    RopeIn nxt;
-    if (i + 1 < ITEMS) load_rope_inputs(p, u[i + 1 < ITEMS ? i + 1 : i], pos[i + 1 < ITEMS ? i + 1 : i], sub, nxt);
-    float x[kElems], w[kElems];
-    unpack8(xr[i], x);
-    unpack8(cur.w, w);
-    const bool qk = u[i].qk;
-    if (p.rope_first) {
-      rope<G>(x, cur.c, cur.s, sub, p.rot, interleaved, qk);
-      rms_norm<G>(x, w, p.eps, qk);
-    } else {
-      rms_norm<G>(x, w, p.eps, qk);
-      rope<G>(x, cur.c, cur.s, sub, p.rot, interleaved, qk);
-    }
-    if (i + 1 < ITEMS) cur = nxt;
-    // Q amax over the head (every lane shuffles; only Q units use it)
-    float amax = 0.f;
+  for (int e = 0; e < kElems; ++e) amax = fmaxf(amax, fabsf(x[e]));
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) amax = fmaxf(amax, fabsf(x[e]));
-#pragma unroll
-    for (int o = G / 2; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  for (int o = G / 2; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
 
-    if (!u[i].active) continue;
-    const long long t = u[i].t;  // 64-bit offsets below
-    const int h = u[i].h;
-    if (u[i].kind == 0) {
-      const long long row = t * p.q_heads + h;
-      if (p.q_mode == 2) {
-        store_bf16x8(static_cast<__nv_bfloat16*>(p.q_out) + row * D + sub * kElems, x);
-      } else {
-        const bool dyn = p.q_mode == 0;
-        // floored at the smallest normal float so its reciprocal stays finite (0 * inf would be NaN)
-        const float scale = dyn ? (amax > 0.f ? fmaxf(__fdiv_rn(amax, 448.f), 1.17549435e-38f) : 1.f) : q_static;
-        const float inv = dyn ? __frcp_rn(scale) : q_static_inv;
-        store_fp8x8(static_cast<uint8_t*>(p.q_out) + row * D + sub * kElems, x, inv);
-        if (sub == 0) p.q_scale[row] = scale;
-      }
+  if (!u.active) return;
+  const long long t = u.t;  // 64-bit offsets below
+  const int h = u.h;
+  if (u.kind == 0) {
+    const long long row = t * p.q_heads + h;
+    if (p.q_mode == 2) {
+      store_bf16x8(static_cast<__nv_bfloat16*>(p.q_out) + row * D + sub * kElems, x);
     } else {
-      long long sl = slot[i];
-      if (sl >= p.cache_slots) sl = -1;  // host validates; an out-of-range slot is never written
-      if (sl < 0) continue;
-      const int hk = u[i].kind == 1 ? h - p.q_heads : h - p.q_heads - p.kv_heads;
-      const long long off = (sl * p.kv_heads + hk) * D + sub * kElems;
-      void* cache = u[i].kind == 1 ? p.k_cache : p.v_cache;
-      if (kv_fp8) {
-        store_fp8x8(static_cast<uint8_t*>(cache) + off, x, u[i].kind == 1 ? k_inv : v_inv);
-      } else {
-        store_bf16x8(static_cast<__nv_bfloat16*>(cache) + off, x);
-      }
+      const bool dyn = p.q_mode == 0;
+      // floored at the smallest normal float so its reciprocal stays finite (0 * inf would be NaN)
+      const float scale = dyn ? (amax > 0.f ? fmaxf(__fdiv_rn(amax, 448.f), 1.17549435e-38f) : 1.f) : q_static;
+      const float inv = dyn ? __frcp_rn(scale) : q_static_inv;
+      store_fp8x8(static_cast<uint8_t*>(p.q_out) + row * D + sub * kElems, x, inv);
+      if (sub == 0) p.q_scale[row] = scale;
+    }
+  } else {
+    long long sl = slot;
+    if (sl >= p.cache_slots) sl = -1;  // host validates; an out-of-range slot is never written
+    if (sl < 0) return;
+    const int hk = u.kind == 1 ? h - p.q_heads : h - p.q_heads - p.kv_heads;
+    const long long off = (sl * p.kv_heads + hk) * D + sub * kElems;
+    void* cache = u.kind == 1 ? p.k_cache : p.v_cache;
+    if (kv_fp8) {
+      store_fp8x8(static_cast<uint8_t*>(cache) + off, x, u.kind == 1 ? k_inv : v_inv);
+    } else {
+      store_bf16x8(static_cast<__nv_bfloat16*>(cache) + off, x);
     }
   }
 }
 
-template <int D, int ITEMS, bool EARLY>
-int launch_dv(const Params& p, int pdl, cudaStream_t stream) {
-  constexpr long long kUnitsPerCta = (long long)(kThreads / (D / kElems)) * ITEMS;
+template <int D>
+int launch_d(const Params& p, int pdl, cudaStream_t stream) {
+  constexpr long long kUnitsPerCta = kThreads / (D / kElems);
   const long long units = p.tokens * (p.q_heads + 2 * p.kv_heads);
   if (units > 0x7fffffffLL) return int(cudaErrorInvalidValue);  // the kernel indexes units in 32 bits
   const long long blocks = (units + kUnitsPerCta - 1) / kUnitsPerCta;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
-  return int(hp::launch(prologue_kernel<D, ITEMS, EARLY>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, opt, p));
-}
-
-template <int D>
-int launch_d(const Params& p, int items, int early, int pdl, cudaStream_t stream) {
-  switch (items * 2 + (early ? 1 : 0)) {
-    case 2: return launch_dv<D, 1, false>(p, pdl, stream);
-    case 3: return launch_dv<D, 1, true>(p, pdl, stream);
-    case 4: return launch_dv<D, 2, false>(p, pdl, stream);
-    case 5: return launch_dv<D, 2, true>(p, pdl, stream);
-    case 8: return launch_dv<D, 4, false>(p, pdl, stream);
-    case 9: return launch_dv<D, 4, true>(p, pdl, stream);
-    case 16: return launch_dv<D, 8, false>(p, pdl, stream);
-    case 17: return launch_dv<D, 8, true>(p, pdl, stream);
-    default: return int(cudaErrorInvalidValue);
-  }
+  return int(hp::launch(prologue_kernel<D>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, opt, p));
 }
 
 }  // namespace
@@ -341,8 +298,7 @@ extern "C" int hp_attention_prologue(const void* qkv, const void* q_norm_w, cons
                                      void* q_out, void* q_scale, const void* q_scale_static, const void* k_scale,
                                      const void* v_scale, long long tokens, int q_heads, int kv_heads, int head_dim,
                                      int rot, long long cache_slots, int max_pos, float eps, int rope_first,
-                                     int interleaved, int q_mode, int kv_fp8, int pdl, int trigger, int items,
-                                     int early, void* stream) {
+                                     int interleaved, int q_mode, int kv_fp8, int pdl, int trigger, void* stream) {
   if (tokens <= 0) return 0;
   Params p;
   p.qkv = static_cast<const __nv_bfloat16*>(qkv);
@@ -373,9 +329,9 @@ extern "C" int hp_attention_prologue(const void* qkv, const void* q_norm_w, cons
   p.trigger = trigger;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (head_dim) {
-    case 64: return launch_d<64>(p, items, early, pdl, s);
-    case 128: return launch_d<128>(p, items, early, pdl, s);
-    case 256: return launch_d<256>(p, items, early, pdl, s);
+    case 64: return launch_d<64>(p, pdl, s);
+    case 128: return launch_d<128>(p, pdl, s);
+    case 256: return launch_d<256>(p, pdl, s);
     default: return int(cudaErrorInvalidValue);
   }
 }

@@ -15,14 +15,14 @@ shared): "v2" (row layout: bank-conflict-free shared-memory patterns, FP8 V frag
 stages, coalesced output / partial stores: docs/ops/split_kv_decode.md) and "v3" (FP8 KV: products transposed so
 the 64-token tile fills the MMA's 16-row side, QK on the FP8 tensor-core instruction, P transposed in registers with
 movmatrix; BF16 KV runs v2). "v3s3c3", "v3s5", "v3s2c4" are v3 with other (stages, CTAs per SM) choices, kept for
-the measurement that picked v3's (the first kernel, "v1", was removed; its lesson is in the notes). "v3m" and
-"v3ms4c1" (MTP): v3 with one row group of up to 32 query rows (8:1 GQA at q_len 3-4 reads each K/V tile once) on a
-grid of 2 resp. 1 CTAs per SM; "v2f", "v2fs3c1", "v2fs4c1": v2 with v3's start-up and the online combine at BF16
-{stages, CTAs per SM} 2/2, 3/1, 4/1 (for the BF16 gap; see docs/ops/split_kv_decode.md section 9). "auto" (the
-default) picks per plan: v3s2c4 (a finer grid: 4 CTAs per SM of 2 stages) for FP8 KV in dynamic mode when its
-longest (head, request) stays within AUTO_MAX_CHUNKS chunks, else v2 (choose_variant); with more than 8 query rows
-per pair (q_len x GQA ratio) v3m takes v3s2c4's place. plan(variant=None) reads the environment variable HOTPATHS_DECODE_VARIANT (default
-DEFAULT_VARIANT).
+the measurement that picked v3's (the first kernel, "v1", was removed; its lesson is in the notes). "v3m" (MTP): v3
+with one row group of up to 32 query rows (8:1 GQA at q_len 3-4 reads each K/V tile once) on a grid of 2 CTAs per
+SM. (A 4-stage / 1-per-SM MTP configuration and BF16 row-layout configurations with v3's start-up were measured
+and removed: docs/ops/split_kv_decode.md.) "auto" (the default) picks per plan: v3s2c4 (a finer grid:
+4 CTAs per SM of 2 stages) for FP8 KV in dynamic mode when its longest (head, request) stays within AUTO_MAX_CHUNKS
+chunks, else v2 (choose_variant); with more than 8 query rows per pair (q_len x GQA ratio) v3m takes v3s2c4's
+place, and above AUTO_MTP_ALWAYS_ROWS rows v3m is taken whatever the chunk estimate. plan(variant=None) reads the
+environment variable HOTPATHS_DECODE_VARIANT (default DEFAULT_VARIANT).
 
 The static modes size their grid from the lengths on the host (plan() reads kv_lens, or takes max_kv_len): later
 updates must not exceed that maximum. The dynamic mode never reads lengths on the host.
@@ -50,20 +50,18 @@ MAX_Q_LEN = 4
 MODES = ("dynamic", "static_count", "static_chunk", "batch_invariant")
 _MODE_CODE = {"dynamic": 0, "static_count": 1, "static_chunk": 2, "batch_invariant": 2}
 DEFAULT_CHUNK_TILES = 16  # static_chunk / batch_invariant chunk: 1024 tokens
-VARIANTS = ("v2", "v3", "v3s3c3", "v3s5", "v3s2c4", "v3m", "v3ms4c1", "v2f", "v2fs3c1", "v2fs4c1")
+VARIANTS = ("v2", "v3", "v3s3c3", "v3s5", "v3s2c4", "v3m")
 # variant -> config id of hp_decode_attention (attention.cu kNumConfigs): 0 the row layout, 1..4 the transposed
-# layout with {stages, CTAs per SM} 4/2, 3/3, 5/2, 2/4; 5, 6 the MTP configurations (transposed, one row group of up
-# to 32 rows per pass over the KV: 8:1 GQA at q_len 2-4 reads each K/V tile once; {stages, CTAs per SM} of the
-# 32-row kernel 2/2, 4/1); 7..9 the row layout with the transposed layout's start-up (for the BF16 gap; BF16
-# {stages, CTAs per SM} 2/2, 3/1, 4/1).
-CONFIGS = {"v2": 0, "v3": 1, "v3s3c3": 2, "v3s5": 3, "v3s2c4": 4, "v3m": 5, "v3ms4c1": 6, "v2f": 7, "v2fs3c1": 8,
-           "v2fs4c1": 9}
-ROW_CONFIGS = {k: v for k, v in CONFIGS.items() if v == 0 or v >= 7}  # the row layout (v2 and the v2f* family)
+# layout with {stages, CTAs per SM} 4/2, 3/3, 5/2, 2/4; 5 the MTP configuration (transposed, one row group of up to
+# 32 rows per pass over the KV: 8:1 GQA at q_len 2-4 reads each K/V tile once; the 32-row kernel at 2 stages, 2 CTAs
+# per SM).
+CONFIGS = {"v2": 0, "v3": 1, "v3s3c3": 2, "v3s5": 3, "v3s2c4": 4, "v3m": 5}
+ROW_CONFIGS = {k: v for k, v in CONFIGS.items() if v == 0}  # the row layout (v2)
 V3_CONFIGS = {k: v for k, v in CONFIGS.items() if k not in ROW_CONFIGS}  # the transposed (v3) configurations
-MTP_CONFIGS = ("v3m", "v3ms4c1")
-# Variants whose combine is the online form (one L2 round trip per 32 chunks): every transposed configuration and
-# the FAST row layout (its partials are the same; the two-pass form stays v2's so v2 is unchanged).
-ONLINE_COMBINE = tuple(V3_CONFIGS) + ("v2f", "v2fs3c1", "v2fs4c1")
+MTP_CONFIGS = ("v3m",)
+# Variants whose combine is the online form (one L2 round trip per 32 chunks): every transposed configuration (the
+# two-pass form stays v2's so v2 is unchanged).
+ONLINE_COMBINE = tuple(V3_CONFIGS)
 # v3 fused merge (off by default): with plan(fuse_max=F), a pair cut into 2..F chunks is merged by the attention CTA
 # that finishes its last chunk (per-pair arrival counters), so the combine kernel has nothing to do for it; longer
 # pairs go to the combine. Measured on the H200 (F = 8; docs/ops/split_kv_decode.md): ~1 us faster on
@@ -86,12 +84,16 @@ MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_h
 # With more than 8 query rows per (request, KV head) (q_len x GQA ratio > 8: MTP at 8:1, or 12:1 / 16:1), "auto" on FP8
 # KV in dynamic mode picks AUTO_MTP (v3m): one row group of up to 32 rows reads each K/V tile once, on a grid sized
 # for the kernel that runs (v3s2c4's 4-per-SM grid ran the 2-per-SM 16-row kernel in two waves, and q_len 3-4 read
-# the KV twice). q_len 1 at 8:1 (8 rows) keeps the choice above unchanged.
+# the KV twice). q_len 1 at 8:1 (8 rows) keeps the choice above unchanged. Above AUTO_MTP_ALWAYS_ROWS rows (8:1 at
+# q_len 3-4) v3m is taken even where the chunk estimate would fall back to v2: one pass over the KV for all rows beats
+# v2's two 16-row groups on a batch dominated by one long request too (1x128K+31x4K q_len 3: 50.2 vs 57.5 us, q_len
+# 4: 52.6 vs 58.4; docs/notes/split_kv_decode.md section 10).
 AUTO = "auto"
 AUTO_FINE = "v3s2c4"
 AUTO_MTP = "v3m"
 AUTO_FALLBACK = "v2"
 AUTO_MAX_CHUNKS = 128
+AUTO_MTP_ALWAYS_ROWS = 16
 DEFAULT_VARIANT = AUTO
 VARIANT_ENV = "HOTPATHS_DECODE_VARIANT"
 
@@ -175,7 +177,7 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     when the longest (head, request) is cut into at most AUTO_MAX_CHUNKS chunks at that grid's per-CTA budget
     (max(ceil(tiles / CTAs), min_tiles), plus one for a bin boundary), else AUTO_FALLBACK (v2). rows = GQA ratio x
     q_len (query rows per pair): above 8, AUTO_MTP (v3m, 2 CTAs per SM) takes AUTO_FINE's place, with the chunk
-    estimate at its own grid.
+    estimate at its own grid; above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP whatever the estimate.
 
     Shape/Dtype: kv_lens [batch] int32 (any device: read on the host, one sync, only when FP8 / dynamic / default
     grid; kv_dtype None = unknown, which also gives the fallback without reading anything). num_sms defaults to
@@ -194,6 +196,8 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     fine, cps = (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4)  # CTAs per SM of the fine variant's grid
     budget = max(_cdiv(total, cps * int(num_sms)), int(min_tiles))
     longest = _cdiv(max(tiles), budget) + 1
+    if rows > AUTO_MTP_ALWAYS_ROWS:
+        return AUTO_MTP, longest
     return (fine if longest <= AUTO_MAX_CHUNKS else AUTO_FALLBACK), longest
 
 
@@ -506,7 +510,7 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
                                f"q_heads={q_heads}, kv_heads={H}, q_len={q_len}, page_size={page_size})")
         if stages == "attention" or fuse >= FUSE_ALL:  # fuse-all: the attention kernel wrote every row
             return out
-        # the v3 and v2f* variants run the online combine (which also skips v3's fused pairs), v2 the two-pass one
+        # the v3 variants run the online combine (which also skips v3's fused pairs), v2 the two-pass one
         online = int(p.variant in ONLINE_COMBINE)
         code = lib.hp_decode_combine(kv_lens.data_ptr(), out.data_ptr(), p.partial_o.data_ptr(),
                                      p.partial_lse.data_ptr(), p.workspace.data_ptr(), batch, H, q_heads, q_len,

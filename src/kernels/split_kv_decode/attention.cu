@@ -72,20 +72,17 @@ struct Params {
 // pipeline depth, CTAs per SM (the __launch_bounds__ occupancy and the persistent grid size) and, in the transposed
 // layout, NT n-tiles of 8 query rows per row group (NT = 2: 9..16 rows; NT = 4: 17..32 rows, the MTP row group
 // that holds every draft token of a GQA 8:1 pair so each K/V tile is read and converted once for all of them).
-// FAST (row layout): the transposed layout's start-up (PDL trigger at entry, kv_lens fetched beside the bin bounds,
-// chunk counts by cp.async, one block-table lookup per tile when pages hold whole tiles). Shared memory per CTA:
-// STAGES x (K tile + V tile + Q rows + Q row scales) + the per-warp merge buffer + the descriptor cache.
-template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1, bool FAST_ = false> struct Traits {
+// Shared memory per CTA: STAGES x (K tile + V tile + Q rows + Q row scales) + the per-warp merge buffer + the
+// descriptor cache.
+template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1> struct Traits {
   static constexpr bool FP8 = FP8_;
   static constexpr bool TRANSPOSED = TRANSPOSED_;
   static constexpr int STAGES = STAGES_;
   static constexpr int CPS = CPS_;
   static constexpr int NT = NT_;
-  static constexpr bool FAST = FAST_;
   static_assert(!TRANSPOSED || FP8, "the transposed layout uses the e4m3 MMA: FP8 KV only");
   static_assert(TRANSPOSED || NT == 1, "the row layout has one m16 tile of query rows");
   static_assert(NT == 1 || NT == 2 || NT == 4, "tr_store splits 128 threads evenly over 8 NT rows");
-  static_assert(!TRANSPOSED || !FAST, "FAST is the row layout's copy of the transposed layout's start-up");
   // NT = 4: the O^T accumulators alone are 128 fp32 per thread, so Q's B fragments are not held in registers
   // across tiles but re-read from shared memory per n-tile (2 x 16 B per tile and n-tile). Q then has to outlive
   // the stage of the descriptor's first tile: it lives in the Q area of stage (descriptor index % STAGES), which
@@ -110,12 +107,9 @@ template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1, bool 
 using RowFp8 = Traits<true, false, 4, 2>;
 using RowBf16 = Traits<false, false, 2, 2>;
 template <int STAGES, int CPS, int NT = 1> using Transposed = Traits<true, true, STAGES, CPS, NT>;
-// BF16-gap configurations (row layout with FAST start-up; FP8 KV under them runs RowFp8Fast).
-template <int STAGES, int CPS> using RowBf16Fast = Traits<false, false, STAGES, CPS, 1, true>;
-using RowFp8Fast = Traits<true, false, 4, 2, 1, true>;
 
 struct Desc { int r, h, tb, te, slot, nch, kvlen; };
-constexpr int kLenCache = 256;  // kv_lens of batches up to this size are staged in smem at start-up (v3, FAST)
+constexpr int kLenCache = 256;  // kv_lens of batches up to this size are staged in smem at start-up (v3)
 
 // FP8 V, both layouts: 16 B (dims 16g..16g+15) of each of the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9
 // of the warp's 16 (the k slots of P's fragment), from the XOR-swizzled rows; the caller pairs their bytes with prmt.
@@ -462,8 +456,6 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
 
   // Wait for the producer of the workspace / the previous consumer of the partial buffers (PDL).
   cudaGridDependencySynchronize();
-  // FAST: let the combine grid launch now (it still waits for this grid in its own cudaGridDependencySynchronize).
-  if constexpr (CF::FAST) cudaTriggerProgrammaticLaunchCompletion();
 
   const int kv_cap = P.max_pages * P.page_size;  // never index the block table past its width
   int d_begin = 0, d_end = 0;
@@ -474,31 +466,12 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
     d_end = bin_start[blockIdx.x + 1];
     const int* desc = tm.desc();
     const int* nchunks = tm.num_chunks();
-    if constexpr (CF::FAST) {
-      // as the transposed layout: kv_lens beside the bin bounds (one round trip less before the first tile), the
-      // chunk counts (needed only at a descriptor's end) by cp.async with the first stage's group
-      __shared__ int s_len[kLenCache];
-      const bool lens_cached = P.batch <= kLenCache;
-      if (lens_cached)
-        for (int i = tid; i < P.batch; i += kThreads) s_len[i] = max(P.kv_lens[i], 0);
-      __syncthreads();
-      for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
-        const int d = d_begin + i;
-        const int* dp = desc + kDescInts * d;
-        const int r = dp[0], h = dp[1];
-        int* e = dcache + 8 * i;
-        e[0] = r; e[1] = h; e[2] = dp[2]; e[3] = dp[3];
-        e[4] = d; e[6] = lens_cached ? s_len[r] : max(P.kv_lens[r], 0);
-        cp_async4(e + 5, nchunks + h * P.batch + r, true);  // completes with the first stage's group
-      }
-    } else {
-      for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
-        int d = d_begin + i;
-        int r = desc[kDescInts * d], h = desc[kDescInts * d + 1];
-        int* e = dcache + 8 * i;
-        e[0] = r; e[1] = h; e[2] = desc[kDescInts * d + 2]; e[3] = desc[kDescInts * d + 3];
-        e[4] = d; e[5] = nchunks[h * P.batch + r]; e[6] = max(P.kv_lens[r], 0);
-      }
+    for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
+      int d = d_begin + i;
+      int r = desc[kDescInts * d], h = desc[kDescInts * d + 1];
+      int* e = dcache + 8 * i;
+      e[0] = r; e[1] = h; e[2] = desc[kDescInts * d + 2]; e[3] = desc[kDescInts * d + 3];
+      e[4] = d; e[5] = nchunks[h * P.batch + r]; e[6] = max(P.kv_lens[r], 0);
     }
   } else {
     d_end = cache_static_desc(P, dcache, tid);
@@ -522,24 +495,20 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
   const uint8_t* kbase = reinterpret_cast<const uint8_t*>(P.k);
   const uint8_t* vbase = reinterpret_cast<const uint8_t*>(P.v);
   const uint8_t* qbase = reinterpret_cast<const uint8_t*>(P.q);
-  const bool whole_pages = CF::FAST && P.page_size >= kTile;  // FAST: one block-table lookup per tile
   auto load_tile = [&](int stage, const Desc& d, int tile, bool first) {
     uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     uint8_t* sV = sK + CF::KV_BYTES;
     const int lim = min(d.kvlen, kv_cap);
     constexpr int RC = kD * CF::ES / 16;  // 16 B chunks per row
     constexpr int PER = kTile * RC / kThreads;
-    int page_once = 0;
-    if (whole_pages && tile * kTile < lim)
-      page_once = __ldg(P.block_table + (size_t)d.r * P.max_pages + ((tile * kTile) >> P.page_shift));
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
       const int c = tid + kThreads * i;
       const int tl = c / RC, ch = c % RC;
       const int tok = tile * kTile + tl;
       bool ok = tok < lim;
-      int page = page_once;
-      if (!whole_pages && ok) page = __ldg(P.block_table + (size_t)d.r * P.max_pages + (tok >> P.page_shift));
+      int page = 0;
+      if (ok) page = __ldg(P.block_table + (size_t)d.r * P.max_pages + (tok >> P.page_shift));
       ok = ok && page >= 0 && page < P.num_pages;
       const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
       const size_t off = ok ? (P.kv_row(slot, d.h) * kD) * CF::ES + ch * 16 : 0;
@@ -630,9 +599,6 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
     if (++ct >= cdd.te) {
       rows_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
       __syncthreads();
-      // FAST: the chunk count came by cp.async (complete: its group was waited for before this descriptor's first
-      // tile, and the barrier above follows that wait)
-      if (CF::FAST && P.mode == kDynamic && cd - d_begin < kDescCache) cdd.nch = dcache[8 * (cd - d_begin) + 5];
       rows_store<CF>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale);
       if (++cd >= d_end) break;
       cdd = fetch(cd);
@@ -1460,33 +1426,27 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 //   1..4 "v3", "v3s3c3", "v3s5", "v3s2c4": transposed layout {stages, CTAs per SM} 4/2, 3/3, 5/2, 2/4. Row groups
 //     of 9-16 rows run 4 stages / 2 CTAs per SM (their merge buffer is twice as large); a config whose CTAs per SM
 //     is higher then runs its persistent grid in more than one wave (correct, slower).
-//   5, 6 "v3m", "v3ms4c1" (MTP): transposed, every row group sized to the pair: R <= 8 rows as "v3", 9-16 one NT = 2
-//     group (4 stages), 17-32 one NT = 4 group, 33-64 two; NT = 4 with {stages, CTAs per SM} 2/2 ("v3m": the merge
-//     buffer of 32 rows leaves room for 2 stages at 2 CTAs per SM) or 4/1. The grid is sized 2 resp. 1 per SM for
-//     every R, so R = 9..16 no longer runs a 4-per-SM grid on a 2-per-SM kernel.
-//   7, 8, 9 "v2f", "v2fs3c1", "v2fs4c1" (the BF16 gap): row layout with the FAST start-up, BF16 {stages, CTAs per
-//     SM} 2/2, 3/1, 4/1; FP8 KV under any of them runs RowFp8Fast (4 stages, 2 per SM kernel on the config's grid).
+//   5 "v3m" (MTP): transposed, every row group sized to the pair: R <= 8 rows as "v3", 9-16 one NT = 2 group
+//     (4 stages), 17-32 one NT = 4 group, 33-64 two; NT = 4 with {stages, CTAs per SM} 2/2 (the merge buffer of 32
+//     rows leaves room for 2 stages at 2 CTAs per SM). The grid is sized 2 per SM for every R, so R = 9..16 does
+//     not run a 4-per-SM grid on a 2-per-SM kernel.
 // BF16 KV runs the row layout under every transposed configuration (the transposed products are FP8 only).
-// spills-ok(TraitsILb1ELb1ELi2ELi4ELi1ELb0EE): transposed, 2 stages / 4 CTAs per SM caps the kernel at 128 registers and it spills 4
+// spills-ok(TraitsILb1ELb1ELi2ELi4ELi1EE): transposed, 2 stages / 4 CTAs per SM caps the kernel at 128 registers and it spills 4
 // bytes; it is the configuration `auto` picks for batches without a dominant request, and the fastest there as
 // measured, spill included (docs/ops/split_kv_decode.md).
-// spills-ok(TraitsILb1ELb1ELi2ELi2ELi4ELb0EE): MTP NT = 4 ("v3m"): 128 O^T accumulators per thread, live across
+// spills-ok(TraitsILb1ELb1ELi2ELi2ELi4EE): MTP NT = 4 ("v3m"): 128 O^T accumulators per thread, live across
 // descriptors, leave ~16 words over the 255-register cap (stack 64 B, after Q, the row scales and the causal limits
 // moved to shared memory and the epilogues to 16-row passes); the alternative, two 16-row groups, reads every K/V
-// tile twice. Kept for the GPU A/B against auto (see the notes); remove the config if the spill costs more.
-// spills-ok(TraitsILb1ELb1ELi4ELi1ELi4ELb0EE): the same kernel at 4 stages / 1 CTA per SM ("v3ms4c1"), same reason.
-constexpr int kNumConfigs = 10;
-constexpr int kCfgMtp = 5, kCfgMtpS4C1 = 6, kCfgRowFast = 7, kCfgRowFastS3C1 = 8, kCfgRowFastS4C1 = 9;
+// tile twice. Measured on the H200, spill included, it is the fastest at q_len 2-4 (docs/notes/split_kv_decode.md).
+constexpr int kNumConfigs = 6;
+constexpr int kCfgMtp = 5;
 using MtpNt4 = Transposed<2, 2, 4>;
-using MtpNt4S4C1 = Transposed<4, 1, 4>;
-constexpr int kConfigCps[kNumConfigs] = {RowFp8::CPS,          Transposed<4, 2>::CPS,    Transposed<3, 3>::CPS,
-                                         Transposed<5, 2>::CPS, Transposed<2, 4>::CPS,    MtpNt4::CPS,
-                                         MtpNt4S4C1::CPS,       RowBf16Fast<2, 2>::CPS,   RowBf16Fast<3, 1>::CPS,
-                                         RowBf16Fast<4, 1>::CPS};
+constexpr int kConfigCps[kNumConfigs] = {RowFp8::CPS,           Transposed<4, 2>::CPS, Transposed<3, 3>::CPS,
+                                         Transposed<5, 2>::CPS, Transposed<2, 4>::CPS, MtpNt4::CPS};
 static_assert(RowFp8::CPS == RowBf16::CPS, "the row layout sizes its grid the same for both dtypes");
 static_assert(Transposed<4, 2>::CPS == MtpNt4::CPS && Transposed<4, 2, 2>::CPS == MtpNt4::CPS,
               "v3m's grid (2 per SM) fits every kernel it runs (R <= 8, 9-16, 17-64)");
-constexpr bool is_row_config(int config) { return config == 0 || config >= kCfgRowFast; }
+constexpr bool is_row_config(int config) { return config == 0; }
 
 template <class T>
 int launch_attention(const dim3 grid, bool pdl, cudaStream_t stream, const Params& P) {
@@ -1511,22 +1471,13 @@ extern "C" int hp_decode_ctas_per_sm(int config) {
 // unknown configuration.
 extern "C" int hp_decode_smem_bytes(int config, int kv_fp8) {
   if (config < 0 || config >= kNumConfigs) return -1;
-  if (!kv_fp8) {
-    switch (config) {
-      case kCfgRowFast: return RowBf16Fast<2, 2>::SMEM;
-      case kCfgRowFastS3C1: return RowBf16Fast<3, 1>::SMEM;
-      case kCfgRowFastS4C1: return RowBf16Fast<4, 1>::SMEM;
-      default: return RowBf16::SMEM;
-    }
-  }
+  if (!kv_fp8) return RowBf16::SMEM;
   switch (config) {
     case 0: return RowFp8::SMEM;
     case 2: return Transposed<3, 3>::SMEM;
     case 3: return Transposed<5, 2>::SMEM;
     case 4: return Transposed<2, 4>::SMEM;
     case kCfgMtp: return MtpNt4::SMEM;
-    case kCfgMtpS4C1: return MtpNt4S4C1::SMEM;
-    case kCfgRowFast: case kCfgRowFastS3C1: case kCfgRowFastS4C1: return RowFp8Fast::SMEM;
     default: return Transposed<4, 2>::SMEM;
   }
 }
@@ -1561,25 +1512,17 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
     if (fuse_max != 0) return (int)cudaErrorInvalidValue;  // the fused merge is the transposed layout's
     const int G = (P.R + RowFp8::MROWS - 1) / RowFp8::MROWS;
     const dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
-    if (kv_fp8) return config == 0 ? launch_attention<RowFp8>(grid, pdl, s, P)
-                                   : launch_attention<RowFp8Fast>(grid, pdl, s, P);
-    switch (config) {
-      case kCfgRowFast: return launch_attention<RowBf16Fast<2, 2>>(grid, pdl, s, P);
-      case kCfgRowFastS3C1: return launch_attention<RowBf16Fast<3, 1>>(grid, pdl, s, P);
-      case kCfgRowFastS4C1: return launch_attention<RowBf16Fast<4, 1>>(grid, pdl, s, P);
-      default: return launch_attention<RowBf16>(grid, pdl, s, P);
-    }
+    return kv_fp8 ? launch_attention<RowFp8>(grid, pdl, s, P) : launch_attention<RowBf16>(grid, pdl, s, P);
   }
   if (fuse_max > 0 && (counters == nullptr || P.R > 8 * kMaxRowGroups)) return (int)cudaErrorInvalidValue;
   if (fuse_max >= kFuseAll && mode != kDynamic) return (int)cudaErrorInvalidValue;  // zero rows: dynamic map only
   P.counters = counters;
   P.fuse_max = fuse_max;
-  const bool mtp = config == kCfgMtp || config == kCfgMtpS4C1;
+  const bool mtp = config == kCfgMtp;
   const int NT = P.R <= 8 ? 1 : (P.R <= 16 || !mtp) ? 2 : 4;  // MTP configs: one pass over the KV up to 32 rows
   const int G = (P.R + 8 * NT - 1) / (8 * NT);
   const dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
-  if (NT == 4) return config == kCfgMtp ? launch_attention<MtpNt4>(grid, pdl, s, P)
-                                        : launch_attention<MtpNt4S4C1>(grid, pdl, s, P);
+  if (NT == 4) return launch_attention<MtpNt4>(grid, pdl, s, P);
   if (NT == 2) return launch_attention<Transposed<4, 2, 2>>(grid, pdl, s, P);
   switch (config) {
     case 2: return launch_attention<Transposed<3, 3>>(grid, pdl, s, P);
