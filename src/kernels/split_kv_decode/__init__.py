@@ -87,7 +87,7 @@ MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_h
 # the KV twice). q_len 1 at 8:1 (8 rows) keeps the choice above unchanged. Above AUTO_MTP_ALWAYS_ROWS rows (8:1 at
 # q_len 3-4) v3m is taken even where the chunk estimate would fall back to v2: one pass over the KV for all rows beats
 # v2's two 16-row groups on a batch dominated by one long request too (1x128K+31x4K q_len 3: 50.2 vs 57.5 us, q_len
-# 4: 52.6 vs 58.4; docs/notes/split_kv_decode.md section 10).
+# 4: 52.6 vs 58.4; docs/ops/split_kv_decode.md).
 AUTO = "auto"
 AUTO_FINE = "v3s2c4"
 AUTO_MTP = "v3m"

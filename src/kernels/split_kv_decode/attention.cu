@@ -1437,7 +1437,7 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 // spills-ok(TraitsILb1ELb1ELi2ELi2ELi4EE): MTP NT = 4 ("v3m"): 128 O^T accumulators per thread, live across
 // descriptors, leave ~16 words over the 255-register cap (stack 64 B, after Q, the row scales and the causal limits
 // moved to shared memory and the epilogues to 16-row passes); the alternative, two 16-row groups, reads every K/V
-// tile twice. Measured on the H200, spill included, it is the fastest at q_len 2-4 (docs/notes/split_kv_decode.md).
+// tile twice. Measured on the H200, spill included, it is the fastest at q_len 2-4 (docs/ops/split_kv_decode.md).
 constexpr int kNumConfigs = 6;
 constexpr int kCfgMtp = 5;
 using MtpNt4 = Transposed<2, 2, 4>;
