@@ -26,7 +26,7 @@ TRACE_CFGS = ("ws128n192g/4", "ws128n192p/4", "ws128n192r/4")
 WORDS = 9  # trace words per CTA (kTraceWords in router_wgmma.cu)
 # A/B list (variant/splits). Experiments add a temporary switch (a compile-time define passed through
 # HOTPATHS_NVCC_DEFINES, or a kernel argument set from the host) and time it here beside these, then remove it;
-# what was measured that way is in docs/notes/router_gemm.md.
+# what was measured that way is in docs/ops/router_gemm.md.
 AB = ("ws128n192r/4", "ws128n192g/4", "ws128n192p/4", "ws128n192r/8")
 
 
