@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from hotpaths.bench import fused_moe as bm
 from hotpaths.bench import fused_moe_peers as peers
 from hotpaths.harness.tables import COLUMNS

@@ -241,7 +241,8 @@ def test_device_plan_matches_host_builder(moe, case):
     p = moe.plan(ids.cuda(), num_experts=e, expert_offset=off, max_tokens=mt, block_m=bm)
     exp = host_plan(ids, e, off, mt if mt is not None else t, bm)
     got = p.workspace.cpu()
-    assert got.numel() == exp.numel() == moe.workspace_len(e, (mt or t) * k, bm) == moe.c_workspace_len(e, (mt or t) * k, bm)
+    n = moe.workspace_len(e, (mt or t) * k, bm)
+    assert got.numel() == exp.numel() == n == moe.c_workspace_len(e, (mt or t) * k, bm)
     bad = torch.nonzero(got != exp).flatten()[:10].tolist()
     assert not bad, f"plan differs at {bad}; layout {p.layout.offsets}\n{p.describe()}"
 
@@ -399,7 +400,8 @@ def test_routing_edges(moe, edge):
     elif edge == "duplicates":
         ids[:, 1] = ids[:, 0]
     else:
-        ids[::3, 0] = torch.tensor([-2**31, 2**31 - 1, 100, -7], dtype=torch.int32, device="cuda").repeat(14)[: len(ids[::3])]
+        bad = torch.tensor([-2**31, 2**31 - 1, 100, -7], dtype=torch.int32, device="cuda")
+        ids[::3, 0] = bad.repeat(14)[: len(ids[::3])]
     _, (_, _, out), (_, _, eo, _) = _run_case(moe, "small", "pertensor", t, ids=ids)
     assert_close(out, eo, edge)
     if edge == "all_skip":

@@ -23,7 +23,6 @@ import ctypes
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
