@@ -444,11 +444,13 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     if "route" in todo:
         p._route(pdl)
     # The gate_up and down stages each include their activation pre-pass (x -> xq; act -> aq over the plan's
-    # valid pairs, header[0]). The x pass needs no routing: it waits at its end, so it overlaps the route kernel.
+    # valid pairs, header[0]). The x pass needs no routing: after the route kernel (which lets it launch only once
+    # everything before has completed) it waits at its end instead, so it overlaps routing; after anything else
+    # (a stage run alone) it waits first, since a predecessor that launched early may still read xq.
     nvalid = p.workspace[:1]
     if "gate_up" in todo:
-        _check(lib.hp_moe_quant(_ptr(x), _ptr(xq), _ptr(xsc), _ptr(a1_scale), None, t, h, block, 0, int(pdl),
-                                stream), "hp_moe_quant(x)")
+        _check(lib.hp_moe_quant(_ptr(x), _ptr(xq), _ptr(xsc), _ptr(a1_scale), None, t, h, block,
+                                int("route" not in todo), int(pdl), stream), "hp_moe_quant(x)")
         _check(lib.hp_moe_gate_up(_ptr(p.workspace), _ptr(xq), _ptr(xsc), _ptr(w13), _ptr(w13_scale), _ptr(a1_scale),
                                   _ptr(act), p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl),
                                   _ptr(sk_gu), stream),
