@@ -328,6 +328,36 @@ def test_stages_and_pipeline_match_emulation(moe, name, mode, t):
 
 
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
+@pytest.mark.parametrize("name", ["small_i192", "hy3_tp8"])
+def test_prepass_quantizes_like_the_contract(moe, name, mode):
+    """The activation pre-pass: xq = e4m3(x / s) for the T rows and aq = e4m3(act / s) for the valid pairs (by
+    sorted position), s = a1/a2 or the 1x128 group scales amax * fp32(1/448) (bit-equal to the emulation's). The
+    kernel divides with a reciprocal plus one correction (correctly rounded but for rare last-ulp cases), so at most
+    1e-4 of the bytes may differ, each by one e4m3 step."""
+    e, k, h, i, off, (lo, hi) = SHAPES[name]
+    t = 37
+    p, (act, _, _), _ = _run_case(moe, name, mode, t, seed=11)
+    xq, xsc, aq, asc = p.quant_buffers(h, i)
+    nvalid = int(p.fields()["header"][0])
+    w13, w2, sc = weights(name, mode)
+    x, _, _ = make_tokens(t, k, h, hi, seed=11, ids_lo=lo)
+    for what, src, q, qs, a_s in (("x", x, xq[:t], xsc[:t], sc.get("a1_scale")),
+                                  ("act", act[:nvalid], aq[:nvalid], asc[:nvalid], sc.get("a2_scale"))):
+        if mode == "pertensor":
+            exp = (src.float() / a_s).clamp(-448.0, 448.0).to(FP8)
+        else:
+            eq, es = _group_quant(src.float())
+            assert torch.equal(qs, es), f"{what}: group scales differ from amax * fp32(1/448)"
+            exp = eq.to(FP8)
+        got8, exp8 = q.view(FP8).float(), exp.float()
+        diff = got8 != exp8
+        assert diff.float().mean().item() <= 1e-4, f"{what}: {int(diff.sum())} of {diff.numel()} bytes differ"
+        if diff.any():  # one e4m3 step at most: 1/8 of the value's binade
+            step = torch.exp2(torch.floor(torch.log2(exp8[diff].abs().clamp(min=2**-6))) - 3)
+            assert ((got8[diff] - exp8[diff]).abs() <= step * 1.0001).all(), f"{what}: off by more than one step"
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
 @pytest.mark.parametrize("t", [128, 256])
 def test_hy3_tp8_large_batches(moe, mode, t):
     _, (_, _, out), (_, _, eo, _) = _run_case(moe, "hy3_tp8", mode, t, seed=t)
