@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from hotpaths.bench import fused_moe as bm
 from hotpaths.bench import fused_moe_peers as peers
 from hotpaths.harness.tables import COLUMNS
@@ -126,7 +127,12 @@ def test_gpu_fused_rows_pass_their_tolerance(scales, mode):
     for r in rows:
         assert r["impl"] == "fused" and r["reason"] is None, r
         assert r["passed"] and r["vs_emulation_cosine"] >= 0.9999, r
-        assert r["median_us"] > 0 and r["pct_of_read_probe"] > 0
+        assert r["median_us"] > 0
+        # a batch with no local expert hit (EP at batch 1) reads no weights: there is no read probe to compare with
+        if r["weight_bytes"]:
+            assert r["pct_of_read_probe"] > 0, r
+        else:
+            assert r["pct_of_read_probe"] is None and r["experts_hit"] == 0, r
 
 
 @pytest.mark.gpu

@@ -241,7 +241,8 @@ def test_device_plan_matches_host_builder(moe, case):
     p = moe.plan(ids.cuda(), num_experts=e, expert_offset=off, max_tokens=mt, block_m=bm)
     exp = host_plan(ids, e, off, mt if mt is not None else t, bm)
     got = p.workspace.cpu()
-    assert got.numel() == exp.numel() == moe.workspace_len(e, (mt or t) * k, bm) == moe.c_workspace_len(e, (mt or t) * k, bm)
+    n = moe.workspace_len(e, (mt or t) * k, bm)
+    assert got.numel() == exp.numel() == n == moe.c_workspace_len(e, (mt or t) * k, bm)
     bad = torch.nonzero(got != exp).flatten()[:10].tolist()
     assert not bad, f"plan differs at {bad}; layout {p.layout.offsets}\n{p.describe()}"
 
@@ -327,6 +328,36 @@ def test_stages_and_pipeline_match_emulation(moe, name, mode, t):
 
 
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
+@pytest.mark.parametrize("name", ["small_i192", "hy3_tp8"])
+def test_prepass_quantizes_like_the_contract(moe, name, mode):
+    """The activation pre-pass: xq = e4m3(x / s) for the T rows and aq = e4m3(act / s) for the valid pairs (by
+    sorted position), s = a1/a2 or the 1x128 group scales amax * fp32(1/448) (bit-equal to the emulation's). The
+    kernel divides with a reciprocal plus one correction (correctly rounded but for rare last-ulp cases), so at most
+    1e-4 of the bytes may differ, each by one e4m3 step."""
+    e, k, h, i, off, (lo, hi) = SHAPES[name]
+    t = 37
+    p, (act, _, _), _ = _run_case(moe, name, mode, t, seed=11)
+    xq, xsc, aq, asc = p.quant_buffers(h, i)
+    nvalid = int(p.fields()["header"][0])
+    w13, w2, sc = weights(name, mode)
+    x, _, _ = make_tokens(t, k, h, hi, seed=11, ids_lo=lo)
+    for what, src, q, qs, a_s in (("x", x, xq[:t], xsc[:t], sc.get("a1_scale")),
+                                  ("act", act[:nvalid], aq[:nvalid], asc[:nvalid], sc.get("a2_scale"))):
+        if mode == "pertensor":
+            exp = (src.float() / a_s).clamp(-448.0, 448.0).to(FP8)
+        else:
+            eq, es = _group_quant(src.float())
+            assert torch.equal(qs, es), f"{what}: group scales differ from amax * fp32(1/448)"
+            exp = eq.to(FP8)
+        got8, exp8 = q.view(FP8).float(), exp.float()
+        diff = got8 != exp8
+        assert diff.float().mean().item() <= 1e-4, f"{what}: {int(diff.sum())} of {diff.numel()} bytes differ"
+        if diff.any():  # one e4m3 step at most: 1/8 of the value's binade
+            step = torch.exp2(torch.floor(torch.log2(exp8[diff].abs().clamp(min=2**-6))) - 3)
+            assert ((got8[diff] - exp8[diff]).abs() <= step * 1.0001).all(), f"{what}: off by more than one step"
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
 @pytest.mark.parametrize("t", [128, 256])
 def test_hy3_tp8_large_batches(moe, mode, t):
     _, (_, _, out), (_, _, eo, _) = _run_case(moe, "hy3_tp8", mode, t, seed=t)
@@ -336,18 +367,25 @@ def test_hy3_tp8_large_batches(moe, mode, t):
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
 @pytest.mark.parametrize("name,t", [("hy3_tp8", 1), ("hy3_tp8", 2), ("hy3_tp1_ep8", 1)])
 def test_split_k_on_off(moe, name, mode, t):
-    """Split-K across CTAs (taken at these sizes: at most 16 tiles x 12 gate-up items against >= 2 x 132 CTA slots;
-    EP8 at batch 1 also splits the down GEMM, 64 items of 12 K stages) vs no split: the
-    same act up to fp32 summation order, the same output within the emulation tolerance; a second split run on
-    poisoned buffers is bit-identical (deterministic reduction, and the arrival counters were put back to 0: a
-    stale counter would skip the epilogue and leave NaN)."""
+    """Split-K across CTAs vs no split at sizes whose items leave CTA slots idle: the plan reports the factor the
+    launches take (hp_moe_split_factor, the kernel's own formula) and the case is built so the gate-up GEMM must
+    split (EP8 at batch 1: exactly one local pair, 1 tile x 2I/32 = 96 items of 32 K stages against >= 2 x 132
+    slots; its down GEMM, 64 items of 12 K stages, splits too). The same act up to fp32 summation order, the same
+    output within the emulation tolerance; a second split run on poisoned buffers is bit-identical (deterministic
+    reduction, and the arrival counters were put back to 0: a stale counter would skip the epilogue and leave NaN)."""
     e, k, h, i, off, (lo, hi) = SHAPES[name]
     w13, w2, sc = weights(name, mode)
     x, ids, tw = make_tokens(t, k, h, hi, seed=40 + t, ids_lo=lo)
-    ids[0, 0] = off + 3  # at least one local pair (EP8 keeps ~1/8 of the slots)
+    if off:
+        ids.fill_(-1)  # exactly one local pair: a single tile whatever the seed
+    ids[0, 0] = off + 3
     p = moe.plan(ids, num_experts=e, expert_offset=off, block_m=8)
     act, ybuf = p.buffers(h, i)
     nvalid = int(p.fields()["header"][0])
+    split_gu, split_dn = p.split_factors(h, i, mode)
+    assert split_gu > 1, f"{name}/T={t}: the gate-up GEMM should split here, factor {split_gu}"
+    if off:
+        assert split_dn > 1, f"{name}/T={t}: the down GEMM should split here, factor {split_dn}"
     runs = []
     for split in (False, True, True):
         act.fill_(float("nan"))
@@ -355,15 +393,15 @@ def test_split_k_on_off(moe, name, mode, t):
         out = moe.run(p, x, w13, w2, tw, scales=mode, split_k=split, **sc)
         torch.cuda.synchronize()
         runs.append((act[:nvalid].clone(), out.clone()))
-    assert torch.count_nonzero(p.splitk_workspace(True)) > 0, "the gate-up GEMM did not split (no partial written)"
-    if name == "hy3_tp1_ep8":
-        assert torch.count_nonzero(p.splitk_workspace(False)) > 0, "the down GEMM did not split"
+    # the split launches wrote partials: the fp32 region past the counters is no longer all zero
+    assert torch.count_nonzero(p.splitk_workspace(True)) > 0, "the gate-up GEMM wrote no split-K partial"
     (a0, o0), (a1, o1), (a2, o2) = runs
     assert torch.equal(a1, a2) and torch.equal(o1, o2), "split-K runs differ: counters not reset or order-dependent"
     assert_close(a1, a0, f"{name}/{mode}/T={t}: act split vs no split", cos_min=0.99999, rel_max=5e-3)
     assert_close(o1, o0, f"{name}/{mode}/T={t}: out split vs no split")
     _, _, eo, _ = emulate(x, ids, tw, w13, w2, mode, expert_offset=off, **sc)
     assert_close(o1, eo, f"{name}/{mode}/T={t}: split output vs emulation")
+    assert p.split_factors(h, i, mode) == (split_gu, split_dn)
 
 
 @pytest.mark.parametrize("block_m", [8, 16, 32, 64])
@@ -392,7 +430,8 @@ def test_routing_edges(moe, edge):
     elif edge == "duplicates":
         ids[:, 1] = ids[:, 0]
     else:
-        ids[::3, 0] = torch.tensor([-2**31, 2**31 - 1, 100, -7], dtype=torch.int32, device="cuda").repeat(14)[: len(ids[::3])]
+        bad = torch.tensor([-2**31, 2**31 - 1, 100, -7], dtype=torch.int32, device="cuda")
+        ids[::3, 0] = bad.repeat(14)[: len(ids[::3])]
     _, (_, _, out), (_, _, eo, _) = _run_case(moe, "small", "pertensor", t, ids=ids)
     assert_close(out, eo, edge)
     if edge == "all_skip":

@@ -4,6 +4,7 @@ invariants, every edge routing, both scale modes (I = 192 block-wise), and malfo
 import numpy as np
 import pytest
 import torch
+
 from hotpaths.harness.check import check
 from hotpaths.harness.shapes import load_shapes
 from hotpaths.reference import fused_moe as fm

@@ -70,7 +70,8 @@ def _published(mode: str, model: str, batch: int) -> dict:
 
 def _repro(model, mode, scales, batch, impl, over) -> str:
     flags = "".join(f" --{k} {v}" for k, v in over.items() if v is not None)
-    return f"python -m hotpaths moe --model {model} --mode {mode} --batch {batch} --scales {scales} --impl {impl}{flags}"
+    return (f"python -m hotpaths moe --model {model} --mode {mode} --batch {batch} --scales {scales} "
+            f"--impl {impl}{flags}")
 
 
 def _fused_fn(km, inputs, out):
@@ -92,11 +93,13 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
 
     Error columns (rel_l2_err, max_abs_err, cosine, max_rel_err) are vs the exact fp64 reference from the bf16 x;
     *_vs_fp8x_ref vs the same reference fed the FP8-quantized x (the form of the published figures: cosine 0.99974,
-    max rel 0.024); vs_emulation_* vs the staged emulation. On the fused row vs_<peer> = peer median / fused median (speedup). ceilings:
+    max rel 0.024); vs_emulation_* vs the staged emulation. On the fused row vs_<peer> = peer median / fused median
+    (speedup). ceilings:
     hotpaths.harness.ceilings.measure() output for pct_of_ceiling (copy bandwidth), or None.
     Raises ValueError on unknown impls or sizes (hotpaths.reference.fused_moe.model_dims).
     """
     import torch
+
     from hotpaths.bench import fused_moe_peers as peers
     from hotpaths.harness import bench as hb
     from hotpaths.harness.check import check
@@ -156,7 +159,8 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
                                     torch.cuda.synchronize()
                                     timing = hb.bench(fn, iters=iters, graph=False)
                                 except Exception as e2:
-                                    reason = f"failed: capture {type(e).__name__}, eager {type(e2).__name__}: {e2}"[:400]
+                                    reason = (f"failed: capture {type(e).__name__}, eager {type(e2).__name__}: "
+                                              f"{e2}")[:400]
             else:
                 label = f"{impl}_emulation"
                 reason = why
@@ -216,6 +220,7 @@ def stage_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str
     PDL; ``pdl_saves_us`` on the all row. Without SM90 (or the kernel) one row per stage with the reason and no
     timing. Columns: tables.COLUMNS + batch, mode, scales, model, stage, pdl_saves_us, reason."""
     import torch
+
     from hotpaths.harness import bench as hb
     from hotpaths.harness.env import device_tag
     from hotpaths.harness.runs import run_id

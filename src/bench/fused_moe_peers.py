@@ -110,6 +110,7 @@ def make_hpc_ops(inputs):
     num_expert_total: the global count (its block test passes the global count with rank_ep).
     """
     import torch
+
     from hotpaths.reference import fused_moe as fm
 
     _need_cuda(inputs)
@@ -153,6 +154,7 @@ def make_hpc_ops(inputs):
 def _group_quant_gpu(x):
     """Dynamic 1x128 FP8 groups of x [T, H] (H a multiple of 128 here): (fp8 [T, H], FP32 [T, H/128])."""
     import torch
+
     from hotpaths.reference import fused_moe as fm
 
     t, h = x.shape
@@ -221,6 +223,7 @@ def make_torch_grouped_mm_bf16(inputs):
 
 def _dequant_bf16(inputs):
     import torch
+
     from hotpaths.reference import fused_moe as fm
 
     w13, w2, s13, s2 = inputs["w13"], inputs["w2"], inputs["w13_scale"], inputs["w2_scale"]
@@ -233,6 +236,7 @@ def make_torch_scaled_grouped_mm_fp8(inputs):
     """``torch._scaled_grouped_mm`` FP8 (per-tensor only: row-wise scales a1 per row and w13_scale[e] per column);
     x and the activation quantized with the static scales inside fn. Block scales have no such entry point."""
     import torch
+
     from hotpaths.reference import fused_moe as fm
 
     _need_cuda(inputs)
@@ -307,6 +311,7 @@ def make_flashinfer_cutlass(inputs):
     takes up rows first: the halves of w13 (and of the block-scale grid) are swapped here, once. EP through
     ep_size=8 / ep_rank. First call JIT-compiles (tens of seconds)."""
     import torch
+
     from hotpaths.reference import fused_moe as fm
 
     _need_cuda(inputs)
@@ -369,6 +374,7 @@ def grouped_mm_bf16_emulation(inputs):
     rounded to bf16 (what torch._grouped_mm returns), SiLU-and-mul in FP32 rounded to bf16, FP32 weighted sum.
     Returns bf16 [T, H]."""
     import torch
+
     from hotpaths.reference import fused_moe as fm
 
     x, ids, tw, sh = inputs["x"], inputs["topk_ids"], inputs["topk_weights"], inputs.get("shared_out")

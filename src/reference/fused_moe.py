@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from hotpaths.reference.common import check_fits, expect_tensor
 
 OP = "fused_moe"
@@ -214,7 +215,8 @@ def validate_moe_args(x, topk_ids, topk_weights, w13, w2, *, scales, w13_scale, 
     devs = {a.device for a in (x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, a1_scale, a2_scale,
                                 shared_out) if a is not None}
     if len(devs) > 1:
-        raise ValueError(f"x, topk_ids, topk_weights, w13, w2, scales: expected one device, got {sorted(map(str, devs))}")
+        raise ValueError("x, topk_ids, topk_weights, w13, w2, scales: expected one device, "
+                         f"got {sorted(map(str, devs))}")
     if check_ids and topk_ids.numel() and int(topk_ids.min()) < -1:
         raise ValueError(f"topk_ids: ids below -1 are malformed (-1 = skip), got min {int(topk_ids.min())}")
     return MoEDims(t, h, k, e, i)
@@ -667,7 +669,8 @@ def fused_moe_unfused(x, topk_ids, topk_weights, w13, w2, *, scales: str, w13_sc
     if scales == "pertensor":
         aq, asc = quant_fp8(act, a2_scale.float().reshape(())), a2_scale.float()
     else:
-        aq, asc = quant_groups(act) if len(pairs) else (act.to(FP8_DTYPE), torch.zeros(0, cdiv(i, BLOCK), device=x.device))
+        aq, asc = (quant_groups(act) if len(pairs)
+                   else (act.to(FP8_DTYPE), torch.zeros(0, cdiv(i, BLOCK), device=x.device)))
     ysorted = torch.zeros(len(pairs), h, dtype=torch.bfloat16, device=x.device)
     start = 0
     for ex in range(d.experts):

@@ -10,6 +10,8 @@ hotpaths.reference.fused_moe.build_routing_plan (compared byte for byte in tests
 
 Intermediate buffers, kept in the plan (allocated on first use per (H, I), reused: CUDA-graph safe):
 ``act`` bf16 [max_pairs, I] indexed by SORTED position (a tile's rows are contiguous for the down GEMM);
+the activation pre-pass outputs ``xq`` e4m3 [max_tokens, H] and ``aq`` e4m3 [max_pairs, I] (+ fp32 1x128 group scales
+[rows, ceil(cols/128)] in block mode): the GEMMs stream these fp8 rows (``MoEPlan.quant_buffers``);
 ``ybuf`` bf16 [max_pairs, H] indexed by the ORIGINAL pair index p = t*K + k (the reduce reads a token's slots
 contiguously). Rows of pairs that are not routed here are never written. Per GEMM, a split-K workspace (int32
 counters that are 0 between launches, then fp32 partials; ``MoEPlan.splitk_workspace``).
@@ -21,7 +23,6 @@ import ctypes
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -95,11 +96,15 @@ def _lib() -> ctypes.CDLL:
     lib.hp_moe_route.restype = i
     lib.hp_moe_splitk_ints.argtypes = [i, i, i]
     lib.hp_moe_splitk_ints.restype = ctypes.c_longlong
-    gemm = [vp, vp, vp, vp, vp, vp, i, i, i, i, i, i, i, i, vp, vp]
+    gemm = [vp, vp, vp, vp, vp, vp, vp, i, i, i, i, i, i, i, i, vp, vp]
     lib.hp_moe_gate_up.argtypes = gemm
     lib.hp_moe_gate_up.restype = i
     lib.hp_moe_down.argtypes = gemm
     lib.hp_moe_down.restype = i
+    lib.hp_moe_quant.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, i, vp]
+    lib.hp_moe_quant.restype = i
+    lib.hp_moe_split_factor.argtypes = [i, i, i, i, i, i, i, i]
+    lib.hp_moe_split_factor.restype = ctypes.c_longlong
     lib.hp_moe_reduce.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, i, i, vp]
     lib.hp_moe_reduce.restype = i
     return lib
@@ -240,6 +245,30 @@ class MoEPlan:
             self._bufs[key] = (torch.empty(mp, inter, dtype=torch.bfloat16, device=self.device),
                                torch.empty(mp, hidden, dtype=torch.bfloat16, device=self.device))
         return self._bufs[key]
+
+    def quant_buffers(self, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                torch.Tensor]:
+        """(xq uint8 [max_tokens, H], x_scale fp32 [max_tokens, ceil(H/128)], aq uint8 [max_pairs, I],
+        act_scale fp32 [max_pairs, ceil(I/128)]): the activation pre-pass outputs (e4m3 bytes; group scales used in
+        block mode only), allocated once per (H, I)."""
+        key = ("quant", hidden, inter)
+        if key not in self._bufs:
+            mt, mp, dev = max(self.max_tokens, 1), max(self.max_pairs, 1), self.device
+            self._bufs[key] = (torch.empty(mt, hidden, dtype=torch.uint8, device=dev),
+                               torch.empty(mt, -(-hidden // 128), dtype=torch.float32, device=dev),
+                               torch.empty(mp, inter, dtype=torch.uint8, device=dev),
+                               torch.empty(mp, -(-inter // 128), dtype=torch.float32, device=dev))
+        return self._bufs[key]
+
+    def split_factors(self, hidden: int, inter: int, scales: str = "pertensor") -> tuple[int, int]:
+        """(gate-up, down) split-K factors the GEMM launches take for the tile count now in the plan (1: no split).
+        Reads the plan's header on the host (a sync): for tests and diagnostics, not hot paths."""
+        if scales not in SCALE_MODES:
+            raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
+        tiles = int(self.fields()["header"][1])
+        out = tuple(int(_lib().hp_moe_split_factor(g, self.block_m, int(scales == "block"), tiles, self.num_experts,
+                                                   self.max_pairs, hidden, inter)) for g in (1, 0))
+        return out[0], out[1]
 
     def splitk_workspace(self, gate_up: bool) -> torch.Tensor:
         """int32 split-K workspace of the gate-up (or down) GEMM at this plan's block_m: per-item arrival counters
@@ -406,23 +435,34 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     if t == 0:
         return out
     if (h, i) not in p._bufs:
-        _fits(f"fused_moe buffers (max_pairs={p.max_pairs}, H={h}, I={i})", 2 * p.max_pairs * (h + i), p.device)
+        nbytes = 2 * p.max_pairs * (h + i) + p.max_tokens * h * 1.04 + p.max_pairs * i * 1.04
+        _fits(f"fused_moe buffers (max_pairs={p.max_pairs}, H={h}, I={i})", int(nbytes), p.device)
     act, ybuf = p.buffers(h, i)
+    xq, xsc, aq, asc = p.quant_buffers(h, i)
     lib, stream, block = _lib(), _stream(p.device), int(scales == "block")
     sk_gu = p.splitk_workspace(True) if split_k and "gate_up" in todo else None
     sk_dn = p.splitk_workspace(False) if split_k and "down" in todo else None
     if "route" in todo:
         p._route(pdl)
+    # The gate_up and down stages each include their activation pre-pass (x -> xq; act -> aq over the plan's
+    # valid pairs, header[0]). The x pass needs no routing: after the route kernel (which lets it launch only once
+    # everything before has completed) it waits at its end instead, so it overlaps routing; after anything else
+    # (a stage run alone) it waits first, since a predecessor that launched early may still read xq.
+    nvalid = p.workspace[:1]
     if "gate_up" in todo:
-        _check(lib.hp_moe_gate_up(_ptr(p.workspace), _ptr(x), _ptr(w13), _ptr(w13_scale), _ptr(a1_scale), _ptr(act),
-                                  p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), _ptr(sk_gu),
-                                  stream),
+        _check(lib.hp_moe_quant(_ptr(x), _ptr(xq), _ptr(xsc), _ptr(a1_scale), None, t, h, block,
+                                int("route" not in todo), int(pdl), stream), f"fused_moe quant x (tokens={t}, H={h}, scales={scales})")
+        _check(lib.hp_moe_gate_up(_ptr(p.workspace), _ptr(xq), _ptr(xsc), _ptr(w13), _ptr(w13_scale), _ptr(a1_scale),
+                                  _ptr(act), p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl),
+                                  _ptr(sk_gu), stream),
                f"fused_moe gate_up (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, I={i}, "
                f"scales={scales}, block_m={p.block_m})")
     if "down" in todo:
-        _check(lib.hp_moe_down(_ptr(p.workspace), _ptr(act), _ptr(w2), _ptr(w2_scale), _ptr(a2_scale), _ptr(ybuf),
-                               p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), _ptr(sk_dn),
-                               stream),
+        _check(lib.hp_moe_quant(_ptr(act), _ptr(aq), _ptr(asc), _ptr(a2_scale), _ptr(nvalid), p.max_pairs, i, block,
+                                1, int(pdl), stream), f"fused_moe quant act (pairs<={p.max_pairs}, I={i}, scales={scales})")
+        _check(lib.hp_moe_down(_ptr(p.workspace), _ptr(aq), _ptr(asc), _ptr(w2), _ptr(w2_scale), _ptr(a2_scale),
+                               _ptr(ybuf), p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl),
+                               _ptr(sk_dn), stream),
                f"fused_moe down (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, I={i}, "
                f"scales={scales}, block_m={p.block_m})")
     if "reduce" in todo:
@@ -446,31 +486,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
                a1_scale=a1_scale, a2_scale=a2_scale, shared_out=shared_out, out=out, pdl=pdl)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# torch.library op: torch.ops.hotpaths.fused_moe (composes with torch.compile and CUDA graphs)
+# torch.ops.hotpaths.fused_moe (torch.compile / CUDA graphs): registered when this package is imported
+from hotpaths.kernels.fused_moe import ops as _ops  # noqa: E402
 
-def _register_op() -> None:
-    lib_ns = getattr(torch, "library", None)
-    if lib_ns is None or not hasattr(lib_ns, "custom_op"):
-        return
-
-    @torch.library.custom_op("hotpaths::fused_moe", mutates_args=())
-    def _op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
-            w2: torch.Tensor, w13_scale: torch.Tensor, w2_scale: torch.Tensor, a1_scale: torch.Tensor | None,
-            a2_scale: torch.Tensor | None, shared_out: torch.Tensor | None, scales: str,
-            expert_offset: int) -> torch.Tensor:
-        return fused_moe(x, topk_ids, topk_weights, w13, w2, scales=scales, w13_scale=w13_scale,
-                         w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale, expert_offset=expert_offset,
-                         shared_out=shared_out)
-
-    @_op.register_fake
-    def _(x, topk_ids, topk_weights, w13, w2, w13_scale, w2_scale, a1_scale, a2_scale, shared_out, scales,
-          expert_offset):
-        return x.new_empty(x.shape)
-
-
-try:
-    _register_op()
-except RuntimeError as exc:  # already registered (module reloaded in the same process)
-    if "already" not in str(exc):
-        raise
+_ops.register(fused_moe)

@@ -19,9 +19,11 @@
 //    specialisation, several CTAs per SM hide the latency. The 4 warps split each 128-wide K stage into k32 slices
 //    (intra-CTA split-K) and sum their accumulators in a fixed order at the end (deterministic), so a CTA's item is
 //    a thin slab of weight rows: many items, spread evenly over the SMs.
-//  - no gather copy and no quantized activation buffer: token rows are brought as bf16 (cp.async through the
-//    routing index) and quantized to e4m3 straight into the B fragments (per-tensor: static scale; block mode:
-//    the stage is one 1x128 group, its amax computed from shared memory when the stage lands).
+//  - activations quantized ONCE by a pre-pass (quant_rows_kernel: x [T, H] before gate-up, act [pairs, I] before
+//    down; e4m3 bytes + 1x128 group scales in block mode), and the GEMMs stream those fp8 rows through the routing
+//    index (cp.async, no gather copy) and read B fragments as plain 32-bit shared loads: no conversion in the loop.
+//    Quantizing on the fly inside the GEMM redid it for every n-tile of the weights (2I/BN times per x row, H/BN
+//    times per act row) and made the GEMM instruction bound (Nsight: 56% SM, 48% DRAM at Hy3 TP8 batch 64).
 //  - gate and up rows of the same j sit in one item (rows [j, j+BN/2) and [I+j, I+j+BN/2)), so SiLU-and-mul is
 //    the epilogue of the gate-up GEMM.
 //  - every stage is PDL-chained: each kernel waits (griddepcontrol.wait) before its first dependent read or any
@@ -40,7 +42,6 @@ namespace hp_moe {
 constexpr int kThreads = 128;
 constexpr int kBK = 128;             // K elements per pipeline stage = one block-scale group
 constexpr int kAStride = kBK + 16;   // bytes per weight row in smem: ldmatrix rows hit distinct bank quads
-constexpr int kBStride = 2 * kBK + 32;  // bytes per bf16 token row: 8-byte fragment reads conflict-free
 
 struct GemmArgs {
   const int* ws;
@@ -48,7 +49,8 @@ struct GemmArgs {
   const uint8_t* w;        // [E, w_rows, kdim] e4m3
   const float* w_scale;    // per-tensor [E]; block [E, ceil(w_rows/128), ceil(kdim/128)]
   const float* a_scale;    // per-tensor activation scale [1] (unused in block mode)
-  const __nv_bfloat16* src;  // gate_up: x [T, H]; down: act [max_pairs, I]
+  const uint8_t* src;      // e4m3 rows: gate_up xq [T, H]; down aq [max_pairs, I] (by sorted position)
+  const float* src_scale;  // block mode: group scales of src [rows, ceil(kdim/128)]; unused per-tensor
   __nv_bfloat16* dst;        // gate_up: act [max_pairs, I]; down: ybuf [max_pairs, H]
   int topk;                // K (pair p -> token p / topk)
   int kdim;                // reduction length: H (gate_up) or I (down)
@@ -66,6 +68,18 @@ struct GemmArgs {
 // then partials[slots][ROWS * BM]; slots = the grid's CTA slots, and S > 1 only when items * S <= grid.
 constexpr int kMaxSplit = 8;
 __host__ __device__ inline int splitk_counter_ints(int slots) { return (slots + 3) & ~3; }  // partials 16-B aligned
+// The split factor and K stages per range of a launch with `grid` CTAs: only when the items leave CTA slots idle,
+// at least 2 stages per range, no empty range. One function for the kernel and the host query (tests).
+__host__ __device__ inline int splitk_factor(int num_items, int grid, int kt_count, int* kps_out) {
+  int split = 1, kps = kt_count;
+  if (num_items > 0 && num_items < grid) {
+    split = min(min(grid / num_items, kMaxSplit), max(kt_count / 2, 1));
+    kps = (kt_count + split - 1) / split;
+    split = (kt_count + kps - 1) / kps;
+  }
+  *kps_out = kps;
+  return split;
+}
 
 template <int MW_, int NN_, bool GATE_UP_, bool BLOCK_>
 struct Traits {
@@ -80,7 +94,8 @@ struct Traits {
   // stages would only cost resident CTAs.
   static constexpr int STAGES = GATE_UP ? (NN == 1 ? 8 : NN == 2 ? 6 : 4) : 4;
   static constexpr int A_BYTES = ROWS * kAStride;
-  static constexpr int STAGE_BYTES = A_BYTES + BM * kBStride;
+  static constexpr int B_BYTES = BM * kAStride;  // e4m3 token rows, same stride as the weights: conflict-free
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + (BLOCK ? BM * 4 : 0);  // + the rows' group scales
   static constexpr int RED_STRIDE = BM + 1;  // floats per reduced row
   static constexpr int RED_BYTES = 4 * ROWS * RED_STRIDE * 4;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
@@ -88,7 +103,10 @@ struct Traits {
   // Resident CTAs the shared memory allows (227 KB per SM, 1 KB reserved per CTA), capped at 8: the register
   // budget given to ptxas through __launch_bounds__, so registers never cost a CTA that shared memory admits.
   static constexpr int SMEM_CTAS = (227 * 1024) / (SMEM + 1024 + 2048);
-  static constexpr int MIN_CTAS = SMEM_CTAS < 1 ? 1 : (SMEM_CTAS > 8 ? 8 : SMEM_CTAS);
+  // 128 accumulators per thread (block_m 64 gate-up) need ~200 registers: 2 CTAs, or ptxas spills in the loop.
+  static constexpr int REG_CTAS = MW * NN * 4 >= 128 ? 2 : 8;
+  static constexpr int CAP_CTAS = SMEM_CTAS < REG_CTAS ? SMEM_CTAS : REG_CTAS;
+  static constexpr int MIN_CTAS = CAP_CTAS < 1 ? 1 : CAP_CTAS;
   // rows of the weight matrix an item covers: gate_up n-tile j0 = nt * ROWS/2; down n0 = nt * ROWS
   static constexpr int N_PER_ITEM = GATE_UP ? ROWS / 2 : ROWS;
 };
@@ -104,9 +122,9 @@ __device__ __forceinline__ int weight_row(int r, int nt, int inter) {
   }
 }
 
-// One stage: ROWS weight rows x 128 bytes and the token rows of the occupied n8 blocks (nb of them) x 128 bf16,
-// 16-byte cp.async, zero-filled past kdim and for missing rows of an occupied block. Rows of unoccupied blocks are
-// neither loaded nor read (every reader stops at nb blocks).
+// One stage: ROWS weight rows x 128 bytes and the e4m3 token rows of the occupied n8 blocks (nb of them) x 128
+// bytes (+ in block mode each row's group scale of this stage), cp.async, zero-filled past kdim and for missing
+// rows of an occupied block. Rows of unoccupied blocks are neither loaded nor read (every reader stops at nb).
 template <class T>
 __device__ __forceinline__ void load_stage(const GemmArgs& a, uint8_t* stage, const uint8_t* w_e, const int* row_src,
                                            const int* w_row, int kt, int nb) {
@@ -117,57 +135,40 @@ __device__ __forceinline__ void load_stage(const GemmArgs& a, uint8_t* stage, co
     cp_async16(stage + r * kAStride + q * 16, ok ? w_e + (size_t)w_row[r] * a.kdim + kk : w_e, ok);
   }
   uint8_t* bs = stage + T::A_BYTES;
-  for (int c = threadIdx.x; c < nb * 8 * 16; c += kThreads) {
-    const int n = c >> 4, q = c & 15, kk = k0 + q * 8;
-    const int off = row_src[n];
-    const bool ok = off >= 0 && kk < a.kdim;
-    cp_async16(bs + n * kBStride + q * 16, ok ? a.src + (size_t)off + kk : a.src, ok);
+  for (int c = threadIdx.x; c < nb * 8 * 8; c += kThreads) {
+    const int n = c >> 3, q = c & 7, kk = k0 + q * 16;
+    const int row = row_src[n];
+    const bool ok = row >= 0 && kk < a.kdim;
+    cp_async16(bs + n * kAStride + q * 16, ok ? a.src + (size_t)row * a.kdim + kk : a.src, ok);
   }
-}
-
-// Block mode: the 1x128 group scale of every token row of the stage, max(amax * fp32(1/448), 1e-12): a multiply by
-// the rounded reciprocal, NOT the correctly rounded quotient amax / 448. That is what the contract's emulation
-// computes on a GPU (torch evaluates `cuda_tensor / python_float` as a times fp32(1 / b)), and the two differ by an
-// ulp in about 60% of the groups. An ulp matters: bf16 values over a scale with few significant bits land exactly on
-// e4m3 rounding ties (3.6% of the elements when amax = 2.625), a tie resolves differently under the two scales,
-// and the next dynamic quantization (act groups) amplifies those single-ulp flips to a 1-3% rel L2 difference.
-template <class T>
-__device__ __forceinline__ void group_scales(const uint8_t* stage, float* xs, int nb) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const uint8_t* bs = stage + T::A_BYTES;
-  for (int n = warp; n < nb * 8; n += kThreads / 32) {
-    const uint2 v = *reinterpret_cast<const uint2*>(bs + n * kBStride + lane * 8);
-    const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
-    const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
-    float m = fmaxf(fmaxf(fabsf(f0.x), fabsf(f0.y)), fmaxf(fabsf(f1.x), fabsf(f1.y)));
-#pragma unroll
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) {
-      const float sc = fmaxf(__fmul_rn(m, 1.0f / 448.0f), 1e-12f);
-      xs[n] = sc;
-      xs[T::BM + n] = recip(sc);
+  if constexpr (T::BLOCK) {
+    float* xs = reinterpret_cast<float*>(bs + T::B_BYTES);
+    const int groups = (a.kdim + kBK - 1) / kBK;
+    for (int n = threadIdx.x; n < nb * 8; n += kThreads) {
+      const int row = row_src[n];
+      cp_async4(xs + n, row >= 0 ? a.src_scale + (size_t)row * groups + kt : a.src_scale, row >= 0);
     }
   }
 }
 
-// The warp's k32 slice of one stage: B fragments quantized from bf16, A by ldmatrix, MW x nb MMAs. n8 blocks past
+// The warp's k32 slice of one stage: B fragments as 32-bit shared loads of the pre-quantized rows (k = 4 tig ..
+// 4 tig + 3 and 16 more: the m16n8k32 B layout of a K-contiguous row), A by ldmatrix, MW x nb MMAs. n8 blocks past
 // nb hold no token of the tile: skipped (a uniform branch), so a tile sized for the busiest expert costs the others
-// no tensor-core or quantization work; their accumulators stay 0 and are never written out.
+// no tensor-core work; their accumulators stay 0 and are never written out.
 template <class T>
-__device__ __forceinline__ void compute_slice(const uint8_t* stage, const float* xs, float a_s, float a_r, const float (&wsc)[T::MW],
+__device__ __forceinline__ void compute_slice(const uint8_t* stage, const float (&wsc)[T::MW],
                                               float (&acc)[T::MW][T::NN][4], int nb) {
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, tig = lane & 3;
   const uint8_t* bs = stage + T::A_BYTES;
+  const float* xs = reinterpret_cast<const float*>(bs + T::B_BYTES);
   uint32_t b0[T::NN], b1[T::NN];
 #pragma unroll
   for (int nn = 0; nn < T::NN; ++nn) {
     if (nn >= nb) break;
-    const uint8_t* rp = bs + (nn * 8 + g) * kBStride + ks * 64 + tig * 8;
-    const float s = T::BLOCK ? xs[nn * 8 + g] : a_s;
-    const float r = T::BLOCK ? xs[T::BM + nn * 8 + g] : a_r;
-    b0[nn] = quant4(*reinterpret_cast<const uint2*>(rp), s, r);
-    b1[nn] = quant4(*reinterpret_cast<const uint2*>(rp + 32), s, r);
+    const uint8_t* rp = bs + (nn * 8 + g) * kAStride + ks * 32 + tig * 4;
+    b0[nn] = *reinterpret_cast<const uint32_t*>(rp);
+    b1[nn] = *reinterpret_cast<const uint32_t*>(rp + 16);
   }
 #pragma unroll
   for (int mi = 0; mi < T::MW; ++mi) {
@@ -203,10 +204,9 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 template <class T>
 __global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(GemmArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ int row_src[T::BM];    // element offset of each token row in src (-1: no row)
+  __shared__ int row_src[T::BM];    // row of src each tile row reads (-1: no row)
   __shared__ int pair_of[T::BM];    // original pair index of each row (down write-back)
   __shared__ int w_row[T::ROWS];
-  __shared__ float xs[2 * T::BM];  // block mode: group scale of each row, then its reciprocal
   const PlanView plan{const_cast<int*>(a.ws), a.num_experts, a.max_pairs, a.block_m};
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
@@ -218,12 +218,8 @@ __global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(Gemm
   const int kt_count = (a.kdim + kBK - 1) / kBK;
   // Split factor from the routed tile count (device data, so one launch serves every batch of a graph): only
   // when the items leave CTA slots idle, at least 2 stages per range, no empty range.
-  int split = 1, kps = kt_count;
-  if (a.splitk != nullptr && num_items > 0 && num_items < (int)gridDim.x) {
-    split = min(min((int)gridDim.x / num_items, kMaxSplit), max(kt_count / 2, 1));
-    kps = (kt_count + split - 1) / split;
-    split = (kt_count + kps - 1) / kps;
-  }
+  int kps = kt_count;
+  const int split = a.splitk != nullptr ? splitk_factor(num_items, (int)gridDim.x, kt_count, &kps) : 1;
   const int num_units = num_items * split;
   int* counters = a.splitk;
   float* partials = split > 1 ? reinterpret_cast<float*>(a.splitk + splitk_counter_ints(gridDim.x)) : nullptr;
@@ -231,7 +227,6 @@ __global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(Gemm
   const int k_groups = kt_count;
   const int row_groups = (a.w_rows + 127) / 128;
   const float a_s = T::BLOCK ? 1.0f : a.a_scale[0];
-  const float a_r = recip(a_s);
 
   for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x) {
     const int item = unit / split, ks = unit - item * split;
@@ -246,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(Gemm
       int off = -1, p = -1;
       if (n < rows) {
         p = plan.sorted()[start + n];
-        off = T::GATE_UP ? (p / a.topk) * a.kdim : (start + n) * a.kdim;
+        off = T::GATE_UP ? p / a.topk : start + n;
       }
       row_src[n] = off;
       pair_of[n] = p;
@@ -276,13 +271,11 @@ __global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(Gemm
 #pragma unroll
       for (int mi = 0; mi < T::MW; ++mi) wsc[mi] = 1.0f;
       if constexpr (T::BLOCK) {
-        group_scales<T>(stage, xs, nb);
 #pragma unroll
         for (int mi = 0; mi < T::MW; ++mi)
           wsc[mi] = a.w_scale[((size_t)e * row_groups + w_row[mi * 16] / 128) * k_groups + kt];
-        __syncthreads();
       }
-      if (kt * kBK + warp * 32 < a.kdim) compute_slice<T>(stage, xs, a_s, a_r, wsc, acc, nb);
+      if (kt * kBK + warp * 32 < a.kdim) compute_slice<T>(stage, wsc, acc, nb);
       const int next = li + T::STAGES - 1;
       if (next < nk) load_stage<T>(a, smem + (next % T::STAGES) * T::STAGE_BYTES, w_e, row_src, w_row, kt0 + next, nb);
       cp_commit();
@@ -355,49 +348,128 @@ __global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(Gemm
   }
 }
 
-// out[t, :] = bf16(sum over local slots k of w[t,k] * ybuf[t*K+k, :] (+ shared_out[t, :])), 8 columns per thread
-// (16-byte loads), slots in k order with separate multiply and add: the reference's fp32 arithmetic.
-__global__ void __launch_bounds__(256) reduce_kernel(const int* __restrict__ topk_ids, const float* __restrict__ topk_w,
-                                                     const __nv_bfloat16* __restrict__ ybuf,
-                                                     const __nv_bfloat16* __restrict__ shared_out,
-                                                     __nv_bfloat16* __restrict__ out, int topk, int num_experts,
-                                                     int expert_offset, int hidden) {
+// Activation pre-pass: dst[r] = e4m3(src[r] / scale) for rows r < nrows (nrows read from the device after the
+// wait when nrows_dev is set: the act rows of this step are the plan's valid pairs), one warp per row, 8 elements
+// (16 bytes) per lane, so a 1x128 group is 16 lanes. Per-tensor: scale = a_scale[0]. Block: scale = max(amax *
+// fp32(1/448), 1e-12), written to gscale[r, c / 128]: a multiply by the rounded reciprocal, NOT the correctly
+// rounded quotient amax / 448. That is what the contract's emulation computes on a GPU (torch evaluates
+// `cuda_tensor / python_float` as a times fp32(1 / b)), and the two differ by an ulp in about 60% of the groups.
+// An ulp matters: bf16 values over a scale with few significant bits land exactly on e4m3 rounding ties (3.6% of
+// the elements when amax = 2.625), a tie resolves differently under the two scales, and the next dynamic
+// quantization (act groups) amplifies those single-ulp flips to a 1-3% rel L2 difference.
+// wait_first = 0 (x, which needs no routing): the rows are quantized while the route kernel still runs, and the
+// wait comes at the end, so this grid completes only after its predecessor (the gate-up's wait covers both).
+// Safe because the route kernel lets dependents launch only after its own wait (x and the buffers are settled).
+template <bool BLOCK>
+__global__ void __launch_bounds__(256) quant_rows_kernel(const __nv_bfloat16* __restrict__ src,
+                                                         uint8_t* __restrict__ dst, float* __restrict__ gscale,
+                                                         const float* __restrict__ a_scale,
+                                                         const int* __restrict__ nrows_dev, int nrows, int cols,
+                                                         int wait_first) {
+  if (wait_first) hp::pdl_wait();
+  hp::pdl_launch_dependents();
+  if (nrows_dev != nullptr) nrows = min(nrows, nrows_dev[0]);
+  const int lane = threadIdx.x & 31;
+  const int groups = (cols + 127) / 128;
+  const float a_s = BLOCK ? 1.0f : a_scale[0];
+  const float a_r = recip(a_s);
+  for (int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < nrows; row += (gridDim.x * blockDim.x) >> 5) {
+    const __nv_bfloat16* sp = src + (size_t)row * cols;
+    uint8_t* dp = dst + (size_t)row * cols;
+    for (int c0 = 0; c0 < cols; c0 += 256) {  // uniform per warp: every lane reaches the shuffles
+      const int c = c0 + lane * 8;
+      const bool ok = c < cols;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (ok) v = *reinterpret_cast<const uint4*>(sp + c);
+      float s = a_s, r = a_r;
+      if constexpr (BLOCK) {
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+        float m = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __bfloat1622float2(h[i]);
+          m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+#pragma unroll
+        for (int o = 8; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // the 16-lane group
+        s = fmaxf(__fmul_rn(m, 1.0f / 448.0f), 1e-12f);
+        r = recip(s);
+        if (ok && (lane & 15) == 0) gscale[(size_t)row * groups + c / 128] = s;
+      }
+      if (ok) {
+        uint2 q;
+        q.x = quant4(make_uint2(v.x, v.y), s, r);
+        q.y = quant4(make_uint2(v.z, v.w), s, r);
+        *reinterpret_cast<uint2*>(dp + c) = q;
+      }
+    }
+  }
+  if (!wait_first) hp::pdl_wait();
+}
+
+// out[t, c:c+8] = bf16(sum over local slots k of w[t,k] * ybuf[t*K+k, c:c+8] (+ shared_out[t, c:c+8])), one
+// 16-byte chunk per thread, grid (tokens, column chunks) so even a batch of 1 spreads over H/1024 CTAs; the K slot
+// loads are all issued before the sum (no load-to-load chain), and the sum runs in k order with separate multiply
+// and add: the reference's fp32 arithmetic.
+constexpr int kReduceThreads = 128;
+constexpr int kMaxTopk = 16;
+__global__ void __launch_bounds__(kReduceThreads) reduce_kernel(const int* __restrict__ topk_ids,
+                                                                const float* __restrict__ topk_w,
+                                                                const __nv_bfloat16* __restrict__ ybuf,
+                                                                const __nv_bfloat16* __restrict__ shared_out,
+                                                                __nv_bfloat16* __restrict__ out, int topk,
+                                                                int num_experts, int expert_offset, int hidden) {
   const int t = blockIdx.x;
+  const int c = (blockIdx.y * kReduceThreads + threadIdx.x) * 8;
   hp::pdl_wait();
   hp::pdl_launch_dependents();
-  for (int c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
-    float acc[8];
+  if (c >= hidden) return;
+  uint4 v[kMaxTopk];
+  float wk[kMaxTopk];
+  unsigned local = 0;  // slots routed here (the others' ybuf rows are never written)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-    for (int k = 0; k < topk; ++k) {
+  for (int k = 0; k < kMaxTopk; ++k) {
+    wk[k] = 0.f;
+    v[k] = make_uint4(0u, 0u, 0u, 0u);
+    if (k < topk) {
       const long long e = (long long)topk_ids[t * topk + k] - expert_offset;
-      if (e < 0 || e >= num_experts) continue;
-      const float wk = topk_w[t * topk + k];
-      const uint4 v = *reinterpret_cast<const uint4*>(ybuf + ((size_t)t * topk + k) * hidden + c);
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(h[i]);
-        acc[2 * i] = __fadd_rn(acc[2 * i], __fmul_rn(wk, f.x));
-        acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], __fmul_rn(wk, f.y));
+      if (e >= 0 && e < num_experts) {
+        local |= 1u << k;
+        wk[k] = topk_w[t * topk + k];
+        v[k] = *reinterpret_cast<const uint4*>(ybuf + ((size_t)t * topk + k) * hidden + c);
       }
     }
-    if (shared_out != nullptr) {
-      const uint4 v = *reinterpret_cast<const uint4*>(shared_out + (size_t)t * hidden + c);
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(h[i]);
-        acc[2 * i] = __fadd_rn(acc[2 * i], f.x);
-        acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], f.y);
-      }
-    }
-    uint4 o;
-    __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) oh[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-    *reinterpret_cast<uint4*>(out + (size_t)t * hidden + c) = o;
   }
+  float acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxTopk; ++k) {
+    if (k >= topk) break;
+    if (!(local >> k & 1u)) continue;
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      acc[2 * i] = __fadd_rn(acc[2 * i], __fmul_rn(wk[k], f.x));
+      acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], __fmul_rn(wk[k], f.y));
+    }
+  }
+  if (shared_out != nullptr) {
+    const uint4 sv = *reinterpret_cast<const uint4*>(shared_out + (size_t)t * hidden + c);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&sv);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      acc[2 * i] = __fadd_rn(acc[2 * i], f.x);
+      acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], f.y);
+    }
+  }
+  uint4 o;
+  __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) oh[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+  *reinterpret_cast<uint4*>(out + (size_t)t * hidden + c) = o;
 }
 
 // Resident CTAs per SM of an instantiation (cached per device; also sets its shared-memory attribute).
@@ -420,13 +492,17 @@ long long splitk_ints() {
   return splitk_counter_ints(slots) + (long long)slots * T::ROWS * T::BM;
 }
 
+// The persistent grid of a launch: every CTA slot, capped at the largest item count the plan can produce.
+template <class T>
+long long gemm_grid(int num_experts, int max_pairs, int block_m, int w_rows) {
+  const long long max_items = (long long)PlanView::max_tiles_of(num_experts, max_pairs, block_m) * (w_rows / T::ROWS);
+  const long long grid = (long long)hp::sm_count() * ctas_per_sm<T>();
+  return grid < max_items ? grid : max_items;
+}
+
 template <class T>
 int launch_gemm(const GemmArgs& a, int pdl, cudaStream_t stream) {
-  const int per_sm = ctas_per_sm<T>();
-  const int n_tiles = a.w_rows / T::ROWS;
-  const long long max_items = (long long)PlanView::max_tiles_of(a.num_experts, a.max_pairs, a.block_m) * n_tiles;
-  long long grid = (long long)hp::sm_count() * per_sm;
-  if (grid > max_items) grid = max_items;
+  const long long grid = gemm_grid<T>(a.num_experts, a.max_pairs, a.block_m, a.w_rows);
   if (grid < 1) return 0;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
@@ -453,6 +529,15 @@ template <class T>
 struct SplitkInts {
   static long long run() { return splitk_ints<T>(); }
 };
+// The split factor a launch takes for a routed tile count (what the kernel computes from the plan's header).
+template <class T>
+struct SplitFactor {
+  static long long run(int num_tiles, int num_experts, int max_pairs, int block_m, int w_rows, int kdim) {
+    const long long grid = gemm_grid<T>(num_experts, max_pairs, block_m, w_rows);
+    int kps = 0;
+    return splitk_factor(num_tiles * (w_rows / T::ROWS), (int)grid, (kdim + kBK - 1) / kBK, &kps);
+  }
+};
 template <bool GATE_UP, bool BLOCK>
 int dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
   return dispatch_bm<Launch, GATE_UP, BLOCK>(a.block_m, (int)cudaErrorInvalidValue, a, pdl, stream);
@@ -478,20 +563,56 @@ long long hp_moe_splitk_ints(int gate_up, int block_m, int block) {
   return block ? dispatch_bm<SplitkInts, false, true>(block_m, -1LL) : dispatch_bm<SplitkInts, false, false>(block_m, -1LL);
 }
 
-int hp_moe_gate_up(const int* ws, const void* x, const void* w13, const float* w13_scale, const float* a1_scale,
-                   void* act, int topk, int num_experts, int hidden, int inter, int max_pairs, int block_m, int block,
-                   int pdl, void* splitk, cudaStream_t stream) {
+// The split-K factor a GEMM launch takes when the plan has num_tiles tiles (1: no split), -1 on a bad block_m.
+long long hp_moe_split_factor(int gate_up, int block_m, int block, int num_tiles, int num_experts, int max_pairs,
+                              int hidden, int inter) {
+  using hp_moe::dispatch_bm;
+  using hp_moe::SplitFactor;
+  const int w_rows = gate_up ? 2 * inter : hidden, kdim = gate_up ? hidden : inter;
+  if (gate_up)
+    return block ? dispatch_bm<SplitFactor, true, true>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
+                                                         w_rows, kdim)
+                 : dispatch_bm<SplitFactor, true, false>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
+                                                          w_rows, kdim);
+  return block ? dispatch_bm<SplitFactor, false, true>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
+                                                        w_rows, kdim)
+               : dispatch_bm<SplitFactor, false, false>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
+                                                         w_rows, kdim);
+}
+
+// Activation pre-pass (quant_rows_kernel): rows of `cols` bf16 -> e4m3 (+ block group scales [rows, cols/128]).
+// nrows_dev (may be null) caps the row count on the device; wait_first = 0 overlaps the predecessor (x only).
+int hp_moe_quant(const void* src, void* dst, float* gscale, const float* a_scale, const int* nrows_dev,
+                 int max_rows, int cols, int block, int wait_first, int pdl, cudaStream_t stream) {
+  if (max_rows <= 0) return 0;
+  hp::LaunchOptions opt;
+  opt.pdl = pdl != 0;
+  long long grid = ((long long)max_rows + 7) / 8;  // 8 warps (rows) per CTA
+  const long long cap = 16LL * hp::sm_count();
+  if (grid > cap) grid = cap;
+  const auto* s = static_cast<const __nv_bfloat16*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  if (block)
+    return (int)hp::launch(hp_moe::quant_rows_kernel<true>, dim3((unsigned)grid), dim3(256), 0, stream, opt, s, d,
+                           gscale, a_scale, nrows_dev, max_rows, cols, wait_first);
+  return (int)hp::launch(hp_moe::quant_rows_kernel<false>, dim3((unsigned)grid), dim3(256), 0, stream, opt, s, d,
+                         gscale, a_scale, nrows_dev, max_rows, cols, wait_first);
+}
+
+int hp_moe_gate_up(const int* ws, const void* xq, const float* x_scale, const void* w13, const float* w13_scale,
+                   const float* a1_scale, void* act, int topk, int num_experts, int hidden, int inter, int max_pairs,
+                   int block_m, int block, int pdl, void* splitk, cudaStream_t stream) {
   hp_moe::GemmArgs a{ws, num_experts, max_pairs, block_m, static_cast<const uint8_t*>(w13), w13_scale, a1_scale,
-                     static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(act), topk, hidden, inter,
+                     static_cast<const uint8_t*>(xq), x_scale, static_cast<__nv_bfloat16*>(act), topk, hidden, inter,
                      2 * inter, inter, static_cast<int*>(splitk)};
   return block ? hp_moe::dispatch<true, true>(a, pdl, stream) : hp_moe::dispatch<true, false>(a, pdl, stream);
 }
 
-int hp_moe_down(const int* ws, const void* act, const void* w2, const float* w2_scale, const float* a2_scale,
-                void* ybuf, int topk, int num_experts, int hidden, int inter, int max_pairs, int block_m, int block,
-                int pdl, void* splitk, cudaStream_t stream) {
+int hp_moe_down(const int* ws, const void* aq, const float* act_scale, const void* w2, const float* w2_scale,
+                const float* a2_scale, void* ybuf, int topk, int num_experts, int hidden, int inter, int max_pairs,
+                int block_m, int block, int pdl, void* splitk, cudaStream_t stream) {
   hp_moe::GemmArgs a{ws, num_experts, max_pairs, block_m, static_cast<const uint8_t*>(w2), w2_scale, a2_scale,
-                     static_cast<const __nv_bfloat16*>(act), static_cast<__nv_bfloat16*>(ybuf), topk, inter, inter,
+                     static_cast<const uint8_t*>(aq), act_scale, static_cast<__nv_bfloat16*>(ybuf), topk, inter, inter,
                      hidden, hidden, static_cast<int*>(splitk)};
   return block ? hp_moe::dispatch<false, true>(a, pdl, stream) : hp_moe::dispatch<false, false>(a, pdl, stream);
 }
@@ -500,12 +621,12 @@ int hp_moe_reduce(const int* topk_ids, const float* topk_weights, const void* yb
                   int num_tokens, int topk, int num_experts, int expert_offset, int hidden, int pdl,
                   cudaStream_t stream) {
   if (num_tokens <= 0) return 0;
+  if (topk > hp_moe::kMaxTopk) return (int)cudaErrorInvalidValue;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
-  int threads = hidden / 8;
-  if (threads > 256) threads = 256;
-  threads = (threads + 31) / 32 * 32;
-  return (int)hp::launch(hp_moe::reduce_kernel, dim3(num_tokens), dim3(threads), 0, stream, opt, topk_ids,
+  const int chunks = (hidden / 8 + hp_moe::kReduceThreads - 1) / hp_moe::kReduceThreads;
+  return (int)hp::launch(hp_moe::reduce_kernel, dim3(num_tokens, chunks), dim3(hp_moe::kReduceThreads), 0, stream,
+                         opt, topk_ids,
                          topk_weights, static_cast<const __nv_bfloat16*>(ybuf),
                          static_cast<const __nv_bfloat16*>(shared_out), static_cast<__nv_bfloat16*>(out), topk,
                          num_experts, expert_offset, hidden);
