@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
 from hotpaths.reference import fused_moe as fm
 from hotpaths.reference import fused_moe_ep as ep
 
@@ -138,3 +139,40 @@ def test_a2a_bytes_per_token_hy3():
     b = ep.a2a_bytes_per_token(topk=8, hidden=4096, world_size=8)
     assert b["total"] == 2 * 8 * 4096 * 2 and b["local_fraction"] == 1 / 8
     assert b["remote"] == b["total"] * 7 / 8
+
+
+def _cli(*args, timeout=DEADLINE_S):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(ep.__file__).resolve().parents[1].parent / ".hp")
+               if (Path(ep.__file__).resolve().parents[2] / ".hp").is_dir() else os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "hotpaths", "moe", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU (gloo, emulation) path runs only without CUDA")
+def test_cli_ep_cpu_path_is_bit_exact():
+    import json
+
+    r = _cli("--ep", "2", "--batch", "0,3", "--json", "--iters", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [row["batch"] for row in rows] == [0, 3]
+    for row in rows:
+        assert row["op"] == "fused_moe_ep" and row["ep"] == 2 and row["gpus"] == "2x cpu (gloo)"
+        assert row["bit_exact"] is True and row["impl"].startswith("ep_emulation")
+        assert row["dispatch_us"] > 0 and row["median_us"] >= row["compute_us"]
+    assert rows[0]["recv_rows_max"] == 0 and rows[1]["recv_rows_max"] > 0
+
+
+def test_run_ep_exits_2_with_too_few_gpus(monkeypatch, capsys):
+    from hotpaths.bench import fused_moe_ep as bep
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert bep.run_ep(4, [4]) == 2
+    assert "needs 4 CUDA devices, this machine has 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--ep"):
+        bep.run_ep(0, [4])

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
 from hotpaths.reference.common import expect_tensor
 from hotpaths.reference.fused_moe import fused_moe_emulation
 
