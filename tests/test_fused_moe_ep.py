@@ -146,8 +146,11 @@ def _cli(*args, timeout=DEADLINE_S):
     import sys
     from pathlib import Path
 
-    env = dict(os.environ, PYTHONPATH=str(Path(ep.__file__).resolve().parents[1].parent / ".hp")
-               if (Path(ep.__file__).resolve().parents[2] / ".hp").is_dir() else os.environ.get("PYTHONPATH", ""))
+    import hotpaths
+
+    # the child imports the same hotpaths as this process (a worktree's .hp link or an installed package)
+    root = str(Path(hotpaths.__path__[0]).parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     return subprocess.run([sys.executable, "-m", "hotpaths", "moe", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
