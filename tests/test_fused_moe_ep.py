@@ -179,3 +179,5 @@ def test_run_ep_exits_2_with_too_few_gpus(monkeypatch, capsys):
     assert "needs 4 CUDA devices, this machine has 1" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--ep"):
         bep.run_ep(0, [4])
+    with pytest.raises(ValueError, match="do not split evenly"):
+        bep.run_ep(5, [4])  # hy3: 192 experts

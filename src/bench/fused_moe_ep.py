@@ -246,7 +246,7 @@ def run_ep(world: int, batches, *, model="hy3", scales="pertensor", experts=None
            inter=None, seed=0, iters=20, as_json=False, save=None) -> int:
     """Launch ``world`` processes of the EP layer (NCCL on GPUs when CUDA is present, gloo otherwise) and print the
     table from rank 0. Returns the exit status: 0, 2 with fewer CUDA devices than world.
-    Raises ValueError on world < 1, an empty batch list or iters < 1."""
+    Raises ValueError on world < 1, experts not divisible by world, an empty batch list or iters < 1."""
     import torch
     import torch.multiprocessing as mp
 
@@ -258,7 +258,14 @@ def run_ep(world: int, batches, *, model="hy3", scales="pertensor", experts=None
         raise ValueError(f"--batch: expected token counts >= 0, got {batches!r}")
     if iters < 1:
         raise ValueError(f"--iters: expected >= 1, got {iters}")
+    from hotpaths.reference.fused_moe import MODELS
+
+    if model not in MODELS:
+        raise ValueError(f"--model: expected one of {sorted(MODELS)}, got {model!r}")
     gpu = torch.cuda.is_available()
+    e_total = experts or (MODELS[model]["experts"] if gpu else 4 * world)  # as layer_inputs chooses
+    if e_total % world:
+        raise ValueError(f"--ep: {e_total} experts do not split evenly over {world} ranks")
     if gpu and torch.cuda.device_count() < world:
         print(f"hotpaths moe --ep {world}: needs {world} CUDA devices, this machine has "
               f"{torch.cuda.device_count()}", file=sys.stderr)
