@@ -305,6 +305,11 @@ def register(subparsers) -> None:
     p.add_argument("--rank", type=int, default=0, help="EP rank in tp1ep8 (default 0)")
     p.add_argument("--impl", default=DEFAULT_IMPLS, help=f"comma-separated among {', '.join(IMPLS)} "
                    f"(default {DEFAULT_IMPLS})")
+    p.add_argument("--ep", type=int, default=None, metavar="N",
+                   help="expert parallelism over N processes (hotpaths.bench.fused_moe_ep): N GPUs over NCCL with the "
+                   "fused kernel, or on a machine without CUDA N gloo processes with the emulation (CPU wall time, "
+                   "small shape unless given); prints dispatch / compute / combine per batch (tokens per rank) "
+                   "beside the single-GPU layer; exits 2 with fewer than N GPUs. Ignores --mode, --rank, --impl")
     p.add_argument("--stages", action="store_true", help="SM90: also print the stage breakdown of our kernel")
     p.add_argument("--check", action="store_true", help="exit with status 1 if a checked row is outside its tolerance")
     p.add_argument("--iters", type=positive_int_arg("--iters"), default=100,
@@ -318,6 +323,12 @@ def register(subparsers) -> None:
 def _run(args) -> int:
     from hotpaths.harness import tables
 
+    if args.ep is not None:
+        from hotpaths.bench.fused_moe_ep import run_ep
+
+        return run_ep(args.ep, args.batch, model=args.model, scales=args.scales, experts=args.experts,
+                      topk=args.topk, hidden=args.hidden, inter=args.inter, seed=args.seed, iters=args.iters,
+                      as_json=args.json, save=args.save)
     impls = parse_impls(args.impl)
     if args.iters < 1:
         raise ValueError(f"--iters: expected >= 1, got {args.iters}")
