@@ -10,6 +10,7 @@ import pytest
 
 from hotpaths.harness.env import REPO_ROOT
 
+
 def _env():
     from pathlib import Path
 
@@ -127,7 +128,7 @@ def test_env_reports_nvcc_and_whether_kernels_build(monkeypatch):
 
 
 def test_cpu_router_table_keeps_dispatch_as_an_emulation_row():
-    from hotpaths.kernels.router_gemm import benchmark_rows
+    from hotpaths.bench.router_gemm import benchmark_rows
 
     rows = benchmark_rows([1, 48], 192, 4096, ["bf16x2_kernel", "dispatch", "fp32_cublas"])
     disp = [r for r in rows if r["impl"] == "dispatch_emulation"]
@@ -138,8 +139,9 @@ def test_cpu_router_table_keeps_dispatch_as_an_emulation_row():
 
 
 def test_sweeps_report_progress_per_case(monkeypatch):
-    from hotpaths.harness import decode_bench, progress
-    from hotpaths.kernels import router_gemm
+    from hotpaths.bench import router_gemm
+    from hotpaths.bench import split_kv_decode as decode_bench
+    from hotpaths.harness import progress
 
     seen = []
 
@@ -179,8 +181,9 @@ def test_cpu_flex_check_prints_no_compile_advice():
     """The eager flex_attention CPU check used to print torch's "use torch.compile" advice in every test run."""
     code = ("import warnings; warnings.simplefilter('error')\n"
             "from hotpaths.reference.split_kv_decode import make_decode_inputs\n"
-            "from hotpaths.harness import peers\n"
-            "inp = make_decode_inputs([1, 63, 200], q_heads=8, kv_heads=2, head_dim=64, page_size=16, kv_dtype='bf16')\n"
+            "from hotpaths.bench import split_kv_decode_peers as peers\n"
+            "inp = make_decode_inputs([1, 63, 200], q_heads=8, kv_heads=2, head_dim=64, page_size=16,\n"
+            "                         kv_dtype='bf16')\n"
             "peers.make_flex_attention_decode(inp, allow_cpu=True, compile=False)()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env())
     assert r.returncode == 0, r.stderr[-800:]

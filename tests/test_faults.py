@@ -18,7 +18,6 @@ OPS_WITH_LAUNCHES = ("split_kv_decode", "attention_prologue", "router_gemm", "fu
 
 # The committed tables.save writes the CSV in place; the atomic version (write aside, rename) comes from another
 # branch. These two tests describe the behaviour we require and flip to passing when it lands.
-NOT_YET_ATOMIC = pytest.mark.xfail(strict=True, reason="tables.save is made atomic by the newcomer branch")
 
 
 def test_check_status_names_the_op_and_code():
@@ -91,7 +90,6 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-@NOT_YET_ATOMIC
 def test_killed_save_leaves_previous_table_whole(tmp_path):
     old_csv, old_md = _old_table(tmp_path)
     env = dict(os.environ)
@@ -102,7 +100,6 @@ def test_killed_save_leaves_previous_table_whole(tmp_path):
     assert tables.load(tmp_path / "t.csv")["case"].tolist() == ["old"]
 
 
-@NOT_YET_ATOMIC
 def test_save_raising_midway_leaves_previous_pair(tmp_path, monkeypatch):
     old_csv, old_md = _old_table(tmp_path)
 

@@ -25,7 +25,7 @@ def test_setup_installs_cpu_torch_and_jupyterlab(tmp_path):
     torch_line = next(l for l in out.splitlines() if "torch==2.13.0" in l)
     if os.uname().sysname == "Linux" and os.uname().machine == "x86_64":  # PyPI's wheel here would bundle CUDA
         assert "--index-url https://download.pytorch.org/whl/cpu" in torch_line
-    assert '-e ".[dev,lab]"' in out and "-c constraints/cpu.txt" in out
+    assert '-e ".[dev,lab,lint]"' in out and "-c constraints/cpu.txt" in out
     # a GPU box that brings its own CUDA torch: no CPU index
     gpu = make_n("setup", f"VENV={tmp_path}/v", "TORCH_SPEC=torch", "VENV_FLAGS=--system-site-packages")
     assert "download.pytorch.org" not in gpu and '"torch"' in gpu

@@ -17,13 +17,13 @@ from pathlib import Path
 import torch
 
 from hotpaths.bench import router_gemm_peers as RP
+from hotpaths.harness import progress as _progress
 from hotpaths.harness.bench import bench, read_probe_columns
 from hotpaths.harness.ceilings import pct_of_ceiling
 from hotpaths.harness.check import check
 from hotpaths.harness.cli import add_op_command, emit_rows
 from hotpaths.harness.env import device_tag, has_sm90
 from hotpaths.harness.runs import run_id
-from hotpaths.harness.progress import progress
 from hotpaths.harness.shapes import int_list_arg, load_shapes
 from hotpaths.harness.tables import COLUMNS, published
 from hotpaths.harness.tolerances import rows as tolerance_rows
@@ -214,7 +214,7 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
     w = w.to(dev)
     weights = K.plan(w, three_part="bf16x3_kernel" in impls)
     rows = []
-    for m in progress(ms, desc="router", unit="M"):
+    for m in _progress.progress(ms, desc="router", unit="M"):
         x, _ = ref.make_router_inputs(m, n, k, seed=seed + 1 + m)
         x = x.to(dev)
         r64 = ref.router_gemm_ref(x, w)
@@ -276,7 +276,8 @@ def benchmark_rows(ms, n: int, k: int, impls=("bf16x2_kernel", "dispatch", "fp32
             if impl == "dispatch_emulation":
                 table = "measured table " + K.dispatch_path().name if K._nearest_row(m, n, k, None) else \
                     "no dispatch table for this device: the kernel by default"
-                row["note"] = f"emulation (no timing, no SM90 GPU): dispatch picks {K.choose_impl(m, n, k)} at M={m} ({table})"
+                row["note"] = (f"emulation (no timing, no SM90 GPU): dispatch picks {K.choose_impl(m, n, k)} at "
+                               f"M={m} ({table})")
             rows.append(row)
         ours = rows[first_row:]
         for peer in peers:

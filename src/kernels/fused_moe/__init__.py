@@ -451,7 +451,8 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     nvalid = p.workspace[:1]
     if "gate_up" in todo:
         _check(lib.hp_moe_quant(_ptr(x), _ptr(xq), _ptr(xsc), _ptr(a1_scale), None, t, h, block,
-                                int("route" not in todo), int(pdl), stream), f"fused_moe quant x (tokens={t}, H={h}, scales={scales})")
+                                int("route" not in todo), int(pdl), stream),
+               f"fused_moe quant x (tokens={t}, H={h}, scales={scales})")
         _check(lib.hp_moe_gate_up(_ptr(p.workspace), _ptr(xq), _ptr(xsc), _ptr(w13), _ptr(w13_scale), _ptr(a1_scale),
                                   _ptr(act), p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl),
                                   _ptr(sk_gu), stream),
@@ -459,7 +460,8 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
                f"scales={scales}, block_m={p.block_m})")
     if "down" in todo:
         _check(lib.hp_moe_quant(_ptr(act), _ptr(aq), _ptr(asc), _ptr(a2_scale), _ptr(nvalid), p.max_pairs, i, block,
-                                1, int(pdl), stream), f"fused_moe quant act (pairs<={p.max_pairs}, I={i}, scales={scales})")
+                                1, int(pdl), stream),
+               f"fused_moe quant act (pairs<={p.max_pairs}, I={i}, scales={scales})")
         _check(lib.hp_moe_down(_ptr(p.workspace), _ptr(aq), _ptr(asc), _ptr(w2), _ptr(w2_scale), _ptr(a2_scale),
                                _ptr(ybuf), p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl),
                                _ptr(sk_dn), stream),
