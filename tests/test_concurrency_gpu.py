@@ -42,7 +42,11 @@ def _graphs(fa, fb):
         for x in (t if isinstance(t, tuple) else (t,)):
             if x is not None and x.is_floating_point():
                 x.fill_(float("nan"))
+    # The replay streams wait for the poison fills (queued on the current stream) BEFORE any replay: no stream
+    # ever waits on work recorded later, and the fills cannot land after a replay's writes.
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    s1.wait_stream(torch.cuda.current_stream())
+    s2.wait_stream(torch.cuda.current_stream())
     for _ in range(REPEATS):
         with torch.cuda.stream(s1):
             ga.replay()

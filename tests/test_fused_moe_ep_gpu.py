@@ -4,11 +4,11 @@ than 2 GPUs. The full table is ``hotpaths moe --ep N`` (docs/ops/fused_moe_ep.md
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
+from bounded_child import run_child
 
 from hotpaths.harness.env import requires_sm90
 
@@ -16,8 +16,9 @@ pytestmark = [pytest.mark.gpu, requires_sm90()]
 
 
 def _rows(world: int) -> list[dict]:
-    r = subprocess.run([sys.executable, "-m", "hotpaths", "moe", "--ep", str(world), "--batch", "0,4,64", "--json",
-                        "--iters", "3"], capture_output=True, text=True, timeout=600)
+    # bounded: a rank stuck in the NCCL rendezvous (or one that never exits) fails the test, ranks killed
+    r = run_child([sys.executable, "-m", "hotpaths", "moe", "--ep", str(world), "--batch", "0,4,64", "--json",
+                   "--iters", "3"], timeout=60, what=f"hotpaths moe --ep {world}")
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert [row["batch"] for row in rows] == [0, 4, 64]

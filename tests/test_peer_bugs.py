@@ -2,13 +2,13 @@
 on the GPU (marker gpu) for the kernels. The GPU cases run through the fuzz runners (hotpaths.bench.<op>_fuzz):
 guarded buffers, poisoned outputs, comparison with the emulation."""
 
-import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
 import torch
+from bounded_child import run_child
 
 from hotpaths.bench import attention_prologue_fuzz as PF
 from hotpaths.bench import split_kv_decode_fuzz as DF
@@ -156,7 +156,7 @@ def test_moe_2048_tokens_completes():
             assert torch.isfinite(out).all(), scales
         print("completed")
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    proc = run_child([sys.executable, "-c", code], what="MoE at 2048 tokens")  # a hang fails, bounded
     assert proc.returncode == 0 and "completed" in proc.stdout, proc.stderr[-2000:]
 
 

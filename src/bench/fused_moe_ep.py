@@ -42,6 +42,11 @@ class EPConfig:
     save: str | None = None
 
 
+# Rendezvous and collective deadline: a rank that never arrives (or a collective that never completes) raises in
+# the others within a minute instead of holding the GPUs; every collective here takes milliseconds.
+INIT_TIMEOUT_S = 60
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -153,7 +158,7 @@ def _worker(rank: int, cfg: EPConfig) -> None:
         torch.set_num_threads(1)
         device = torch.device("cpu")
     dist.init_process_group("nccl" if cfg.gpu else "gloo", init_method=f"tcp://127.0.0.1:{cfg.port}", rank=rank,
-                            world_size=cfg.world, timeout=timedelta(seconds=300),
+                            world_size=cfg.world, timeout=timedelta(seconds=INIT_TIMEOUT_S),
                             **({"device_id": device} if cfg.gpu else {}))
     try:
         inp = layer_inputs(cfg, device)

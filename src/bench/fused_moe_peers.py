@@ -90,9 +90,12 @@ def _smoke(fn, what: str):
 _import_hpc = import_hpc_ops
 
 
-# Block-wise HPC-Ops at an intermediate that is not a multiple of 128 failed with an illegal memory access from 32
-# tokens up on the H200 (issue 13); it is attempted only when asked, since the fault kills the process's context.
-HPC_BLOCK_UNSAFE_TOKENS = 32
+# Block-wise HPC-Ops at an intermediate that is not a multiple of 128 is not safe at any token count on the H200:
+# an illegal memory access from 32 tokens up (issue 13), and a Hy3 TP8 (I = 192) block run at batch 4, where it was
+# still attempted, died with "misaligned address" (scale rows of ceil(I/128) = 2 floats are 8 bytes; our kernels'
+# accesses to them are 4-byte). Either fault kills the process's CUDA context (every later row, ours included),
+# so it is attempted only when asked.
+HPC_BLOCK_UNSAFE_TOKENS = 1
 
 
 def _ceil4(n: int) -> int:
@@ -136,8 +139,8 @@ def make_hpc_ops(inputs):
     if inputs["inter"] % 128 and t >= HPC_BLOCK_UNSAFE_TOKENS and os.environ.get("HOTPATHS_HPC_BLOCK_UNSAFE") != "1":
         # an illegal memory access poisons the CUDA context for every later row of the process
         raise PeerUnavailable(f"skipped: hpc.fuse_moe_blockwise_fp8 at I={inputs['inter']} (not a multiple of 128) "
-                              f"and {t} >= {HPC_BLOCK_UNSAFE_TOKENS} tokens raised an illegal memory access on the "
-                              "H200 (issue 13); set HOTPATHS_HPC_BLOCK_UNSAFE=1 to try it, alone in its process")
+                              "faults on the H200 (illegal memory access from 32 tokens, misaligned address at 4: "
+                              "issue 13); set HOTPATHS_HPC_BLOCK_UNSAFE=1 to try it, alone in its process")
 
     def pad4(s):
         p = torch.zeros(*s.shape[:-1], _ceil4(s.shape[-1]), dtype=torch.float32, device=s.device)
@@ -274,9 +277,9 @@ def make_torch_scaled_grouped_mm_fp8(inputs):
 def make_triton_fused_moe(inputs):
     """flag-gems 5.0.2 ``fused_experts_impl`` (vLLM's Triton fused MoE: sorted token ids, one kernel per GEMM), run
     UNTUNED (it ships no H200 configurations and falls back to its defaults). Per-tensor: w1/w2 scales [E] and
-    static a1/a2 [1]; block: block_shape [128, 128] (it asserts widths that are multiples of 128, so Hy3 TP8's
-    I = 192 fails: the row records its error). EP: global_num_experts and an expert map (global -> local, -1 for
-    other ranks' experts)."""
+    static a1/a2 [1]; block: block_shape [128, 128] (it needs widths that are multiples of 128, so Hy3 TP8's
+    I = 192 is refused before launching, with the reason). EP: global_num_experts and an expert map (global ->
+    local, -1 for other ranks' experts)."""
     import torch
 
     _need_cuda(inputs)
@@ -292,6 +295,10 @@ def make_triton_fused_moe(inputs):
     if inputs["scales"] == "pertensor":
         kw.update(a1_scale=inputs["a1_scale"], a2_scale=inputs["a2_scale"])
     else:
+        if inputs["inter"] % 128 or inputs["hidden"] % 128:
+            # refused before any launch: a fault in its kernels would poison the context for every later row
+            raise PeerUnavailable(f"skipped: flag_gems block_shape [128, 128] needs H and I multiples of 128 "
+                                  f"(H={inputs['hidden']}, I={inputs['inter']})")
         kw.update(block_shape=[128, 128])
     if et != e:
         emap = torch.full((et,), -1, dtype=torch.int32, device=x.device)
