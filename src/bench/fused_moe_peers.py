@@ -139,8 +139,9 @@ def make_hpc_ops(inputs):
     if inputs["inter"] % 128 and t >= HPC_BLOCK_UNSAFE_TOKENS and os.environ.get("HOTPATHS_HPC_BLOCK_UNSAFE") != "1":
         # an illegal memory access poisons the CUDA context for every later row of the process
         raise PeerUnavailable(f"skipped: hpc.fuse_moe_blockwise_fp8 at I={inputs['inter']} (not a multiple of 128) "
-                              "faults on the H200 (illegal memory access from 32 tokens, misaligned address at 4: "
-                              "issue 13); set HOTPATHS_HPC_BLOCK_UNSAFE=1 to try it, alone in its process")
+                              "is reported to fault on this H200 model (illegal memory access from 32 tokens, issue "
+                              "13); a block run here that included it died with a misaligned address at 4 tokens, "
+                              "not isolated to it; set HOTPATHS_HPC_BLOCK_UNSAFE=1 to try it, alone in its process")
 
     def pad4(s):
         p = torch.zeros(*s.shape[:-1], _ceil4(s.shape[-1]), dtype=torch.float32, device=s.device)
