@@ -488,41 +488,37 @@ torch.cuda.synchronize()
 NCU_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
                "sm__warps_active.avg.pct_of_peak_sustained_active", "dram__bytes_read.sum")
 
-# attention.cu's launch switch, mirrored: which attention_kernel<Traits<FP8, TRANSPOSED, STAGES, CPS, NT, FAST>>
+# attention.cu's launch switch, mirrored: which attention_kernel<Traits<FP8, TRANSPOSED, STAGES, CPS, NT>>
 # instantiation a variant launches (tests/test_decode_bench.py pins it; a kernel change that adds a configuration
 # must extend this too, or the profile row says its regex matched nothing).
-_ROW_FAST_BF16 = {"v2f": (2, 2), "v2fs3c1": (3, 1), "v2fs4c1": (4, 1)}
 _V3_NT1 = {"v3s3c3": (3, 3), "v3s5": (5, 2), "v3s2c4": (2, 4)}
-_V3_MTP_NT4 = {"v3m": (2, 2), "v3ms4c1": (4, 1)}
+_V3_MTP_NT4 = {"v3m": (2, 2)}
 
 
 def attention_traits(variant: str, *, fp8: bool = True, rows: int = 8) -> tuple:
-    """(FP8, TRANSPOSED, STAGES, CPS, NT, FAST) of the attention_kernel instantiation that ``variant`` launches for
-    this KV dtype and ``rows`` query rows per KV head (q_len x GQA ratio). Raises ValueError for an unknown variant
+    """(FP8, TRANSPOSED, STAGES, CPS, NT) of the attention_kernel instantiation that ``variant`` launches for this
+    KV dtype and ``rows`` query rows per KV head (q_len x GQA ratio). Raises ValueError for an unknown variant
     (resolve "auto" first)."""
     if variant not in K.VARIANTS:
         raise ValueError(f"variant: expected one of {K.VARIANTS}, got {variant!r}")
-    row_cfg = variant == "v2" or variant in _ROW_FAST_BF16
-    if not fp8:
-        st, cps = _ROW_FAST_BF16.get(variant, (2, 2))
-        return (False, False, st, cps, 1, variant in _ROW_FAST_BF16)
-    if row_cfg:
-        return (True, False, 4, 2, 1, variant != "v2")
+    if not fp8:  # BF16 KV runs the row layout whatever the variant
+        return (False, False, 2, 2, 1)
+    if variant == "v2":
+        return (True, False, 4, 2, 1)
     mtp = variant in _V3_MTP_NT4
     nt = 1 if rows <= 8 else (2 if (rows <= 16 or not mtp) else 4)
     if nt == 4:
-        return (True, True, *_V3_MTP_NT4[variant], 4, False)
+        return (True, True, *_V3_MTP_NT4[variant], 4)
     if nt == 2:
-        return (True, True, 4, 2, 2, False)
-    return (True, True, *_V3_NT1.get(variant, (4, 2)), 1, False)
+        return (True, True, 4, 2, 2)
+    return (True, True, *_V3_NT1.get(variant, (4, 2)), 1)
 
 
 def attention_kernel_regex(variant: str, *, fp8: bool = True, rows: int = 8) -> str:
     """A regex on the demangled name (ncu --kernel-name-base demangled) of the one attention_kernel<Traits<...>>
     instantiation that ``variant`` launches (attention_traits). Tolerates the demangler's spelling of the arguments
-    (true / 1 / (bool)1, namespaces, a defaulted trailing FAST=false shown or not).
-    Raises ValueError for an unknown variant."""
-    f8, tr, st, cps, nt, fast = attention_traits(variant, fp8=fp8, rows=rows)
+    (true / 1 / (bool)1, namespaces). Raises ValueError for an unknown variant."""
+    f8, tr, st, cps, nt = attention_traits(variant, fp8=fp8, rows=rows)
     sep = r"[^0-9a-z]+"
 
     def b(v):
@@ -530,8 +526,7 @@ def attention_kernel_regex(variant: str, *, fp8: bool = True, rows: int = 8) -> 
 
     def i(v):
         return rf"(?:\(int\))?{v}"
-    tail = f"{sep}{b(True)}" if fast else f"(?:{sep}{b(False)})?"
-    return (rf"attention_kernel<[^<]*Traits<\s*{b(f8)}{sep}{b(tr)}{sep}{i(st)}{sep}{i(cps)}{sep}{i(nt)}{tail}\s*>")
+    return rf"attention_kernel<[^<]*Traits<\s*{b(f8)}{sep}{b(tr)}{sep}{i(st)}{sep}{i(cps)}{sep}{i(nt)}\s*>"
 
 
 def ncu_rows(cases=NCU_CASES, *, kv_dtype="fp8", kernel_regex: str | None = None, q_heads=8, kv_heads=1,
