@@ -945,16 +945,19 @@ def _cmd_step(args) -> int:
     return 0
 
 
+CLI_HELP = "decode-step model: one Hy3 layer per GPU (TP8) as one CUDA graph, TPOT estimate"
+CLI_DESCRIPTION = """\
+Times one Hy3 decoder layer (qkv -> prologue -> decode attention -> o_proj -> router -> top-k -> MoE + shared
+expert) as one CUDA graph replayed over continuously batched steps, per configuration, with each stage alone, peak
+memory and TPOT = layer x layers. Without an SM90 GPU: the stored H200 table
+(data/results/h200/decode_step.csv).""".replace("\n", " ")
+
+
 def register(subparsers) -> None:
     """``hotpaths step``: the decode-step model (not an op: registered through hotpaths.bench.COMMANDS)."""
     from hotpaths.harness.cli import add_op_command
 
-    p = add_op_command(subparsers, "step", func=_cmd_step,
-                       help="decode-step model: one Hy3 layer per GPU (TP8) as one CUDA graph, TPOT estimate",
-                       description="Times one Hy3 decoder layer (qkv -> prologue -> decode attention -> o_proj -> "
-                       "router -> top-k -> MoE + shared expert) as one CUDA graph replayed over continuously "
-                       "batched steps, per configuration, with each stage alone, peak memory and TPOT = layer x "
-                       "layers. Without an SM90 GPU: the stored H200 table (data/results/h200/decode_step.csv).")
+    p = add_op_command(subparsers, "step", func=_cmd_step, help=CLI_HELP, description=CLI_DESCRIPTION)
     p.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes (decode slots; default 1,8,32)")
     p.add_argument("--lengths", default="8k4k",
                    help=f"a trace name {sorted(LENGTH_TRACES)} or a case string like 1x128K+31x4K (default 8k4k)")
