@@ -95,3 +95,43 @@ def import_flashinfer_072():
         raise PeerUnavailable(f"not available: imported flashinfer {ver} from {getattr(flashinfer, '__file__', '?')}"
                               f", expected {FLASHINFER_VERSION}")
     return flashinfer
+
+
+def import_peer_attr(module: str, name: str, *, hint: str):
+    """``module.name`` of a peer package, imported now. Raises PeerUnavailable naming the module, the error and
+    ``hint`` (where to get the package) when the import or the attribute fails."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception as e:
+        raise PeerUnavailable(f"not available: import {module}.{name} failed ({short_error(e)}); {hint}") from None
+
+
+def run_once(call, what: str):
+    """Run a peer's ``call()`` once outside capture and timing (JIT builds, plan-time and layout checks happen
+    here) and synchronize, so a launch or layout error becomes the row's reason instead of a crash during timing.
+    Returns ``call``. Raises PeerUnavailable (the call's own, or ``not available: <what> failed: <error>``)."""
+    import torch
+
+    try:
+        call()
+        torch.cuda.synchronize()
+    except PeerUnavailable:
+        raise
+    except Exception as e:
+        raise PeerUnavailable(f"not available: {what} failed: {short_error(e)}") from None
+    return call
+
+
+def make_or_reason(makers: dict, name: str, *args, **kw):
+    """``(makers[name](*args, **kw), None)`` or ``(None, reason)``: never raises, so one failing peer becomes a
+    table row, not a crash. An unknown name's reason lists the known ones."""
+    if name not in makers:
+        return None, f"not available: unknown peer {name!r}; known: {', '.join(makers)}"
+    try:
+        return makers[name](*args, **kw), None
+    except PeerUnavailable as e:
+        return None, str(e)
+    except Exception as e:
+        return None, f"not available: {short_error(e)}"

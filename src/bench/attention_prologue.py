@@ -444,10 +444,12 @@ def chain_rows(cases, *, q_len: int = 1, q_heads: int = 8, kv_heads: int = 1, kv
 
 
 def register(subparsers) -> None:
-    from hotpaths.harness.shapes import case_list_arg, int_list_arg, positive_int_arg
+    from hotpaths.harness.cli import add_op_command
+    from hotpaths.harness.shapes import case_list_arg, int_list_arg
 
-    p = subparsers.add_parser(
-        "prologue", help="fused attention prologue (QK-Norm, RoPE, FP8 Q, paged K/V write): latency and error",
+    p = add_op_command(
+        subparsers, "prologue", func=_run,
+        help="fused attention prologue (QK-Norm, RoPE, FP8 Q, paged K/V write): latency and error",
         description="Runs each --impl at each token count on fresh random inputs (decode: one token per request at "
         "the end of a 64-511 token sequence; prefill: one request) and reports median/p10/p90 us (CUDA-graph "
         "replay, L2 flushed), bytes, the read probe of the same bytes, the one-kernel timing floor, and Q / K error "
@@ -474,16 +476,11 @@ def register(subparsers) -> None:
     p.add_argument("--chain", type=case_list_arg, default=None, metavar="CASES",
                    help="time prologue + decode attention for these decode cases (e.g. 64x0.5K,32x4K)")
     p.add_argument("--q-len", type=int, default=1, help="new tokens per request in --chain (1-4, default 1)")
-    p.add_argument("--iters", type=positive_int_arg("--iters"), default=100,
-                   help="timed replays per measurement (default 100)")
-    p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    p.add_argument("--json", action="store_true", help="one JSON row per line (tables.COLUMNS first)")
-    p.add_argument("--save", default=None, metavar="NAME", help="also write the table NAME.csv/.md to the results dir")
-    p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
     from hotpaths.harness import tables
+    from hotpaths.harness.cli import emit_rows
 
     if args.chain:
         if not 1 <= args.q_len <= 4:
@@ -497,11 +494,7 @@ def _run(args) -> int:
                              kv_dtype=args.kv_dtype, q_dtype=args.q_dtype or args.kv_dtype,
                              rotary_dim=args.rotary_dim, eps=args.eps, impls=impls, mode=args.mode, check=args.check,
                              iters=args.iters, seed=args.seed)
-    if args.save:
-        tables.save(rows, args.save, title="attention prologue")
-    if args.json:
-        print(tables.json_lines(rows))
-    else:
+    if not emit_rows(rows, args, title="attention prologue"):
         df = tables.normalize(rows)
         cols = [c for c in ("case", "impl", "median_us", "pct_of_read_probe", "over_floor_us", "saved_us",
                             "rel_l2_err", "k_rel_l2_err", "q_mismatch", "cache_mismatch", "note") if c in df.columns]

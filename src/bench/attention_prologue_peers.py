@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 
-from hotpaths.bench._peers_common import PeerUnavailable, hpc_ops_dir, need_cuda
+from hotpaths.bench._peers_common import PeerUnavailable, hpc_ops_dir, make_or_reason, need_cuda
 from hotpaths.bench._peers_common import flashinfer_072_dir as flashinfer_dir
 from hotpaths.bench._peers_common import import_flashinfer_072 as _import_flashinfer
 from hotpaths.bench._peers_common import import_hpc_ops as _import_hpc
@@ -321,11 +321,4 @@ MAKERS = {"hpc_ops": make_hpc_ops, "flashinfer_fused": make_flashinfer_fused, "t
 
 def try_make(name: str, inputs, **kw):
     """(fn, None) or (None, reason): never raises, so one failing peer becomes a table row, not a crash."""
-    if name not in MAKERS:
-        return None, f"not available: unknown peer {name!r}; known: {', '.join(PEER_NAMES)}"
-    try:
-        return MAKERS[name](inputs, **kw), None
-    except PeerUnavailable as e:
-        return None, str(e)
-    except Exception as e:
-        return None, f"not available: {_short(e)}"
+    return make_or_reason(MAKERS, name, inputs, **kw)

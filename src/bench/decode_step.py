@@ -25,7 +25,7 @@ Why the decode peers are called here directly and not through hotpaths.bench.spl
 those factories are built for one static case: they copy the cache (clean_cache_copy) and Q once at make time and
 fix max_seq_len, so in a composed step the attention would read a stale copy and not what the prologue just wrote.
 The step needs the live buffers, so its adapters below take them; the bundles are imported through the same
-importers (hotpaths.bench._peers_common when present).
+importers (hotpaths.bench._peers_common).
 
 Lengths: LENGTH_TRACES names synthetic mixes (``8k4k``, ``agentic``); any case-grammar string (``64x0.5K``,
 ``1x128K+31x4K``) also works: its lengths are the prompts and new requests draw from them. ContinuousBatch is the
@@ -44,7 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
+from hotpaths.bench._peers_common import import_flashinfer_072 as _import_flashinfer
+from hotpaths.bench._peers_common import import_hpc_ops as _import_hpc
 from hotpaths.harness.env import REPO_ROOT
+from hotpaths.harness.shapes import load_shapes
 from hotpaths.reference.common import expand_lengths, parse_cases, parse_int_list
 
 STAGES = ("qkv", "meta", "prologue", "attention", "o_proj", "router", "topk", "moe")
@@ -53,6 +56,13 @@ DEFAULT_CONFIGS = ("baseline", "hotpaths", "hpc_ops")
 PUBLISHED_TPOT = REPO_ROOT / "data" / "reported" / "e2e_hy3_tpot_8xh20_vllm.csv"
 STORED_NAME = "decode_step"
 K = 1024
+
+
+# Hy3's sizes come from the ops' shape files (the one place that names them): the prologue's per-GPU heads under
+# TP8 and the MoE's whole-model sizes, whose intermediate TP8 splits 8 ways.
+TP = 8
+_ATTN = load_shapes("attention_prologue")
+_MOE = load_shapes("fused_moe", "models")["hy3"]
 
 
 @dataclass(frozen=True)
@@ -66,17 +76,17 @@ class LayerShape:
     agrees (80 x (8 experts 151M + attention 76M + shared expert 19M) + ~1B embeddings = ~21B). Pass layers= to
     use another value."""
 
-    q_heads: int = 8
-    kv_heads: int = 1
-    head_dim: int = 128
-    hidden: int = 4096
-    experts: int = 192
-    topk: int = 8
-    inter: int = 192          # 1536 / 8 per rank
-    shared_inter: int = 192   # the shared expert's 1536 / 8 per rank
-    page_size: int = 64
+    q_heads: int = _ATTN["heads"]["8q1kv"]["q_heads"]
+    kv_heads: int = _ATTN["heads"]["8q1kv"]["kv_heads"]
+    head_dim: int = _ATTN["head_dim"]
+    hidden: int = _MOE["hidden"]
+    experts: int = _MOE["experts"]
+    topk: int = _MOE["topk"]
+    inter: int = _MOE["inter"] // TP          # 1536 / 8 per rank
+    shared_inter: int = _MOE["inter"] // TP   # the shared expert's 1536 / 8 per rank
+    page_size: int = _ATTN["page_size"]
     layers: int = 80
-    eps: float = 1e-5
+    eps: float = _ATTN["eps"]
 
     @property
     def qkv_width(self) -> int:
@@ -392,32 +402,6 @@ def plot_tpot(tp, *, ax=None):
 
 # ----------------------------------------------------------------------------------------------------------------
 # GPU: the layer's weights, buffers and stages per configuration
-
-def _import_flashinfer():
-    """FlashInfer 0.7.2 through the shared importer when it exists (hotpaths.bench._peers_common), else the
-    prologue peers' importer. Raises PeerUnavailable-like RuntimeError with the reason."""
-    import importlib
-
-    try:
-        common = importlib.import_module("hotpaths.bench._peers_common")
-        return common.import_flashinfer_072()
-    except ModuleNotFoundError:
-        pass
-    mod = importlib.import_module("hotpaths.bench.attention_prologue_peers")
-    return mod._import_flashinfer()
-
-
-def _import_hpc():
-    import importlib
-
-    try:
-        common = importlib.import_module("hotpaths.bench._peers_common")
-        return common.import_hpc_ops()
-    except ModuleNotFoundError:
-        pass
-    mod = importlib.import_module("hotpaths.bench.attention_prologue_peers")
-    return mod._import_hpc()
-
 
 _WEIGHTS: dict = {}
 
@@ -961,16 +945,19 @@ def _cmd_step(args) -> int:
     return 0
 
 
+CLI_HELP = "decode-step model: one Hy3 layer per GPU (TP8) as one CUDA graph, TPOT estimate"
+CLI_DESCRIPTION = """\
+Times one Hy3 decoder layer (qkv -> prologue -> decode attention -> o_proj -> router -> top-k -> MoE + shared
+expert) as one CUDA graph replayed over continuously batched steps, per configuration, with each stage alone, peak
+memory and TPOT = layer x layers. Without an SM90 GPU: the stored H200 table
+(data/results/h200/decode_step.csv).""".replace("\n", " ")
+
+
 def register(subparsers) -> None:
     """``hotpaths step``: the decode-step model (not an op: registered through hotpaths.bench.COMMANDS)."""
     from hotpaths.harness.cli import add_op_command
 
-    p = add_op_command(subparsers, "step", func=_cmd_step,
-                       help="decode-step model: one Hy3 layer per GPU (TP8) as one CUDA graph, TPOT estimate",
-                       description="Times one Hy3 decoder layer (qkv -> prologue -> decode attention -> o_proj -> "
-                       "router -> top-k -> MoE + shared expert) as one CUDA graph replayed over continuously "
-                       "batched steps, per configuration, with each stage alone, peak memory and TPOT = layer x "
-                       "layers. Without an SM90 GPU: the stored H200 table (data/results/h200/decode_step.csv).")
+    p = add_op_command(subparsers, "step", func=_cmd_step, help=CLI_HELP, description=CLI_DESCRIPTION)
     p.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes (decode slots; default 1,8,32)")
     p.add_argument("--lengths", default="8k4k",
                    help=f"a trace name {sorted(LENGTH_TRACES)} or a case string like 1x128K+31x4K (default 8k4k)")

@@ -279,11 +279,12 @@ def table_rows(table: str, *, scales: str = "pertensor", batches=None, impls=IMP
 # ----------------------------------------------------------------------------------------------------------------
 
 def register(subparsers) -> None:
-    from hotpaths.harness.shapes import int_list_arg, positive_int_arg
+    from hotpaths.harness.cli import add_op_command
+    from hotpaths.harness.shapes import int_list_arg
     from hotpaths.reference.fused_moe import MODELS, PAR_MODES, SCALE_MODES
 
-    p = subparsers.add_parser(
-        "moe", help="fused FP8 MoE layer: latency and error per impl and batch",
+    p = add_op_command(
+        subparsers, "moe", func=_run, help="fused FP8 MoE layer: latency and error per impl and batch",
         description="Runs each --impl on one MoE layer of --model in --mode (tp8ep1: every expert, intermediate/8 "
         "per rank; tp1ep8: experts/8 per rank) at each --batch, with FP8 weights in --scales format, on fresh "
         "seeded inputs (uniform top-k routing over all experts). Reports error vs the exact fp64 reference "
@@ -312,12 +313,6 @@ def register(subparsers) -> None:
                    "beside the single-GPU layer; exits 2 with fewer than N GPUs. Ignores --mode, --rank, --impl")
     p.add_argument("--stages", action="store_true", help="SM90: also print the stage breakdown of our kernel")
     p.add_argument("--check", action="store_true", help="exit with status 1 if a checked row is outside its tolerance")
-    p.add_argument("--iters", type=positive_int_arg("--iters"), default=100,
-                   help="timed replays per measurement (default 100)")
-    p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    p.add_argument("--json", action="store_true", help="one JSON row per line (tables.COLUMNS first)")
-    p.add_argument("--save", default=None, metavar="NAME", help="also write NAME.csv/.md to the results dir")
-    p.set_defaults(func=_run)
 
 
 def _run(args) -> int:

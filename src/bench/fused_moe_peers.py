@@ -24,7 +24,13 @@ from __future__ import annotations
 import os
 
 from hotpaths.bench._peers_common import hpc_ops_dir as hpc_ops_dir  # re-exported
-from hotpaths.bench._peers_common import import_flashinfer_072, import_hpc_ops
+from hotpaths.bench._peers_common import (
+    import_flashinfer_072,
+    import_hpc_ops,
+    import_peer_attr,
+    make_or_reason,
+    run_once,
+)
 from hotpaths.harness.peers import PeerUnavailable
 
 PEER_NAMES = ("hpc_ops", "torch_grouped_mm_bf16", "torch_scaled_grouped_mm_fp8", "triton_fused_moe",
@@ -60,25 +66,6 @@ def _no_skip_ids(inputs, name: str) -> None:
         raise PeerUnavailable(f"not available: {name} adapter takes no ids of -1 (skip); the benchmark's routing "
                               "has none")
     del torch
-
-
-def _first_line(e: Exception) -> str:
-    s = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {s[0][:300] if s else ''}"
-
-
-def _smoke(fn, what: str):
-    """Run fn once outside capture so a launch or layout error becomes the row's reason."""
-    import torch
-
-    try:
-        fn()
-        torch.cuda.synchronize()
-    except PeerUnavailable:
-        raise
-    except Exception as e:
-        raise PeerUnavailable(f"failed: {what}: {_first_line(e)}") from None
-    return fn
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -132,7 +119,7 @@ def make_hpc_ops(inputs):
         def fn():
             xq = (x.float() / a1).clamp(-fm.FP8_MAX, fm.FP8_MAX).to(fm.FP8_DTYPE)
             return hpc.fuse_moe(xq, w13, w2, gu_scale, dn_scale, am_scale, ids, tw, rank, e, output=out)
-        return _smoke(fn, "hpc.fuse_moe")
+        return run_once(fn, "hpc.fuse_moe")
     if not hasattr(hpc, "fuse_moe_blockwise_fp8"):
         raise PeerUnavailable("not available: this HPC-Ops build has no fuse_moe_blockwise_fp8")
     t = x.shape[0]
@@ -152,7 +139,7 @@ def make_hpc_ops(inputs):
     def fn():
         xq, xs = _group_quant_gpu(x)
         return hpc.fuse_moe_blockwise_fp8(xq, xs, w13, s13, w2, s2, ids, tw, rank, inputs["experts_total"])
-    return _smoke(fn, "hpc.fuse_moe_blockwise_fp8")
+    return run_once(fn, "hpc.fuse_moe_blockwise_fp8")
 
 
 def _group_quant_gpu(x):
@@ -222,7 +209,7 @@ def make_torch_grouped_mm_bf16(inputs):
         a = torch.nn.functional.silu(h[:, :i]) * h[:, i:]
         y = torch._grouped_mm(a, w2t, offs=offs)
         return _combine(y, order, valid, tw, t, k, sh)
-    return _smoke(fn, "torch._grouped_mm")
+    return run_once(fn, "torch._grouped_mm")
 
 
 def _dequant_bf16(inputs):
@@ -268,7 +255,7 @@ def make_torch_scaled_grouped_mm_fp8(inputs):
         aq = (a / a2).clamp(-fm.FP8_MAX, fm.FP8_MAX).to(fm.FP8_DTYPE)
         y = torch._scaled_grouped_mm(aq, w2t, sa2, sb2, offs=offs, out_dtype=torch.bfloat16)
         return _combine(y, order, valid, tw, t, k, sh)
-    return _smoke(fn, "torch._scaled_grouped_mm")
+    return run_once(fn, "torch._scaled_grouped_mm")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -285,11 +272,8 @@ def make_triton_fused_moe(inputs):
 
     _need_cuda(inputs)
     _no_skip_ids(inputs, "triton_fused_moe")
-    try:
-        from flag_gems.fused.fused_moe import fused_experts_impl
-    except Exception as e:
-        raise PeerUnavailable(f"not available: import flag_gems failed ({_first_line(e)}); put flag-gems 5.0.2 "
-                              "(+ sqlalchemy, greenlet) on PYTHONPATH") from None
+    fused_experts_impl = import_peer_attr("flag_gems.fused.fused_moe", "fused_experts_impl",
+                                          hint="put flag-gems 5.0.2 (+ sqlalchemy, greenlet) on PYTHONPATH")
     x, ids, tw, sh = inputs["x"], inputs["topk_ids"], inputs["topk_weights"], inputs.get("shared_out")
     e, off, et = inputs["num_experts"], inputs["expert_offset"], inputs["experts_total"]
     kw = dict(use_fp8_w8a8=True, w1_scale=inputs["w13_scale"], w2_scale=inputs["w2_scale"])
@@ -309,7 +293,7 @@ def make_triton_fused_moe(inputs):
     def fn():
         y = fused_experts_impl(x, inputs["w13"], inputs["w2"], tw, ids, **kw)
         return y if sh is None else (y.float() + sh.float()).to(torch.bfloat16)
-    return _smoke(fn, "flag_gems fused_experts_impl")
+    return run_once(fn, "flag_gems fused_experts_impl")
 
 
 def make_flashinfer_cutlass(inputs):
@@ -325,11 +309,8 @@ def make_flashinfer_cutlass(inputs):
     _need_cuda(inputs)
     _no_skip_ids(inputs, "flashinfer_cutlass")
     import_flashinfer_072()  # the 0.7.2 bundle (PeerUnavailable with the reason when absent)
-    try:
-        from flashinfer.fused_moe import cutlass_fused_moe
-    except Exception as e:
-        raise PeerUnavailable(f"not available: import flashinfer.fused_moe failed ({_first_line(e)}); put "
-                              "FlashInfer 0.7.2 (+ apache-tvm-ffi) on PYTHONPATH") from None
+    cutlass_fused_moe = import_peer_attr("flashinfer.fused_moe", "cutlass_fused_moe",
+                                         hint="put FlashInfer 0.7.2 (+ apache-tvm-ffi) on PYTHONPATH")
     x, ids, tw, sh = inputs["x"], inputs["topk_ids"], inputs["topk_weights"], inputs.get("shared_out")
     e, i, off = inputs["num_experts"], inputs["inter"], inputs["expert_offset"]
     w13 = inputs["w13"]
@@ -357,7 +338,7 @@ def make_flashinfer_cutlass(inputs):
             cutlass_fused_moe(x, ids, tw, w31, inputs["w2"], torch.bfloat16, qs, output=out,
                               use_deepseek_fp8_block_scale=True, **ep)
             return out if sh is None else (out.float() + sh.float()).to(torch.bfloat16)
-    return _smoke(fn, "flashinfer cutlass_fused_moe")
+    return run_once(fn, "flashinfer cutlass_fused_moe")
 
 
 MAKERS = {"hpc_ops": make_hpc_ops, "torch_grouped_mm_bf16": make_torch_grouped_mm_bf16,
@@ -367,14 +348,7 @@ MAKERS = {"hpc_ops": make_hpc_ops, "torch_grouped_mm_bf16": make_torch_grouped_m
 
 def try_make(name: str, inputs):
     """(fn, None) or (None, reason): never raises, so one failing peer becomes a table row, not a crash."""
-    if name not in MAKERS:
-        return None, f"not available: unknown peer {name!r}; known: {', '.join(PEER_NAMES)}"
-    try:
-        return MAKERS[name](inputs), None
-    except PeerUnavailable as e:
-        return None, str(e)
-    except Exception as e:
-        return None, f"failed: {_first_line(e)}"
+    return make_or_reason(MAKERS, name, inputs)
 
 
 def grouped_mm_bf16_emulation(inputs):

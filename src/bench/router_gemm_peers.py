@@ -11,7 +11,7 @@ capturable) returns the fp32 scores [M, N]. ``try_make`` turns any failure into 
 
 from __future__ import annotations
 
-from hotpaths.bench._peers_common import PeerUnavailable, import_hpc_ops, need_cuda, short_error
+from hotpaths.bench._peers_common import PeerUnavailable, import_hpc_ops, make_or_reason, need_cuda, short_error
 
 PEER_NAMES = ("hpc_ops",)
 HPC_SCALE = 1.0 / 256.0
@@ -58,11 +58,4 @@ MAKERS = {"hpc_ops": make_hpc_ops}
 
 def try_make(name: str, x, w):
     """(fn, None) or (None, reason): never raises."""
-    if name not in MAKERS:
-        return None, f"not available: unknown peer {name!r}; known: {', '.join(PEER_NAMES)}"
-    try:
-        return MAKERS[name](x, w), None
-    except PeerUnavailable as e:
-        return None, str(e)
-    except Exception as e:
-        return None, f"not available: {short_error(e)}"
+    return make_or_reason(MAKERS, name, x, w)

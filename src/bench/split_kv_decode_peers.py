@@ -29,6 +29,8 @@ from hotpaths.bench._peers_common import (
     PeerUnavailable,
     import_flashinfer_072,
     import_hpc_ops,
+    make_or_reason,
+    run_once,
     short_error,
 )
 
@@ -323,15 +325,7 @@ def _bf16_q_without_k_scale(inputs):
 def _first_call(call, out, what: str):
     """Run a peer once (JIT builds and plan-time checks happen here, outside timing), then re-poison ``out`` so the
     caller's first fn() is the correctness check. Raises PeerUnavailable with the peer's error."""
-    import torch
-
-    try:
-        call()
-        torch.cuda.synchronize()
-    except PeerUnavailable:
-        raise
-    except Exception as e:
-        raise PeerUnavailable(f"not available: {what} failed: {short_error(e)}") from None
+    run_once(call, what)
     out.fill_(float("nan"))
 
 
@@ -566,9 +560,4 @@ def try_make(name: str, inputs, **kw):
     reason = available(name, inputs)
     if reason is not None:
         return None, reason
-    try:
-        return MAKERS[name](inputs, **kw), None
-    except PeerUnavailable as e:
-        return None, str(e)
-    except Exception as e:
-        return None, f"not available: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    return make_or_reason(MAKERS, name, inputs, **kw)

@@ -30,10 +30,11 @@ def add_op_command(subparsers, name: str, *, func, help: str, description: str) 
     return p
 
 
-def emit_rows(rows: list[dict], args) -> bool:
-    """Save the rows when --save was given and print them as JSON lines when --json was; True when printed."""
+def emit_rows(rows: list[dict], args, *, title: str | None = None) -> bool:
+    """Save the rows when --save was given (``title`` heads the .md) and print them as JSON lines when --json was;
+    True when printed."""
     if args.save:
-        tables.save(rows, args.save)
+        tables.save(rows, args.save, title=title)
     if args.json:
         print(tables.json_lines(rows))
     return bool(args.json)

@@ -590,8 +590,17 @@ def _weighted_reduce(ybuf, topk_ids, topk_weights, expert_offset, num_experts, s
     """bf16(sum over valid slots in order k = 0..K-1 of w * float(ybuf) in FP32, + float(shared_out))."""
     t, k = topk_ids.shape
     valid = _local_valid(topk_ids, expert_offset, num_experts)
-    acc = torch.zeros(t, ybuf.shape[1], dtype=torch.float32, device=ybuf.device)
-    y = ybuf.reshape(t, k, ybuf.shape[1])
+    return weighted_slot_sum(ybuf.reshape(t, k, ybuf.shape[1]), valid, topk_weights, shared_out)
+
+
+def weighted_slot_sum(y, valid, topk_weights, shared_out=None) -> torch.Tensor:
+    """The combine the emulation and the EP reference share (one order, so their results match to the bit):
+    bf16(sum over slots k = 0..K-1 in that order of w[t, k] * float(y[t, k]) in FP32 where valid[t, k],
+    + float(shared_out)).
+    Shape/Dtype: y bf16 [T, K, H]; valid bool [T, K]; topk_weights fp32 [T, K]; shared_out bf16 [T, H] or None.
+    Returns bf16 [T, H]."""
+    t, k, h = y.shape
+    acc = torch.zeros(t, h, dtype=torch.float32, device=y.device)
     for kk in range(k):
         wk = torch.where(valid[:, kk], topk_weights[:, kk], torch.zeros_like(topk_weights[:, kk]))
         acc = acc + wk[:, None] * y[:, kk].float()

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from hotpaths.reference.common import expect_tensor
-from hotpaths.reference.fused_moe import fused_moe_emulation
+from hotpaths.reference.fused_moe import fused_moe_emulation, weighted_slot_sum
 
 # NVLink multicast (NVLS) stays off in every process of this layer: the lent machines do not support it reliably.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -142,15 +142,7 @@ def slot_reduce(back, routing: EPRouting, topk_ids, topk_weights, shared_out=Non
     h = back.shape[1]
     ybuf = torch.zeros(t * k, h, dtype=back.dtype, device=back.device)
     ybuf[routing.pair_index] = back
-    y = ybuf.reshape(t, k, h)
-    valid = topk_ids >= 0
-    acc = torch.zeros(t, h, dtype=torch.float32, device=back.device)
-    for kk in range(k):
-        wk = torch.where(valid[:, kk], topk_weights[:, kk], torch.zeros_like(topk_weights[:, kk]))
-        acc = acc + wk[:, None] * y[:, kk].float()
-    if shared_out is not None:
-        acc = acc + shared_out.float()
-    return acc.to(torch.bfloat16)
+    return weighted_slot_sum(ybuf.reshape(t, k, h), topk_ids >= 0, topk_weights, shared_out)
 
 
 def emulation_expert_fn(local: dict, expert_offset: int):
