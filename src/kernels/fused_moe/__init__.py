@@ -449,24 +449,21 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     # everything before has completed) it waits at its end instead, so it overlaps routing; after anything else
     # (a stage run alone) it waits first, since a predecessor that launched early may still read xq.
     nvalid = p.workspace[:1]
-    if "gate_up" in todo:
-        _check(lib.hp_moe_quant(_ptr(x), _ptr(xq), _ptr(xsc), _ptr(a1_scale), None, t, h, block,
-                                int("route" not in todo), int(pdl), stream),
-               f"fused_moe quant x (tokens={t}, H={h}, scales={scales})")
-        _check(lib.hp_moe_gate_up(_ptr(p.workspace), _ptr(xq), _ptr(xsc), _ptr(w13), _ptr(w13_scale), _ptr(a1_scale),
-                                  _ptr(act), p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl),
-                                  _ptr(sk_gu), stream),
-               f"fused_moe gate_up (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, I={i}, "
-               f"scales={scales}, block_m={p.block_m})")
-    if "down" in todo:
-        _check(lib.hp_moe_quant(_ptr(act), _ptr(aq), _ptr(asc), _ptr(a2_scale), _ptr(nvalid), p.max_pairs, i, block,
-                                1, int(pdl), stream),
-               f"fused_moe quant act (pairs<={p.max_pairs}, I={i}, scales={scales})")
-        _check(lib.hp_moe_down(_ptr(p.workspace), _ptr(aq), _ptr(asc), _ptr(w2), _ptr(w2_scale), _ptr(a2_scale),
-                               _ptr(ybuf), p.topk, p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl),
-                               _ptr(sk_dn), stream),
-               f"fused_moe down (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, I={i}, "
-               f"scales={scales}, block_m={p.block_m})")
+    # Each GEMM stage: its activation pre-pass (rows of x or act -> fp8 + group scales), then the grouped GEMM.
+    gemms = {"gate_up": (lib.hp_moe_gate_up, x, xq, xsc, a1_scale, None, t, h, int("route" not in todo),
+                         w13, w13_scale, act, sk_gu),
+             "down": (lib.hp_moe_down, act, aq, asc, a2_scale, _ptr(nvalid), p.max_pairs, i, 1,
+                      w2, w2_scale, ybuf, sk_dn)}
+    for stage, (gemm, src, q, sc, static, rows_ptr, rows, width, wait_first, w, w_scale, dst, sk) in gemms.items():
+        if stage not in todo:
+            continue
+        what = (f"fused_moe {stage} (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, I={i}, "
+                f"scales={scales}, block_m={p.block_m})")
+        _check(lib.hp_moe_quant(_ptr(src), _ptr(q), _ptr(sc), _ptr(static), rows_ptr, rows, width, block, wait_first,
+                                int(pdl), stream),
+               f"fused_moe {stage} activation pre-pass (rows<={rows}, width={width}, scales={scales})")
+        _check(gemm(_ptr(p.workspace), _ptr(q), _ptr(sc), _ptr(w), _ptr(w_scale), _ptr(static), _ptr(dst), p.topk,
+                    p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), _ptr(sk), stream), what)
     if "reduce" in todo:
         _check(lib.hp_moe_reduce(_ptr(p.topk_ids), _ptr(topk_weights), _ptr(ybuf), _ptr(shared_out), _ptr(out), t,
                                  p.topk, p.num_experts, p.expert_offset, h, int(pdl), stream),
