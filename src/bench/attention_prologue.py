@@ -97,12 +97,13 @@ def make_bench_inputs(tokens: int, *, mode: str = "auto", q_heads: int = 8, kv_h
     from hotpaths.reference.common import check_fits
 
     mode = mode_of(tokens, mode)
-    lay = request_layout(tokens, mode, page_size, q_len=q_len, seed=seed)
     H = q_heads + 2 * kv_heads
     kvb = 1 if kv_dtype == "fp8" else 2
-    need = tokens * H * head_dim * 2 * 3 + 2 * lay["num_pages"] * page_size * kv_heads * head_dim * kvb
+    # before the request layout, whose size grows with the tokens too: the cache holds at least the tokens' slots
+    need = tokens * H * head_dim * 2 * 3 + 2 * (tokens + page_size) * kv_heads * head_dim * kvb
     check_fits(f"prologue {case_name(q_heads, kv_heads, mode, tokens)}", host_bytes=need * 3, device_bytes=need,
                device=device)
+    lay = request_layout(tokens, mode, page_size, q_len=q_len, seed=seed)
     max_pos = max(lay["max_seqlen"], 1)
     inp = ref.make_prologue_inputs(tokens, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                                    page_size=page_size, rotary_dim=rotary_dim, kv_dtype=kv_dtype, q_dtype=q_dtype,

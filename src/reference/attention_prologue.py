@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hotpaths.reference.common import expect_tensor
+from hotpaths.reference.common import check_fits, expect_tensor
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -384,14 +384,18 @@ def make_prologue_inputs(tokens: int, *, q_heads: int = 8, kv_heads: int = 1, he
         raise ValueError(f"tokens {tokens}, q_heads {q_heads}, kv_heads {kv_heads}: expected tokens >= 0 and "
                          "q_heads a positive multiple of kv_heads")
     rot = head_dim if rotary_dim is None else rotary_dim
-    g = torch.Generator().manual_seed(seed)
     H = q_heads + 2 * kv_heads
+    num_pages = -(-tokens // page_size) + extra_pages
+    # qkv drawn in fp32 then bf16, the two caches, cos/sin: refused before anything is allocated
+    check_fits(f"prologue inputs ({tokens} tokens, {H} heads of {head_dim})",
+               host_bytes=tokens * H * head_dim * 6 + 2 * num_pages * page_size * kv_heads * head_dim * 2
+               + max_pos * rot * 4, device=device)
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, H, head_dim, generator=g) * (0.5 + torch.rand(1, H, 1, generator=g) * 2)
     qkv = x.reshape(tokens, H * head_dim).to(torch.bfloat16)
     qw = (1 + 0.2 * torch.randn(head_dim, generator=g)).to(torch.bfloat16)
     kw = (1 + 0.2 * torch.randn(head_dim, generator=g)).to(torch.bfloat16)
     positions = torch.randint(0, max_pos, (tokens,), generator=g).to(pos_dtype)
-    num_pages = -(-tokens // page_size) + extra_pages
     slots = torch.randperm(num_pages * page_size, generator=g)[:tokens].to(torch.int64)
     if pad_every > 0:
         slots[::pad_every] = -1
