@@ -42,6 +42,8 @@ def _limit_memory():  # a guard that is missing fails the test instead of taking
     ("router", "--m", "99999999999"),
     ("router", "--m", "1", "--k", "99999999936"),
     ("router", "--m", "1", "--n", "99999999936"),
+    ("prologue", "--tokens", "999999999"),
+    ("moe", "--batch", "99999999"),
 ])
 def test_sizes_that_cannot_fit_exit_2_with_the_estimate(args):
     r = hp(*args, "--json", preexec_fn=_limit_memory)
