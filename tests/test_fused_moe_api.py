@@ -135,7 +135,7 @@ def test_run_rejects_a_non_plan():
 
 def test_torch_library_op_registered_with_fake():
     op = torch.ops.hotpaths.fused_moe
-    assert "hotpaths::fused_moe" in str(op.default._schema.name) or op is not None
+    assert op.default._schema.name == "hotpaths::fused_moe"
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
