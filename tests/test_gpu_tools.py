@@ -179,7 +179,6 @@ def test_unpack_results_round_trip_and_refuses_paths_outside(tmp_path):
 
 
 def test_run_on_gpu_packs_results_and_keeps_the_exit_status(tmp_path):
-    pytest.importorskip("ipykernel")
     repo = _tool_copy(tmp_path)
     # A stand-in hotpaths: writes one table and fails, like a notebook failing after writing something.
     (repo / "src/harness").mkdir(parents=True)

@@ -13,12 +13,8 @@ from bounded_child import run_child
 from hotpaths.bench import attention_prologue_fuzz as PF
 from hotpaths.bench import split_kv_decode_fuzz as DF
 from hotpaths.reference import attention_prologue as pref
+from hotpaths.reference import fused_moe as fm
 from hotpaths.reference import split_kv_decode as dref
-
-
-def _moe_ref():
-    return pytest.importorskip("hotpaths.reference.fused_moe",
-                               reason="hotpaths.reference.fused_moe (the MoE reference) has not landed here yet")
 
 
 def _no_failures(res):
@@ -59,7 +55,6 @@ def test_decode_page_32_kernel(variant, kv_dtype):
 
 @pytest.mark.parametrize("tokens", [32, 33])
 def test_moe_block_inter_192_from_32_tokens_reference(tokens):
-    _moe_ref()
     from hotpaths.bench import fused_moe_fuzz as MF
 
     _no_failures(MF.check_cpu(_moe_cfg(tokens, hidden=256, experts=8, topk=4)))
@@ -68,7 +63,6 @@ def test_moe_block_inter_192_from_32_tokens_reference(tokens):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [31, 32, 33, 64, 128, 512])
 def test_moe_block_inter_192_from_32_tokens_kernel(tokens):
-    _moe_ref()
     from hotpaths.bench import fused_moe_fuzz as MF
 
     _no_failures(MF.fuzz_run(_moe_cfg(tokens)))
@@ -133,7 +127,6 @@ def test_moe_plan_update_beyond_max_tokens_raises():
 # MoE hang at 2048 tokens: the plan and the layer complete (the GPU run in a child with a timeout)
 
 def test_moe_2048_tokens_plan():
-    fm = _moe_ref()
     gen = np.random.default_rng(0)
     ids = np.stack([gen.permutation(64)[:8] for _ in range(2048)]).astype(np.int32)
     plan = fm.build_routing_plan(ids, num_experts=64, block_m=64)
@@ -143,7 +136,6 @@ def test_moe_2048_tokens_plan():
 
 @pytest.mark.gpu
 def test_moe_2048_tokens_completes():
-    _moe_ref()
     code = textwrap.dedent("""
         import torch
         from hotpaths.reference import fused_moe as fm
@@ -242,7 +234,6 @@ def test_nan_pad_row_does_not_poison_scales_kernel(q_dtype):
 # Duplicate top-k ids (a CUTLASS MoE crashed on them)
 
 def test_moe_duplicate_topk_ids_reference():
-    fm = _moe_ref()
     from hotpaths.bench import fused_moe_fuzz as MF
 
     ids = np.array([[3, 3, 3, 3], [0, 1, 0, 1], [-1, 2, 2, -1]], dtype=np.int32)
@@ -255,7 +246,6 @@ def test_moe_duplicate_topk_ids_reference():
 @pytest.mark.gpu
 @pytest.mark.parametrize("scales", ["pertensor", "block"])
 def test_moe_duplicate_topk_ids_kernel(scales):
-    _moe_ref()
     from hotpaths.bench import fused_moe_fuzz as MF
 
     _no_failures(MF.fuzz_run(_moe_cfg(64, routing="duplicates", scales=scales)))
