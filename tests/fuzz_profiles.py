@@ -2,9 +2,11 @@
 example budget (all four fuzz files in about a minute on two busy cores, measured); HYPOTHESIS_PROFILE=long draws many
 more cases with a random seed for local runs. No deadline: a case's time depends on its drawn sizes."""
 
+import importlib
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 CI_EXAMPLES = 300
 settings.register_profile("ci", max_examples=CI_EXAMPLES, deadline=None, derandomize=True, print_blob=True,
@@ -26,3 +28,16 @@ def run_case(op: str, mod, data):
     fails = mod.check_cpu(cfg)["failures"]
     event("failed" if fails else "passed")
     assert not fails, "\n".join(fails) + f"\nrepro: {cmd}"
+
+
+def fuzz_test(op: str):
+    """The fuzz test of one op (each tests/test_fuzz_<op>.py binds it to a test_ name): hypothesis draws the
+    configuration, run_case checks it against hotpaths.bench.<op>_fuzz's CPU checks."""
+    mod = importlib.import_module(f"hotpaths.bench.{op}_fuzz")
+
+    @given(st.data())
+    def test(data):
+        run_case(op, mod, data)
+
+    test.__name__ = f"test_fuzz_{op}"
+    return test
