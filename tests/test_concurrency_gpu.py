@@ -85,23 +85,6 @@ def _decode_pair():
     return make([5000, 300, 17, 4096], 0), make([64] * 24 + [9000], 1)
 
 
-def test_decode_two_streams_match_sequential():
-    fa, fb = _decode_pair()
-    ea, eb = fa(), fb()
-    torch.cuda.synchronize()
-    ca, cb = _on_streams(fa, fb)
-    _same(ea, ca, "decode plan A on a stream beside plan B differs from running it alone")
-    _same(eb, cb, "decode plan B on a stream beside plan A differs from running it alone")
-
-
-def test_decode_two_graphs_match_sequential():
-    fa, fb = _decode_pair()
-    ea, eb = fa(), fb()
-    ga, gb = _graphs(fa, fb)
-    _same(ea, ga, "decode graph A replayed beside graph B differs")
-    _same(eb, gb, "decode graph B replayed beside graph A differs")
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # router GEMM: two token counts (different grids; split-K workspaces per call)
 
@@ -116,22 +99,6 @@ def _router_pair():
         return lambda: K.router_gemm(x, wt, impl="bf16x2_kernel", out=out).clone()
 
     return make(7, 192, 4096, 0), make(1024, 256, 2048, 1)
-
-
-def test_router_two_streams_match_sequential():
-    fa, fb = _router_pair()
-    ea, eb = fa(), fb()
-    ca, cb = _on_streams(fa, fb)
-    _same(ea, ca, "router A beside B differs")
-    _same(eb, cb, "router B beside A differs")
-
-
-def test_router_two_graphs_match_sequential():
-    fa, fb = _router_pair()
-    ea, eb = fa(), fb()
-    ga, gb = _graphs(fa, fb)
-    _same(ea, ga, "router graph A beside B differs")
-    _same(eb, gb, "router graph B beside A differs")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -158,29 +125,12 @@ def _prologue_pair():
     return make(7, 8, 1, 0), make(2048, 64, 8, 1)
 
 
-def test_prologue_two_streams_match_sequential():
-    fa, fb = _prologue_pair()
-    ea, eb = fa(), fb()
-    ca, cb = _on_streams(fa, fb)
-    _same(ea, ca, "prologue A beside B differs")
-    _same(eb, cb, "prologue B beside A differs")
-
-
-def test_prologue_two_graphs_match_sequential():
-    fa, fb = _prologue_pair()
-    ea, eb = fa(), fb()
-    ga, gb = _graphs(fa, fb)
-    _same(ea, ga, "prologue graph A beside B differs")
-    _same(eb, gb, "prologue graph B beside A differs")
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # fused MoE: two plans (different routings and token counts, same weights: the buffers live in each plan)
 
 def _moe_pair():
-    fm = pytest.importorskip("hotpaths.reference.fused_moe",
-                             reason="hotpaths.reference.fused_moe (the MoE inputs) has not landed in this checkout")
     from hotpaths.kernels import fused_moe as K
+    from hotpaths.reference import fused_moe as fm
 
     def make(tokens, routing, seed):
         d = fm.make_moe_inputs(tokens, experts=16, topk=4, hidden=512, inter=8 * 192, scales="block", seed=seed,
@@ -197,17 +147,19 @@ def _moe_pair():
     return make(3, "random", 0), make(512, "duplicates", 1)
 
 
-def test_moe_two_streams_match_sequential():
-    fa, fb = _moe_pair()
-    ea, eb = fa(), fb()
-    ca, cb = _on_streams(fa, fb)
-    _same(ea, ca, "MoE plan A beside B differs")
-    _same(eb, cb, "MoE plan B beside A differs")
+# ----------------------------------------------------------------------------------------------------------------
+# each pair run alone first (the expected bits), then both at once: on two streams, or as two graphs replayed
+
+PAIRS = {"decode": _decode_pair, "router": _router_pair, "prologue": _prologue_pair, "moe": _moe_pair}
+AT_ONCE = {"streams": _on_streams, "graphs": _graphs}
 
 
-def test_moe_two_graphs_match_sequential():
-    fa, fb = _moe_pair()
+@pytest.mark.parametrize("how", list(AT_ONCE))
+@pytest.mark.parametrize("op", list(PAIRS))
+def test_two_at_once_match_sequential(op, how):
+    fa, fb = PAIRS[op]()
     ea, eb = fa(), fb()
-    ga, gb = _graphs(fa, fb)
-    _same(ea, ga, "MoE graph A beside B differs")
-    _same(eb, gb, "MoE graph B beside A differs")
+    torch.cuda.synchronize()
+    ca, cb = AT_ONCE[how](fa, fb)
+    _same(ea, ca, f"{op}: A run beside B ({how}) differs from A run alone")
+    _same(eb, cb, f"{op}: B run beside A ({how}) differs from B run alone")
