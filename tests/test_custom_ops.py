@@ -49,13 +49,21 @@ def test_compile_traces_both_ops_on_fake_tensors():
     assert s.shape == (6, N) and s.dtype == torch.float32
 
 
-def test_fake_out_variant_leaves_shape():
+def test_fake_out_variant_traces_without_running(monkeypatch):
+    """Under fake tensors the out variant goes to its fake implementation: the real router_gemm never runs (it
+    would refuse CPU input), and out keeps its shape and dtype."""
+    from hotpaths.kernels.router_gemm import ops
+
+    def real(*a, **kw):
+        raise AssertionError("router_gemm_out ran its real implementation under FakeTensorMode")
+
+    monkeypatch.setitem(ops._K, "router_gemm", real)
     x, w = make_router_inputs(3, N, K, seed=2)
     with FakeTensorMode() as mode:
         fx, fw = mode.from_tensor(x), mode.from_tensor(w)
         out = torch.empty(3, N)
         torch.ops.hotpaths.router_gemm_out(fx, fw, fw.to(torch.bfloat16), fw.to(torch.bfloat16), "dispatch", out)
-        assert out.shape == (3, N)
+    assert (out.shape, out.dtype) == ((3, N), torch.float32)
 
 
 def test_eager_op_without_gpu_says_why():
