@@ -16,9 +16,6 @@ from hotpaths.kernels._build import check_status
 ROOT = Path(__file__).resolve().parents[1]
 OPS_WITH_LAUNCHES = ("split_kv_decode", "attention_prologue", "router_gemm", "fused_moe")
 
-# The committed tables.save writes the CSV in place; the atomic version (write aside, rename) comes from another
-# branch. These two tests describe the behaviour we require and flip to passing when it lands.
-
 
 def test_check_status_names_the_op_and_code():
     check_status(0, "split_kv_decode attention (batch=4)")  # success is silent
