@@ -114,7 +114,9 @@ def test_env_reports_nvcc_and_whether_kernels_build(monkeypatch):
     info = json.loads(r.stdout)
     for key in ("nvcc", "nvcc_version", "nvcc_sm90a", "kernels_buildable", "kernels_build_note"):
         assert key in info
-    assert isinstance(info["kernels_buildable"], bool) and info["kernels_build_note"]
+    # buildable exactly when an nvcc that targets sm_90a was found, and the note's answer agrees
+    assert info["kernels_buildable"] is bool(info["nvcc"] and info["nvcc_sm90a"])
+    assert info["kernels_build_note"].startswith("yes" if info["kernels_buildable"] else "no:")
     if info["nvcc"]:
         assert info["nvcc_version"] and info["nvcc_version"][0].isdigit()
     # without nvcc the answer is "no" and says why
