@@ -25,8 +25,6 @@ REPORTED = REPO_ROOT / "data" / "reported"
 README = REPO_ROOT / "README.md"
 DEFAULT_DEVICE = "h200"
 OUR_DECODE = ("dynamic", "static_count", "static_chunk", "batch_invariant", "assign_only")
-OUR_ROUTER = ("dispatch", "bf16x2_kernel", "bf16x3_kernel")
-CUBLAS_ROUTER = ("fp32_cublas", "tf32_cublas", "bf16_cublas")
 
 
 # ----------------------------------------------------------------------------------------------------------------

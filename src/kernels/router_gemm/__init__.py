@@ -40,7 +40,6 @@ from hotpaths.reference.common import check_fits, device_tag, expect_tensor
 
 OP = "router_gemm"
 IMPLS = ("dispatch", "bf16x2_kernel", "bf16x3_kernel", "fp32_cublas", "tf32_cublas", "bf16_cublas")
-KERNEL_IMPLS = ("dispatch", "bf16x2_kernel", "bf16x3_kernel")
 # The same-precision emulation each impl stands for (used without a GPU, and as the tight reference).
 EMULATION_OF = {"dispatch": "bf16x2_emulation", "bf16x2_kernel": "bf16x2_emulation",
                 "bf16x3_kernel": "bf16x3_emulation", "fp32_cublas": "fp32_emulation",
