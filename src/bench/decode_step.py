@@ -278,6 +278,7 @@ def published_tpot():
 
 
 def stored_path(device: str = "h200", name: str = STORED_NAME) -> Path:
+    """data/results/<device>/<name>.csv: where the stored step table of a device lives (may not exist)."""
     return REPO_ROOT / "data" / "results" / device / f"{name}.csv"
 
 

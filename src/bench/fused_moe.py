@@ -278,6 +278,7 @@ def table_rows(table: str, *, scales: str = "pertensor", batches=None, impls=IMP
 # ----------------------------------------------------------------------------------------------------------------
 
 def register(subparsers) -> None:
+    """Add ``hotpaths moe`` to the CLI's subparsers (hotpaths.harness.cli finds it through hotpaths.bench.OPS)."""
     from hotpaths.harness.cli import add_op_command
     from hotpaths.harness.shapes import int_list_arg
     from hotpaths.reference.fused_moe import MODELS, PAR_MODES, SCALE_MODES

@@ -453,6 +453,7 @@ TF32 cuBLAS, and max abs / rel L2 error vs FP64 and FP32. Without an SM90 GPU th
 
 
 def register(subparsers) -> None:
+    """Add ``hotpaths router`` to the CLI's subparsers (hotpaths.harness.cli finds it through hotpaths.bench.OPS)."""
     p = add_op_command(subparsers, "router", func=_run, help=CLI_HELP, description=CLI_DESCRIPTION)
     p.add_argument("--m", type=int_list_arg("--m", minimum=1), default=list(M_SWEEP),
                    help="comma-separated token counts M (default: m_sweep of data/shapes/router_gemm.yaml)")

@@ -57,6 +57,7 @@ ROUTINGS = ("random", "one_expert", "hot_expert", "duplicates", "skip", "half_ex
 
 
 def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for integers (b > 0)."""
     return -(-a // b)
 
 
@@ -108,7 +109,9 @@ def block_scale_shape(rows: int, cols: int) -> tuple[int, int]:
 
 def quantize_weight(w: torch.Tensor, scales: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize one expert's weight w [N, K] (float) from its amax: per-tensor -> (fp8 [N, K], FP32 scalar tensor);
-    block -> (fp8 [N, K], FP32 [ceil(N/128), ceil(K/128)])."""
+    block -> (fp8 [N, K], FP32 [ceil(N/128), ceil(K/128)]). Raises ValueError for a ``scales`` outside SCALE_MODES."""
+    if scales not in SCALE_MODES:
+        raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
     if scales == "pertensor":
         s = torch.clamp(w.float().abs().amax() / FP8_MAX, min=GROUP_EPS)
         return quant_fp8(w, s), s
@@ -891,14 +894,15 @@ def call_args(inputs: dict) -> tuple[tuple, dict]:
 
 
 def experts_hit(topk_ids, *, num_experts: int, expert_offset: int = 0) -> int:
-    """Distinct local experts with at least one valid pair."""
+    """Distinct local experts with at least one valid pair. topk_ids: integer [T, K] (global expert ids; ids outside
+    [expert_offset, expert_offset + num_experts) belong to other ranks or are padding)."""
     loc = topk_ids.long() - expert_offset
     v = loc[(loc >= 0) & (loc < num_experts)]
     return int(torch.unique(v).numel())
 
 
 def valid_pairs(topk_ids, *, num_experts: int, expert_offset: int = 0) -> int:
-    """(token, slot) pairs routed to a local expert."""
+    """(token, slot) pairs routed to a local expert. topk_ids: integer [T, K], as experts_hit."""
     return int(_local_valid(topk_ids, expert_offset, num_experts).sum())
 
 
