@@ -525,7 +525,7 @@ def split_kv_decode(q, k_cache, v_cache, block_table, kv_lens, *, q_len: int = 1
                     v_scale=None, sm_scale: float | None = None, out=None, mode: str = "dynamic",
                     num_ctas: int | None = None, min_tiles: int = DEFAULT_MIN_TILES, num_splits: int | None = None,
                     chunk_tiles: int | None = None, variant: str | None = None):
-    """plan() + run() in one call (argument names and order as hotpaths.reference.split_kv_decode_ref).
+    """plan() + run() in one call (argument names and order as hotpaths.reference.split_kv_decode.split_kv_decode_ref).
 
     Shape/Dtype: as run(). Returns out [batch*q_len, q_heads, head_dim] bf16.
     Raises TypeError/ValueError as plan() and run().
