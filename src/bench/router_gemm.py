@@ -393,7 +393,7 @@ def measure_crossover(shapes, ms=None, *, path: str | Path | None = None, iters:
             # accumulation chain in the tensor cores' FP32 accumulators, e.g. one split over K = 6144, exceeds it)
             ref64 = xc.double() @ weights.w.double().T
             emu_err = float((emu.double() - ref64).abs().max())
-            emu_flips = int(ref.topk_sets_differ(emu, ref64, 8).sum())  # the issue's target: flips equal to these
+            emu_flips = int(ref.topk_sets_differ(emu, ref64, 8).sum())  # the target: flips equal to these
             out = torch.empty(m, n, device="cuda")
             sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
             cands = K.kernel_candidates(m, n, k, sm_count=sms) if tune else [("auto", 0)]

@@ -59,7 +59,7 @@ FAMILIES = ("auto", "decode", "tiled", "wgmma", "ws")  # index = hp_router::Fami
 SPLITK_KINDS = ("cluster", "global", "pair", "scatter")  # index = hp_router::SplitK
 # From 65 rows up (every prefill size): with K split 8 ways even 1-2 row tiles of 128 fill 64-128 SMs.
 WGMMA_MIN_M = 65
-# The tuner's accuracy gate (the bound): a configuration whose max abs error vs FP64 exceeds ERR_BOUND x the
+# The tuner's accuracy gate (the project's accuracy target): a configuration whose max abs error vs FP64 exceeds ERR_BOUND x the
 # BF16x2 emulation's on the gate input is not timed and cannot be chosen.
 ERR_BOUND = 1.5
 _SCALE = 1.0 / 256.0
