@@ -504,16 +504,6 @@ def _run(args) -> int:
     return 0
 
 
-def stored_table(device_tag: str = "h200"):
-    """The stored table data/results/<device_tag>/attention_prologue.csv (None when absent): what notebook 03 shows
-    on a machine without the GPU."""
-    from hotpaths.harness import tables
-    from hotpaths.harness.env import REPO_ROOT
-
-    p = REPO_ROOT / "data" / "results" / device_tag / "attention_prologue.csv"
-    return tables.load(p) if p.exists() else None
-
-
 __all__ = ["IMPLS", "case_name", "mode_of", "request_layout", "make_bench_inputs",
-           "make_fused", "prologue_rows", "make_chain_inputs", "make_chain", "chain_rows", "register", "stored_table",
+           "make_fused", "prologue_rows", "make_chain_inputs", "make_chain", "chain_rows", "register",
            "unfused_traffic"]
