@@ -223,7 +223,8 @@ def experts_hit(batch: int, shape: LayerShape = HY3_TP8) -> float:
 
 def step_bytes(batch: int, kv_lens, shape: LayerShape = HY3_TP8) -> dict:
     """Bytes one layer's step must move from HBM at least, per stage (weights once, the KV cache once, activations
-    ignored: they are KBs at decode sizes). kv_lens: the attended lengths. Returns {stage: bytes, "total": ...}."""
+    ignored: they are KBs at decode sizes). kv_lens: the attended length of each request (ints). Returns
+    {stage: bytes, "total": ...}."""
     s = shape
     D = s.head_dim
     b = {"qkv": s.qkv_width * s.hidden * 2, "o_proj": s.hidden * s.q_heads * D * 2,
