@@ -11,7 +11,7 @@ Tables:
   rounds differently (division instead of a reciprocal, another eps, FMA) shows thousands, which says nothing
   about its accuracy: its rows say so in the note). Without an SM90 GPU, ``fused`` and the
   torch impls run their CPU emulation (impl ``*_emulation``, untimed) and the GPU-only peers give their reason.
-- ``chain_rows``: prologue + split-KV decode attention in one CUDA graph with the prologue's early PDL trigger
+- ``chain_rows``: prologue + split-KV decode attention in one CUDA graph with the prologue's PDL trigger after its loads
   (``chain_pdl``) and without it (``chain_no_trigger``: the decode kernel launches only when the prologue has
   finished, as without PDL), against each alone and their sum.
 
@@ -445,6 +445,7 @@ def chain_rows(cases, *, q_len: int = 1, q_heads: int = 8, kv_heads: int = 1, kv
 
 
 def register(subparsers) -> None:
+    """Add ``hotpaths prologue`` to the CLI's subparsers (hotpaths.harness.cli finds it through hotpaths.bench.OPS)."""
     from hotpaths.harness.cli import add_op_command
     from hotpaths.harness.shapes import case_list_arg, int_list_arg
 
@@ -503,16 +504,6 @@ def _run(args) -> int:
     return 0
 
 
-def stored_table(device_tag: str = "h200"):
-    """The stored table data/results/<device_tag>/attention_prologue.csv (None when absent): what notebook 03 shows
-    on a machine without the GPU."""
-    from hotpaths.harness import tables
-    from hotpaths.harness.env import REPO_ROOT
-
-    p = REPO_ROOT / "data" / "results" / device_tag / "attention_prologue.csv"
-    return tables.load(p) if p.exists() else None
-
-
 __all__ = ["IMPLS", "case_name", "mode_of", "request_layout", "make_bench_inputs",
-           "make_fused", "prologue_rows", "make_chain_inputs", "make_chain", "chain_rows", "register", "stored_table",
+           "make_fused", "prologue_rows", "make_chain_inputs", "make_chain", "chain_rows", "register",
            "unfused_traffic"]

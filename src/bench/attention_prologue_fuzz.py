@@ -18,6 +18,9 @@ OP = "attention_prologue"
 
 
 def fuzz_case(draw: Draw, *, kernel: bool = False) -> dict:
+    """One configuration: head_dim 64/128/256, 1-4 KV heads at GQA 1-8, partial rotary, both orders and RoPE
+    styles, FP8/BF16 Q and cache, pads (optionally NaN rows); tokens up to 300 with kernel=True (marked ``kernel``),
+    40 without (CPU emulation cost)."""
     head_dim = draw.choice(ref.HEAD_DIMS)
     kv_heads = draw.integer(1, 4)
     tokens = draw.choice((0, 1, 2, 7, 8, 9)) if draw.boolean() else draw.integer(0, 300 if kernel else 40)
@@ -51,6 +54,8 @@ def _call(fn, inp, **extra):
 
 
 def check_cpu(cfg: dict) -> dict:
+    """Emulation vs exact on the non-pad rows (Q dequantized, K and V from the cache) within the tolerance rows, Q
+    scales finite, unwritten cache slots unchanged. Returns {failures: [str], path}."""
     inp = make_inputs(cfg)
     fails = []
     q, qs, kc, vc = _call(ref.attention_prologue_emulation, inp)
@@ -81,6 +86,9 @@ def check_cpu(cfg: dict) -> dict:
 
 
 def fuzz_run(cfg: dict) -> dict:
+    """On an SM90 GPU (cfg drawn with kernel=True): the kernel on guarded buffers (outputs NaN-poisoned), then no
+    guard or input changed and the output vs the emulation (see the module docstring). Elsewhere: ``check_cpu``.
+    Returns {failures: [str], path}."""
     from hotpaths.reference.common import sm90_skip_reason
 
     if not cfg.get("kernel") or sm90_skip_reason() is not None:

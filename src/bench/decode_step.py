@@ -223,7 +223,8 @@ def experts_hit(batch: int, shape: LayerShape = HY3_TP8) -> float:
 
 def step_bytes(batch: int, kv_lens, shape: LayerShape = HY3_TP8) -> dict:
     """Bytes one layer's step must move from HBM at least, per stage (weights once, the KV cache once, activations
-    ignored: they are KBs at decode sizes). kv_lens: the attended lengths. Returns {stage: bytes, "total": ...}."""
+    ignored: they are KBs at decode sizes). kv_lens: the attended length of each request (ints). Returns
+    {stage: bytes, "total": ...}."""
     s = shape
     D = s.head_dim
     b = {"qkv": s.qkv_width * s.hidden * 2, "o_proj": s.hidden * s.q_heads * D * 2,
@@ -278,6 +279,7 @@ def published_tpot():
 
 
 def stored_path(device: str = "h200", name: str = STORED_NAME) -> Path:
+    """data/results/<device>/<name>.csv: where the stored step table of a device lives (may not exist)."""
     return REPO_ROOT / "data" / "results" / device / f"{name}.csv"
 
 

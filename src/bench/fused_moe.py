@@ -18,7 +18,6 @@ OP = "fused_moe"
 IMPLS = ("fused", "hpc_ops", "torch_grouped_mm_bf16", "torch_scaled_grouped_mm_fp8", "triton_fused_moe",
          "flashinfer_cutlass")
 DEFAULT_IMPLS = "fused,hpc_ops,triton_fused_moe,torch_grouped_mm_bf16"
-TABLES = ("fused_moe_tp8_ep1", "fused_moe_tp1_ep8", "fused_moe_models")
 STAGES = ("route", "gate_up", "down", "reduce", "all", "all_no_pdl")
 # published H20 column of data/reported/moe_hy3_*_h20.csv per impl ("fused" is the published HPC-Ops design)
 PUBLISHED_COLUMN = {"fused": "hpc_ops_us", "hpc_ops": "hpc_ops_us", "triton_fused_moe": "triton_us",
@@ -279,6 +278,7 @@ def table_rows(table: str, *, scales: str = "pertensor", batches=None, impls=IMP
 # ----------------------------------------------------------------------------------------------------------------
 
 def register(subparsers) -> None:
+    """Add ``hotpaths moe`` to the CLI's subparsers (hotpaths.harness.cli finds it through hotpaths.bench.OPS)."""
     from hotpaths.harness.cli import add_op_command
     from hotpaths.harness.shapes import int_list_arg
     from hotpaths.reference.fused_moe import MODELS, PAR_MODES, SCALE_MODES

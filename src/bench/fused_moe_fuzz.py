@@ -108,6 +108,9 @@ def plan_failures(ids: np.ndarray, plan, num_experts: int, expert_offset: int) -
 
 
 def check_cpu(cfg: dict) -> dict:
+    """Host plan invariants, the plan-driven emulation equal to the per-token loop bit for bit, output finite, and
+    the emulation vs exact within ``<scales>_vs_exact``. Returns {failures: [str], path}. Raises ModuleNotFoundError
+    without the reference module."""
     fm = _ref()
     inp = make_inputs(cfg)
     args, kw = fm.call_args(inp)
@@ -134,6 +137,9 @@ def check_cpu(cfg: dict) -> dict:
 
 
 def fuzz_run(cfg: dict) -> dict:
+    """On an SM90 GPU (cfg drawn with kernel=True): route kernel workspace equal to the host plan, then the layer
+    on guarded, poisoned buffers vs the emulation within ``<scales>_vs_emulation``. Elsewhere: ``check_cpu``.
+    Returns {failures: [str], path}."""
     from hotpaths.reference.common import sm90_skip_reason
 
     if not cfg.get("kernel") or sm90_skip_reason() is not None:

@@ -22,12 +22,14 @@ FUZZ_OPS = OPS
 
 
 def fuzz_module(op: str):
+    """The op's fuzz module ``hotpaths.bench.<op>_fuzz``. Raises ValueError naming --op for an unknown op."""
     if op not in FUZZ_OPS:
         raise ValueError(f"--op: expected one of {', '.join(FUZZ_OPS)}, got {op!r}")
     return importlib.import_module(f"hotpaths.bench.{op}_fuzz")
 
 
 def on_kernel() -> bool:
+    """True when the SM90 kernels can run here (configurations are then drawn with kernel=True)."""
     from hotpaths.reference.common import sm90_skip_reason
 
     return sm90_skip_reason() is None
@@ -75,6 +77,7 @@ def _cmd(args) -> int:
 
 
 def register(subparsers) -> None:
+    """Add ``hotpaths fuzz`` to the CLI's subparsers."""
     p = subparsers.add_parser(
         "fuzz", help="random configurations vs the reference, guarded and poisoned buffers",
         description="Draws --n configurations of --op from the supported space (seeded), runs each (SM90: the "
@@ -142,6 +145,8 @@ def sanitizer_table(log_dir: str, *, device: str | None = None) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    """``python -m hotpaths.bench.fuzz``: the sanitizer entry points (one op's fixed edge launches, or the
+    sanitizer table from a log folder); the exit status."""
     p = argparse.ArgumentParser(prog="python -m hotpaths.bench.fuzz")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--sanitize-case", choices=FUZZ_OPS, help="run the op's fixed edge launches (for compute-sanitizer)")

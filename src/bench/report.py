@@ -25,8 +25,6 @@ REPORTED = REPO_ROOT / "data" / "reported"
 README = REPO_ROOT / "README.md"
 DEFAULT_DEVICE = "h200"
 OUR_DECODE = ("dynamic", "static_count", "static_chunk", "batch_invariant", "assign_only")
-OUR_ROUTER = ("dispatch", "bf16x2_kernel", "bf16x3_kernel")
-CUBLAS_ROUTER = ("fp32_cublas", "tf32_cublas", "bf16_cublas")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -60,6 +58,7 @@ def load_result(device: str, name: str):
 
 
 def load_reported(name: str):
+    """data/reported/<name>.csv (published figures) as a DataFrame, or None when absent."""
     import pandas as pd
 
     p = REPORTED / f"{name}.csv"
@@ -74,6 +73,7 @@ def missing(what: str, how: str):
 
 
 def is_missing(df) -> bool:
+    """True for None, an empty frame, or the one-row ``status: missing ...`` frame that ``missing()`` returns."""
     return df is None or len(df) == 0 or (list(df.columns)[:1] == ["status"] and
                                           str(df["status"].iloc[0]).startswith("missing"))
 
@@ -245,6 +245,7 @@ def step_tpot(device: str = DEFAULT_DEVICE):
 
 
 def step_shares(device: str = DEFAULT_DEVICE):
+    """Each stage's share of the stored decode-step layer time (decode_step.stage_shares), or the missing frame."""
     from hotpaths.bench import decode_step as ds
 
     df = load_result(device, "decode_step")
@@ -430,6 +431,7 @@ def _headline(df, cols: list[str]):
 
 
 def headline_decode(device):
+    """The README's decode block: decode_vs_peers narrowed to its headline columns."""
     df = decode_vs_peers(device)
     return df if is_missing(df) else _headline(df, ["case", "dynamic_us", "static_us", "dynamic_vs_static",
                                                      "best_peer", "best_peer_us", "hpc_ops_us", "hpc_ops_h200_ref_us",
@@ -439,6 +441,7 @@ def headline_decode(device):
 
 
 def headline_router(device):
+    """The README's router block: router_vs_peers narrowed to its headline columns."""
     df = router_vs_peers(device)
     return df if is_missing(df) else _headline(df, ["m", "dispatch_us", "fp32_cublas_us", "tf32_cublas_us",
                                                      "hpc_ops_us", "hpc_ops_h200_ref_us", "speedup_vs_fp32",
@@ -447,11 +450,13 @@ def headline_router(device):
 
 
 def headline_moe(device):
+    """The README's MoE block: moe_vs_published without the device column."""
     df = moe_vs_published(device)
     return df if is_missing(df) else df.drop(columns=["device"], errors="ignore")
 
 
 def headline_step(device):
+    """The README's decode-step block: step_tpot narrowed to its headline columns."""
     df = step_tpot(device)
     return df if is_missing(df) else _headline(df, ["lengths", "batch", "baseline_layer_us", "hotpaths_layer_us",
                                                      "hpc_ops_layer_us", "hotpaths_tpot_ms", "hotpaths_reduction_pct",
@@ -500,6 +505,7 @@ def render_readme(text: str, device: str = DEFAULT_DEVICE) -> str:
 
 
 def readme_blocks(text: str) -> list[str]:
+    """Names of the HEADLINES blocks whose report markers the README text holds."""
     return [n for n in HEADLINES if _block_re(n).search(text)]
 
 
@@ -552,6 +558,7 @@ def register(subparsers) -> None:
 
 
 def main(argv=None) -> int:
+    """``python -m hotpaths.bench.report``: the same options as ``hotpaths report``; the exit status."""
     p = argparse.ArgumentParser(prog="python -m hotpaths.bench.report")
     _add_args(p)
     args = p.parse_args(argv)

@@ -393,7 +393,7 @@ def measure_crossover(shapes, ms=None, *, path: str | Path | None = None, iters:
             # accumulation chain in the tensor cores' FP32 accumulators, e.g. one split over K = 6144, exceeds it)
             ref64 = xc.double() @ weights.w.double().T
             emu_err = float((emu.double() - ref64).abs().max())
-            emu_flips = int(ref.topk_sets_differ(emu, ref64, 8).sum())  # the issue's target: flips equal to these
+            emu_flips = int(ref.topk_sets_differ(emu, ref64, 8).sum())  # the target: flips equal to these
             out = torch.empty(m, n, device="cuda")
             sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
             cands = K.kernel_candidates(m, n, k, sm_count=sms) if tune else [("auto", 0)]
@@ -453,6 +453,7 @@ TF32 cuBLAS, and max abs / rel L2 error vs FP64 and FP32. Without an SM90 GPU th
 
 
 def register(subparsers) -> None:
+    """Add ``hotpaths router`` to the CLI's subparsers (hotpaths.harness.cli finds it through hotpaths.bench.OPS)."""
     p = add_op_command(subparsers, "router", func=_run, help=CLI_HELP, description=CLI_DESCRIPTION)
     p.add_argument("--m", type=int_list_arg("--m", minimum=1), default=list(M_SWEEP),
                    help="comma-separated token counts M (default: m_sweep of data/shapes/router_gemm.yaml)")

@@ -45,6 +45,8 @@ def _inputs(cfg):
 
 
 def check_cpu(cfg: dict) -> dict:
+    """The BF16x2 weight split within its derived bound, and the BF16x2 / BF16x3 emulations vs exact within the
+    elementwise bound of ``bound_failure``. Returns {failures: [str], path}."""
     x, w = _inputs(cfg)
     fails = []
     hi, lo = ref.split_fp32_weight(w)
@@ -78,6 +80,9 @@ def bound_failure(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w: tor
 
 
 def fuzz_run(cfg: dict) -> dict:
+    """On an SM90 GPU (cfg with a ``variant``): the kernel on guarded buffers (out NaN-poisoned), then no guard or
+    input changed and out vs the same-split emulation within ``bound_failure``'s bound. Elsewhere: ``check_cpu``.
+    Returns {failures: [str], path}."""
     from hotpaths.reference.common import sm90_skip_reason
 
     if "variant" not in cfg or sm90_skip_reason() is not None:

@@ -57,5 +57,6 @@ MAKERS = {"hpc_ops": make_hpc_ops}
 
 
 def try_make(name: str, x, w):
-    """(fn, None) or (None, reason): never raises."""
+    """(fn, None) or (None, reason) for peer ``name`` on x bf16 [M, K] and w fp32 [N, K] (as make_hpc_ops); never
+    raises."""
     return make_or_reason(MAKERS, name, x, w)

@@ -94,6 +94,7 @@ def published_h20_us(case: str, impl: str, kv_dtype: str = "fp8") -> float | Non
 
 
 def published_dynamic_vs_static(case: str) -> float | None:
+    """The published H20 dynamic-over-static speedup of ``case`` (data/reported), or None when not published."""
     df = published(OP)
     for _, row in df.iterrows():
         if _same_case(str(row["case"]), case):
@@ -615,6 +616,7 @@ fp64 reference on the same quantized inputs and, on an SM90 GPU, median/p10/p90 
 
 
 def register(subparsers) -> None:
+    """Add ``hotpaths decode`` to the CLI's subparsers (hotpaths.harness.cli finds it through hotpaths.bench.OPS)."""
     p = add_op_command(subparsers, "decode", func=_run, help=CLI_HELP, description=CLI_DESCRIPTION)
     p.add_argument("--cases", type=case_list_arg, default=list(SHAPES["cli_default"]),
                    help="',' or ';'-separated cases (default: cli_default of data/shapes/split_kv_decode.yaml, "

@@ -109,7 +109,7 @@ def make_torch_sdpa_gathered(inputs, *, out=None, allow_cpu: bool = False):
 
     Fairness choices: the paged cache is gathered per request ONCE here (gather cost NOT timed: a serving system
     with a contiguous cache would not pay it); requests are batched by equal KV length, one SDPA call per distinct
-    length (the issue's cases have 1-3), so there is no padding waste and no mask for q_len 1; MTP (q_len > 1) uses
+    length (the published cases have 1-3), so there is no padding waste and no mask for q_len 1; MTP (q_len > 1) uses
     a boolean causal mask among the draft tokens. FP8: see the module docstring (K/V read as bf16).
     Shape/Dtype: inputs as make_decode_inputs; returns fn() -> out [batch*q_len, q_heads, head_dim] bf16.
     A query row that sees no key (kv_len < q_len) gets zeros, as in our kernels.

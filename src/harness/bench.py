@@ -6,9 +6,9 @@ cold L2 (the policy of the published measurements: L2 flushed before each replay
 the work alone: they are nodes of the graph itself (first and last), so the graph launch (~1 us of GPU front-end
 work per replay) is outside the timed span, as it is for every layer but the first in a serving step's graph;
 with an older torch (no external events) they are recorded on the stream around the replay instead. The flush
-queued ahead keeps the GPU busy so the events time the GPU, not the CPU launch. On the H200 this gives 3.3 us for
-one trivial kernel, 6.5 us for three and 5.8 us for a 3 MB copy (write flush): the floors the issue states
-(3.4 / 6.9 / 5.8); events on the stream around the replay give 4.4 / 7.5 / 6.7 (studies/gpu_timing_method.py).
+queued ahead keeps the GPU busy so the events time the GPU, not the CPU launch. Events inside the graph give the
+same floors the published decode targets state; events on the stream around the replay add about 1 us to each
+(notebook 00, section 3b, has the H200 numbers of both).
 Flush modes (``set_flush_mode`` or $HOTPATHS_L2_FLUSH): "write" fills the buffer, which leaves the L2 full of
 *dirty* lines, so the timed kernel also pays for writing up to an L2's worth of someone else's data back to DRAM
 as its reads evict them; "read" reads the buffer (written once at allocation), which leaves the L2 full of clean

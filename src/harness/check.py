@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from hotpaths.harness.tolerances import Tolerance, tolerance
 
@@ -89,7 +89,3 @@ def assert_close(out, ref, *, op: str | None = None, path: str | None = None, to
     if not res.passed:
         raise AssertionError(f"{what or (op, path)}: {res}\n{topk_error_table(out, ref)}")
     return res
-
-
-def result_dict(res: CheckResult) -> dict:
-    return asdict(res)

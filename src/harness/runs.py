@@ -25,10 +25,6 @@ def run_id() -> str:
     return os.environ.get("HOTPATHS_RUN_ID", "interactive")
 
 
-def under_reproduce() -> bool:
-    return "HOTPATHS_RESULTS_DIR" in os.environ
-
-
 def results_dir() -> Path:
     d = os.environ.get("HOTPATHS_RESULTS_DIR")
     p = Path(d) if d else REPO_ROOT / "scratch" / "results" / device_tag()

@@ -33,7 +33,7 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("split_kv_decode", "fp8_vs_emulation"): Tolerance(rel_l2=4e-3, max_abs=3.2e-2, min_cosine=0.99998),
     # router_gemm: scores vs FP64, derived by hotpaths.reference.router_gemm.derive_tolerances() at the realistic
     # weight scale (W ~ N(0, 1/K), logits of std ~1), K=4096, N=192, M in (1, 64, 4096). Measured -> row:
-    # bf16x2 5.2e-6 / 2.4e-5 -> x1.5 (the bound: kernel within 1.5x of the emulation); bf16x3 2.8e-7 /
+    # bf16x2 5.2e-6 / 2.4e-5 -> x1.5 (the target: kernel within 1.5x of the emulation); bf16x3 2.8e-7 /
     # 1.2e-6 and fp32 5.8e-7 / 1.5e-6 -> ~x3; tf32 2.1e-4 / 1.1e-3 and bf16 1.7e-3 / 8.1e-3 -> ~x2;
     # *_vs_emulation: fp32 summation order only (3.1e-7 / 1.9e-6 measured) -> ~x6-10, room for split-K partial
     # sums and tensor-core accumulation order. rel_l2 is scale-free; max_abs scales with the logits (x sqrt(K)
@@ -69,7 +69,7 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
     # measured from the FP8 x (fused_moe_ref(fp8_input=True): 0.99965 / 0.026). *_vs_exact = ~2x the worst.
     # *_vs_emulation: the kernel's FP32 accumulation order against the emulation's exact-then-rounded sums flips a
     # bf16 rounding of act now and then, which its FP8 requant can turn into one e4m3 ulp (6%) of one element:
-    # rel_l2 1e-2 and the cosine >= 0.9999.
+    # rel_l2 1e-2 and the target cosine >= 0.9999.
     ("fused_moe", "pertensor_vs_exact"): Tolerance(rel_l2=1e-1, min_cosine=0.995),
     ("fused_moe", "block_vs_exact"): Tolerance(rel_l2=1e-1, min_cosine=0.995),
     ("fused_moe", "pertensor_vs_emulation"): Tolerance(rel_l2=1e-2, min_cosine=0.9999),

@@ -140,11 +140,6 @@ def ptr(t) -> ctypes.c_void_p:
 
 # ---- compile check used by CI (no GPU needed) -------------------------------------------------------------
 
-_RESOURCE = re.compile(r"Compiling entry function '(\S+)'|Function properties for (\S+)|"
-                       r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads|"
-                       r"Used (\d+) registers")
-
-
 def ptxas_report(text: str) -> list[dict]:
     """Parse ``-Xptxas -v`` output into rows: kernel, registers, stack, spill_stores, spill_loads."""
     rows: dict[str, dict] = {}

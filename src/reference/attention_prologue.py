@@ -418,7 +418,8 @@ def make_prologue_inputs(tokens: int, *, q_heads: int = 8, kv_heads: int = 1, he
 
 
 def written_mask(slot_mapping, num_pages: int, page_size: int) -> torch.Tensor:
-    """[num_pages, page_size] bool: the slots the op writes (non-pad entries of slot_mapping)."""
+    """[num_pages, page_size] bool (CPU): the slots the op writes. slot_mapping: int64 [T], negative for a pad token
+    (skipped), else a flat slot < num_pages * page_size (a larger one raises IndexError)."""
     m = torch.zeros(num_pages * page_size, dtype=torch.bool)
     sm = slot_mapping.detach().cpu()
     m[sm[sm >= 0]] = True

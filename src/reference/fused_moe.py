@@ -57,6 +57,7 @@ ROUTINGS = ("random", "one_expert", "hot_expert", "duplicates", "skip", "half_ex
 
 
 def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for integers (b > 0)."""
     return -(-a // b)
 
 
@@ -108,7 +109,9 @@ def block_scale_shape(rows: int, cols: int) -> tuple[int, int]:
 
 def quantize_weight(w: torch.Tensor, scales: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize one expert's weight w [N, K] (float) from its amax: per-tensor -> (fp8 [N, K], FP32 scalar tensor);
-    block -> (fp8 [N, K], FP32 [ceil(N/128), ceil(K/128)])."""
+    block -> (fp8 [N, K], FP32 [ceil(N/128), ceil(K/128)]). Raises ValueError for a ``scales`` outside SCALE_MODES."""
+    if scales not in SCALE_MODES:
+        raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
     if scales == "pertensor":
         s = torch.clamp(w.float().abs().amax() / FP8_MAX, min=GROUP_EPS)
         return quant_fp8(w, s), s
@@ -403,7 +406,8 @@ def build_routing_plan(topk_ids, *, num_experts: int, expert_offset: int = 0, ma
 def check_plan(plan: RoutingPlan, topk_ids) -> list[str]:
     """The plan's invariants against its routing; returns the violations (empty = valid). Every valid (token, slot)
     placed once, ranges contiguous and in expert order, increasing p within an expert, the tile map covering each
-    expert's rows exactly once, padding entries -1."""
+    expert's rows exactly once, padding entries -1. topk_ids: integer [T, K] (tensor or array), the routing the plan
+    was built from."""
     ids = _ids_numpy(topk_ids).reshape(-1).astype(np.int64) - plan.expert_offset
     e = plan.num_experts
     bad = []
@@ -891,25 +895,28 @@ def call_args(inputs: dict) -> tuple[tuple, dict]:
 
 
 def experts_hit(topk_ids, *, num_experts: int, expert_offset: int = 0) -> int:
-    """Distinct local experts with at least one valid pair."""
+    """Distinct local experts with at least one valid pair. topk_ids: integer [T, K] (global expert ids; ids outside
+    [expert_offset, expert_offset + num_experts) belong to other ranks or are padding)."""
     loc = topk_ids.long() - expert_offset
     v = loc[(loc >= 0) & (loc < num_experts)]
     return int(torch.unique(v).numel())
 
 
 def valid_pairs(topk_ids, *, num_experts: int, expert_offset: int = 0) -> int:
-    """(token, slot) pairs routed to a local expert."""
+    """(token, slot) pairs routed to a local expert. topk_ids: integer [T, K], as experts_hit."""
     return int(_local_valid(topk_ids, expert_offset, num_experts).sum())
 
 
 def flops(topk_ids, *, num_experts: int, hidden: int, inter: int, expert_offset: int = 0) -> int:
-    """Matmul FLOPs of the layer on this rank: 2 * valid pairs * (2I*H + H*I) (activation and reduce excluded)."""
+    """Matmul FLOPs of the layer on this rank: 2 * valid pairs * (2I*H + H*I) (activation and reduce excluded).
+    topk_ids: integer [T, K], as experts_hit."""
     return 2 * valid_pairs(topk_ids, num_experts=num_experts, expert_offset=expert_offset) * 3 * inter * hidden
 
 
 def weight_bytes(topk_ids, *, num_experts: int, hidden: int, inter: int, expert_offset: int = 0,
                  scales: str = "pertensor") -> int:
-    """FP8 weight bytes (and their scales) of the experts actually hit: what a memory-bound kernel must read."""
+    """FP8 weight bytes (and their scales) of the experts actually hit: what a memory-bound kernel must read.
+    topk_ids: integer [T, K], as experts_hit."""
     n = experts_hit(topk_ids, num_experts=num_experts, expert_offset=expert_offset)
     if scales == "pertensor":
         sc = 8
@@ -921,7 +928,8 @@ def weight_bytes(topk_ids, *, num_experts: int, hidden: int, inter: int, expert_
 def bytes(topk_ids, *, num_experts: int, hidden: int, inter: int, expert_offset: int = 0, scales: str = "pertensor",
           shared: bool = False) -> int:
     """HBM bytes the fused layer must move at least: weights of the experts hit (+ scales), x in (bf16), ids and
-    weights (8 bytes a slot), out (bf16), shared_out in (bf16) when given. Intermediates stay on chip."""
+    weights (8 bytes a slot), out (bf16), shared_out in (bf16) when given. Intermediates stay on chip.
+    topk_ids: integer [T, K], as experts_hit."""
     t, k = topk_ids.shape
     act = t * hidden * 2 * (2 + (1 if shared else 0)) + t * k * 8
     return weight_bytes(topk_ids, num_experts=num_experts, hidden=hidden, inter=inter, expert_offset=expert_offset,
@@ -950,7 +958,8 @@ def expert_histogram(topk_ids, *, num_experts: int, expert_offset: int = 0) -> n
 
 
 def error_vs(out, ref) -> dict:
-    """cosine and max relative error (max |out - ref| / max |ref|, the published metric's form) plus rel L2."""
+    """cosine and max relative error (max |out - ref| / max |ref|, the published metric's form) plus rel L2.
+    out, ref: float tensors of the same number of elements (any device; compared in fp64 on out's)."""
     o = out.double().flatten()
     r = ref.double().to(o.device).flatten()
     if o.numel() == 0:

@@ -41,7 +41,6 @@ from hotpaths.reference.fused_moe import fused_moe_emulation, weighted_slot_sum
 
 # NVLink multicast (NVLS) stays off in every process of this layer: the lent machines do not support it reliably.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-PHASES = ("dispatch", "compute", "combine")
 
 
 def multicast_off(env=None) -> dict:

@@ -31,7 +31,6 @@ from hotpaths.reference.split_kv_decode import (
 )
 
 IMPLS = ("static_count", "static_chunk", "dynamic")
-SM_COUNT = {"h200": 132, "h100": 132, "h20": 78}
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ from hotpaths.reference.common import check_fits, device_tag, expect_tensor
 
 OP = "router_gemm"
 IMPLS = ("dispatch", "bf16x2_kernel", "bf16x3_kernel", "fp32_cublas", "tf32_cublas", "bf16_cublas")
-KERNEL_IMPLS = ("dispatch", "bf16x2_kernel", "bf16x3_kernel")
 # The same-precision emulation each impl stands for (used without a GPU, and as the tight reference).
 EMULATION_OF = {"dispatch": "bf16x2_emulation", "bf16x2_kernel": "bf16x2_emulation",
                 "bf16x3_kernel": "bf16x3_emulation", "fp32_cublas": "fp32_emulation",
@@ -60,7 +59,7 @@ FAMILIES = ("auto", "decode", "tiled", "wgmma", "ws")  # index = hp_router::Fami
 SPLITK_KINDS = ("cluster", "global", "pair", "scatter")  # index = hp_router::SplitK
 # From 65 rows up (every prefill size): with K split 8 ways even 1-2 row tiles of 128 fill 64-128 SMs.
 WGMMA_MIN_M = 65
-# The tuner's accuracy gate (the bound): a configuration whose max abs error vs FP64 exceeds ERR_BOUND x the
+# The tuner's accuracy gate (the project's accuracy target): a configuration whose max abs error vs FP64 exceeds ERR_BOUND x the
 # BF16x2 emulation's on the gate input is not timed and cannot be chosen.
 ERR_BOUND = 1.5
 _SCALE = 1.0 / 256.0

@@ -64,30 +64,31 @@ MTP_CONFIGS = ("v3m",)
 ONLINE_COMBINE = tuple(V3_CONFIGS)
 # v3 fused merge (off by default): with plan(fuse_max=F), a pair cut into 2..F chunks is merged by the attention CTA
 # that finishes its last chunk (per-pair arrival counters), so the combine kernel has nothing to do for it; longer
-# pairs go to the combine. Measured on the H200 (F = 8; docs/ops/split_kv_decode.md): ~1 us faster on
-# uniform batches, up to ~3.7 us slower on skewed ones (every CTA stalls on a fence + atomic at each fused
-# descriptor end, and the combine still runs for the long pair), so DEFAULT_FUSE_MAX = 0.
+# pairs go to the combine. Off because it loses more than it wins: slightly faster on uniform batches, slower on
+# skewed ones (every CTA stalls on a fence + atomic at each fused descriptor end, and the combine still runs for the
+# long pair); the H200 numbers are in docs/ops/split_kv_decode.md.
 DEFAULT_FUSE_MAX = 0
 # fuse_max >= FUSE_ALL (dynamic mode; mirrors attention.cu kFuseAll): every split pair is merged by the attention
 # kernel (and the zero rows of kv_len-0 requests written there too), so run() launches no combine kernel at all.
 # That takes the combine's kernel boundary off a step, but the last CTA of a pair merges its chunks 4 per L2 round
 # trip, so it only pays on batches whose pairs have few chunks (the notes have the measurements). plan(variant="auto")
 # picks it (with v3s2c4) when the longest pair has at most AUTO_FUSE_ALL_MAX_CHUNKS = 9 chunks at plan time (64x4K:
-# 8 + 1; 64x0.5K: 4 + 1); 32x0.125K+32x4K (17) and longer keep the combine kernel. Later updates stay correct whatever their lengths (a long pair is still merged, just slowly).
+# 8 + 1; 64x0.5K: 4 + 1); 32x0.125K+32x4K (17) and longer keep the combine kernel. Later updates stay correct
+# whatever their lengths (a long pair is still merged, just slowly).
 FUSE_ALL = 1 << 20
 AUTO_FUSE_ALL_MAX_CHUNKS = 9
 MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_heads / H * q_len <= 64
-# "auto" is the default: v3s2c4's finer grid balances better on batches without a dominant request (1-3 us faster
-# than v2 on 64x4K, 32x0.125K+32x4K, 2x32K+30x4K: docs/ops/split_kv_decode.md), but it cuts a long request into twice the chunks and the combine pays one more L2 round trip per 32 of them, so on
-# batches dominated by one long request (1x64K+15x4K, 1x64K+7x4K, 1x128K+31x4K: 171-342 chunks) v2 is faster.
+# "auto" is the default: v3s2c4's finer grid balances better on batches without a dominant request (64x4K,
+# 32x0.125K+32x4K, 2x32K+30x4K), but it cuts a long request into twice the chunks and the combine pays one more L2
+# round trip per 32 of them, so on batches dominated by one long request (1x64K+15x4K, 1x128K+31x4K: 171-342
+# chunks) v2 is faster (numbers: docs/ops/split_kv_decode.md).
 # AUTO_FALLBACK (v2) is also what BF16 KV, the static modes and an explicit num_ctas get.
 # With more than 8 query rows per (request, KV head) (q_len x GQA ratio > 8: MTP at 8:1, or 12:1 / 16:1), "auto" on FP8
 # KV in dynamic mode picks AUTO_MTP (v3m): one row group of up to 32 rows reads each K/V tile once, on a grid sized
 # for the kernel that runs (v3s2c4's 4-per-SM grid ran the 2-per-SM 16-row kernel in two waves, and q_len 3-4 read
 # the KV twice). q_len 1 at 8:1 (8 rows) keeps the choice above unchanged. Above AUTO_MTP_ALWAYS_ROWS rows (8:1 at
 # q_len 3-4) v3m is taken even where the chunk estimate would fall back to v2: one pass over the KV for all rows beats
-# v2's two 16-row groups on a batch dominated by one long request too (1x128K+31x4K q_len 3: 50.2 vs 57.5 us, q_len
-# 4: 52.6 vs 58.4; docs/ops/split_kv_decode.md).
+# v2's two 16-row groups on a batch dominated by one long request too (docs/ops/split_kv_decode.md, MTP section).
 AUTO = "auto"
 AUTO_FINE = "v3s2c4"
 AUTO_MTP = "v3m"
@@ -524,7 +525,7 @@ def split_kv_decode(q, k_cache, v_cache, block_table, kv_lens, *, q_len: int = 1
                     v_scale=None, sm_scale: float | None = None, out=None, mode: str = "dynamic",
                     num_ctas: int | None = None, min_tiles: int = DEFAULT_MIN_TILES, num_splits: int | None = None,
                     chunk_tiles: int | None = None, variant: str | None = None):
-    """plan() + run() in one call (argument names and order as hotpaths.reference.split_kv_decode_ref).
+    """plan() + run() in one call (argument names and order as hotpaths.reference.split_kv_decode.split_kv_decode_ref).
 
     Shape/Dtype: as run(). Returns out [batch*q_len, q_heads, head_dim] bf16.
     Raises TypeError/ValueError as plan() and run().
