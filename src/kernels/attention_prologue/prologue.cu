@@ -46,21 +46,21 @@ struct Params {
   const int64_t* slots;           // [T]
   void* k_cache;                  // [pages, page_size, Hkv, D] fp8 or bf16
   void* v_cache;
-  void* q_out;                    // [T, Hq, D] fp8 or bf16
-  float* q_scale;                 // [T, Hq] (fp8 Q) or null
-  const float* q_scale_static;    // [1] or null
-  const float* k_scale;           // [1] (fp8 cache) or null
+  void* q_out;                  // [T, Hq, D] fp8 or bf16
+  float* q_scale;               // [T, Hq] (fp8 Q) or null
+  const float* q_scale_static;  // [1] or null
+  const float* k_scale;         // [1] (fp8 cache) or null
   const float* v_scale;
   long long tokens;
   int q_heads, kv_heads, rot, max_pos;
-  long long cache_slots;          // num_pages * page_size
+  long long cache_slots;  // num_pages * page_size
   float eps;
-  int rope_first;                 // 0: norm then RoPE (Hy3), 1: RoPE then norm
-  int interleaved;                // 0: neox (rotate half), 1: interleaved pairs
-  int q_mode;                     // 0: fp8 computed scale, 1: fp8 static scale, 2: bf16
+  int rope_first;   // 0: norm then RoPE (Hy3), 1: RoPE then norm
+  int interleaved;  // 0: neox (rotate half), 1: interleaved pairs
+  int q_mode;       // 0: fp8 computed scale, 1: fp8 static scale, 2: bf16
   int kv_fp8;
   int pos64;
-  int trigger;                    // 0 none, 1 after the loads
+  int trigger;  // 0 none, 1 after the loads
 };
 
 __device__ __forceinline__ uint16_t fp8x2(float lo, float hi) {
@@ -98,7 +98,7 @@ __device__ __forceinline__ void rms_norm(float (&x)[kElems], const float (&w)[kE
   for (int i = 0; i < kElems; ++i) ss = __fadd_rn(ss, __fmul_rn(x[i], x[i]));
 #pragma unroll
   for (int o = G / 2; o >= 1; o /= 2) ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, o));
-  const float ms = __fmul_rn(ss, 1.0f / float(G * kElems));  // 1/D exact: D is a power of two
+  const float ms = __fmul_rn(ss, 1.0f / float(G * kElems));     // 1/D exact: D is a power of two
   const float inv = __frcp_rn(__fsqrt_rn(__fadd_rn(ms, eps)));  // = __fdiv_rn(1, .): both correctly rounded
   if (apply) {
 #pragma unroll
@@ -160,8 +160,8 @@ struct RopeIn {
 };
 
 __device__ __forceinline__ int load_pos(const Params& p, int t) {
-  const long long pos = p.pos64 ? static_cast<const int64_t*>(p.positions)[t]
-                                : (long long)static_cast<const int32_t*>(p.positions)[t];
+  const long long pos =
+      p.pos64 ? static_cast<const int64_t*>(p.positions)[t] : (long long)static_cast<const int32_t*>(p.positions)[t];
   return int(pos < 0 ? 0 : (pos >= p.max_pos ? p.max_pos - 1 : pos));  // host validates; never read out of bounds
 }
 
@@ -181,15 +181,33 @@ __device__ __forceinline__ void load_rope_inputs(const Params& p, const Unit& u,
     const float4* cp = reinterpret_cast<const float4*>(row + base);
     const float4* sp = reinterpret_cast<const float4*>(row + hr + base);
     const float4 c0 = cp[0], c1 = cp[1], s0 = sp[0], s1 = sp[1];
-    r.c[0] = c0.x; r.c[1] = c0.y; r.c[2] = c0.z; r.c[3] = c0.w;
-    r.c[4] = c1.x; r.c[5] = c1.y; r.c[6] = c1.z; r.c[7] = c1.w;
-    r.s[0] = s0.x; r.s[1] = s0.y; r.s[2] = s0.z; r.s[3] = s0.w;
-    r.s[4] = s1.x; r.s[5] = s1.y; r.s[6] = s1.z; r.s[7] = s1.w;
+    r.c[0] = c0.x;
+    r.c[1] = c0.y;
+    r.c[2] = c0.z;
+    r.c[3] = c0.w;
+    r.c[4] = c1.x;
+    r.c[5] = c1.y;
+    r.c[6] = c1.z;
+    r.c[7] = c1.w;
+    r.s[0] = s0.x;
+    r.s[1] = s0.y;
+    r.s[2] = s0.z;
+    r.s[3] = s0.w;
+    r.s[4] = s1.x;
+    r.s[5] = s1.y;
+    r.s[6] = s1.z;
+    r.s[7] = s1.w;
   } else {
     const float4 c0 = *reinterpret_cast<const float4*>(row + sub * 4);
     const float4 s0 = *reinterpret_cast<const float4*>(row + hr + sub * 4);
-    r.c[0] = c0.x; r.c[1] = c0.y; r.c[2] = c0.z; r.c[3] = c0.w;
-    r.s[0] = s0.x; r.s[1] = s0.y; r.s[2] = s0.z; r.s[3] = s0.w;
+    r.c[0] = c0.x;
+    r.c[1] = c0.y;
+    r.c[2] = c0.z;
+    r.c[3] = c0.w;
+    r.s[0] = s0.x;
+    r.s[1] = s0.y;
+    r.s[2] = s0.z;
+    r.s[3] = s0.w;
   }
 }
 
@@ -218,8 +236,7 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(const Params p) {
   float k_scale = 1.f, v_scale = 1.f, q_static = 1.f;
   hp::pdl_wait();  // everything read below may be written by the previous kernel
   // every independent load first: qkv, position, slot
-  const uint4 xr = u.active ? *reinterpret_cast<const uint4*>(p.qkv + ((long long)u.t * heads + u.h) * D +
-                                                              sub * kElems)
+  const uint4 xr = u.active ? *reinterpret_cast<const uint4*>(p.qkv + ((long long)u.t * heads + u.h) * D + sub * kElems)
                             : make_uint4(0, 0, 0, 0);
   const int pos = u.qk ? load_pos(p, u.t) : 0;
   const long long slot = u.active && u.kind > 0 ? p.slots[u.t] : -1;
@@ -329,9 +346,13 @@ extern "C" int hp_attention_prologue(const void* qkv, const void* q_norm_w, cons
   p.trigger = trigger;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (head_dim) {
-    case 64: return launch_d<64>(p, pdl, s);
-    case 128: return launch_d<128>(p, pdl, s);
-    case 256: return launch_d<256>(p, pdl, s);
-    default: return int(cudaErrorInvalidValue);
+    case 64:
+      return launch_d<64>(p, pdl, s);
+    case 128:
+      return launch_d<128>(p, pdl, s);
+    case 256:
+      return launch_d<256>(p, pdl, s);
+    default:
+      return int(cudaErrorInvalidValue);
   }
 }

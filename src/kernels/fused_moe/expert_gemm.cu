@@ -40,8 +40,8 @@
 namespace hp_moe {
 
 constexpr int kThreads = 128;
-constexpr int kBK = 128;             // K elements per pipeline stage = one block-scale group
-constexpr int kAStride = kBK + 16;   // bytes per weight row in smem: ldmatrix rows hit distinct bank quads
+constexpr int kBK = 128;            // K elements per pipeline stage = one block-scale group
+constexpr int kAStride = kBK + 16;  // bytes per weight row in smem: ldmatrix rows hit distinct bank quads
 
 struct GemmArgs {
   const int* ws;
@@ -51,7 +51,7 @@ struct GemmArgs {
   const float* a_scale;    // per-tensor activation scale [1] (unused in block mode)
   const uint8_t* src;      // e4m3 rows: gate_up xq [T, H]; down aq [max_pairs, I] (by sorted position)
   const float* src_scale;  // block mode: group scales of src [rows, ceil(kdim/128)]; unused per-tensor
-  __nv_bfloat16* dst;        // gate_up: act [max_pairs, I]; down: ybuf [max_pairs, H]
+  __nv_bfloat16* dst;      // gate_up: act [max_pairs, I]; down: ybuf [max_pairs, H]
   int topk;                // K (pair p -> token p / topk)
   int kdim;                // reduction length: H (gate_up) or I (down)
   int inter;               // I
@@ -67,7 +67,9 @@ struct GemmArgs {
 // launch with no memset (CUDA-graph replays included). Workspace: counters[slots] (zeroed once at allocation),
 // then partials[slots][ROWS * BM]; slots = the grid's CTA slots, and S > 1 only when items * S <= grid.
 constexpr int kMaxSplit = 8;
-__host__ __device__ inline int splitk_counter_ints(int slots) { return (slots + 3) & ~3; }  // partials 16-B aligned
+__host__ __device__ inline int splitk_counter_ints(int slots) {
+  return (slots + 3) & ~3;
+}  // partials 16-B aligned
 // The split factor and K stages per range of a launch with `grid` CTAs: only when the items leave CTA slots idle,
 // at least 2 stages per range, no empty range. One function for the kernel and the host query (tests).
 __host__ __device__ inline int splitk_factor(int num_items, int grid, int kt_count, int* kps_out) {
@@ -83,10 +85,10 @@ __host__ __device__ inline int splitk_factor(int num_items, int grid, int kt_cou
 
 template <int MW_, int NN_, bool GATE_UP_, bool BLOCK_>
 struct Traits {
-  static constexpr int MW = MW_;          // m16 weight tiles per item (gate_up: half gate, half up)
-  static constexpr int NN = NN_;          // n8 token tiles per item
-  static constexpr int BM = 8 * NN;       // pairs per tile (block_m)
-  static constexpr int ROWS = 16 * MW;    // weight rows per item
+  static constexpr int MW = MW_;        // m16 weight tiles per item (gate_up: half gate, half up)
+  static constexpr int NN = NN_;        // n8 token tiles per item
+  static constexpr int BM = 8 * NN;     // pairs per tile (block_m)
+  static constexpr int ROWS = 16 * MW;  // weight rows per item
   static constexpr bool GATE_UP = GATE_UP_;
   static constexpr bool BLOCK = BLOCK_;
   // Deeper pipelines where items are few and long (gate-up at decode sizes: one small tile per expert, K = H):
@@ -96,7 +98,7 @@ struct Traits {
   static constexpr int A_BYTES = ROWS * kAStride;
   static constexpr int B_BYTES = BM * kAStride;  // e4m3 token rows, same stride as the weights: conflict-free
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + (BLOCK ? BM * 4 : 0);  // + the rows' group scales
-  static constexpr int RED_STRIDE = BM + 1;  // floats per reduced row
+  static constexpr int RED_STRIDE = BM + 1;                                     // floats per reduced row
   static constexpr int RED_BYTES = 4 * ROWS * RED_STRIDE * 4;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
   static constexpr int SMEM = (PIPE_BYTES > RED_BYTES ? PIPE_BYTES : RED_BYTES);
@@ -204,8 +206,8 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 template <class T>
 __global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(GemmArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ int row_src[T::BM];    // row of src each tile row reads (-1: no row)
-  __shared__ int pair_of[T::BM];    // original pair index of each row (down write-back)
+  __shared__ int row_src[T::BM];  // row of src each tile row reads (-1: no row)
+  __shared__ int pair_of[T::BM];  // original pair index of each row (down write-back)
   __shared__ int w_row[T::ROWS];
   const PlanView plan{const_cast<int*>(a.ws), a.num_experts, a.max_pairs, a.block_m};
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -361,11 +363,10 @@ __global__ void __launch_bounds__(kThreads, T::MIN_CTAS) expert_gemm_kernel(Gemm
 // wait comes at the end, so this grid completes only after its predecessor (the gate-up's wait covers both).
 // Safe because the route kernel lets dependents launch only after its own wait (x and the buffers are settled).
 template <bool BLOCK>
-__global__ void __launch_bounds__(256) quant_rows_kernel(const __nv_bfloat16* __restrict__ src,
-                                                         uint8_t* __restrict__ dst, float* __restrict__ gscale,
-                                                         const float* __restrict__ a_scale,
-                                                         const int* __restrict__ nrows_dev, int nrows, int cols,
-                                                         int wait_first) {
+__global__ void __launch_bounds__(256)
+    quant_rows_kernel(const __nv_bfloat16* __restrict__ src, uint8_t* __restrict__ dst, float* __restrict__ gscale,
+                      const float* __restrict__ a_scale, const int* __restrict__ nrows_dev, int nrows, int cols,
+                      int wait_first) {
   if (wait_first) hp::pdl_wait();
   hp::pdl_launch_dependents();
   if (nrows_dev != nullptr) nrows = min(nrows, nrows_dev[0]);
@@ -413,12 +414,10 @@ __global__ void __launch_bounds__(256) quant_rows_kernel(const __nv_bfloat16* __
 // and add: the reference's fp32 arithmetic.
 constexpr int kReduceThreads = 128;
 constexpr int kMaxTopk = 16;
-__global__ void __launch_bounds__(kReduceThreads) reduce_kernel(const int* __restrict__ topk_ids,
-                                                                const float* __restrict__ topk_w,
-                                                                const __nv_bfloat16* __restrict__ ybuf,
-                                                                const __nv_bfloat16* __restrict__ shared_out,
-                                                                __nv_bfloat16* __restrict__ out, int topk,
-                                                                int num_experts, int expert_offset, int hidden) {
+__global__ void __launch_bounds__(kReduceThreads)
+    reduce_kernel(const int* __restrict__ topk_ids, const float* __restrict__ topk_w,
+                  const __nv_bfloat16* __restrict__ ybuf, const __nv_bfloat16* __restrict__ shared_out,
+                  __nv_bfloat16* __restrict__ out, int topk, int num_experts, int expert_offset, int hidden) {
   const int t = blockIdx.x;
   const int c = (blockIdx.y * kReduceThreads + threadIdx.x) * 8;
   hp::pdl_wait();
@@ -513,12 +512,17 @@ int launch_gemm(const GemmArgs& a, int pdl, cudaStream_t stream) {
 template <template <class> class F, bool GATE_UP, bool BLOCK, class R, class... Args>
 R dispatch_bm(int block_m, R bad, Args... args) {
   switch (block_m) {
-    case 8: return F<Traits<GATE_UP ? 2 : 4, 1, GATE_UP, BLOCK>>::run(args...);
-    case 16: return F<Traits<GATE_UP ? 2 : 4, 2, GATE_UP, BLOCK>>::run(args...);
-    case 32: return F<Traits<4, 4, GATE_UP, BLOCK>>::run(args...);
+    case 8:
+      return F<Traits<GATE_UP ? 2 : 4, 1, GATE_UP, BLOCK>>::run(args...);
+    case 16:
+      return F<Traits<GATE_UP ? 2 : 4, 2, GATE_UP, BLOCK>>::run(args...);
+    case 32:
+      return F<Traits<4, 4, GATE_UP, BLOCK>>::run(args...);
     // down at block_m 64: 32 weight rows, so 64 accumulators + the block-scale rescale fit without spilling
-    case 64: return F<Traits<GATE_UP ? 4 : 2, 8, GATE_UP, BLOCK>>::run(args...);
-    default: return bad;
+    case 64:
+      return F<Traits<GATE_UP ? 4 : 2, 8, GATE_UP, BLOCK>>::run(args...);
+    default:
+      return bad;
   }
 }
 template <class T>
@@ -559,8 +563,10 @@ long long hp_moe_splitk_ints(int gate_up, int block_m, int block) {
   using hp_moe::dispatch_bm;
   using hp_moe::SplitkInts;
   if (gate_up)
-    return block ? dispatch_bm<SplitkInts, true, true>(block_m, -1LL) : dispatch_bm<SplitkInts, true, false>(block_m, -1LL);
-  return block ? dispatch_bm<SplitkInts, false, true>(block_m, -1LL) : dispatch_bm<SplitkInts, false, false>(block_m, -1LL);
+    return block ? dispatch_bm<SplitkInts, true, true>(block_m, -1LL)
+                 : dispatch_bm<SplitkInts, true, false>(block_m, -1LL);
+  return block ? dispatch_bm<SplitkInts, false, true>(block_m, -1LL)
+               : dispatch_bm<SplitkInts, false, false>(block_m, -1LL);
 }
 
 // The split-K factor a GEMM launch takes when the plan has num_tiles tiles (1: no split), -1 on a bad block_m.
@@ -571,19 +577,19 @@ long long hp_moe_split_factor(int gate_up, int block_m, int block, int num_tiles
   const int w_rows = gate_up ? 2 * inter : hidden, kdim = gate_up ? hidden : inter;
   if (gate_up)
     return block ? dispatch_bm<SplitFactor, true, true>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
-                                                         w_rows, kdim)
-                 : dispatch_bm<SplitFactor, true, false>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
-                                                          w_rows, kdim);
-  return block ? dispatch_bm<SplitFactor, false, true>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
                                                         w_rows, kdim)
-               : dispatch_bm<SplitFactor, false, false>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
+                 : dispatch_bm<SplitFactor, true, false>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
                                                          w_rows, kdim);
+  return block ? dispatch_bm<SplitFactor, false, true>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
+                                                       w_rows, kdim)
+               : dispatch_bm<SplitFactor, false, false>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
+                                                        w_rows, kdim);
 }
 
 // Activation pre-pass (quant_rows_kernel): rows of `cols` bf16 -> e4m3 (+ block group scales [rows, cols/128]).
 // nrows_dev (may be null) caps the row count on the device; wait_first = 0 overlaps the predecessor (x only).
-int hp_moe_quant(const void* src, void* dst, float* gscale, const float* a_scale, const int* nrows_dev,
-                 int max_rows, int cols, int block, int wait_first, int pdl, cudaStream_t stream) {
+int hp_moe_quant(const void* src, void* dst, float* gscale, const float* a_scale, const int* nrows_dev, int max_rows,
+                 int cols, int block, int wait_first, int pdl, cudaStream_t stream) {
   if (max_rows <= 0) return 0;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
@@ -602,18 +608,44 @@ int hp_moe_quant(const void* src, void* dst, float* gscale, const float* a_scale
 int hp_moe_gate_up(const int* ws, const void* xq, const float* x_scale, const void* w13, const float* w13_scale,
                    const float* a1_scale, void* act, int topk, int num_experts, int hidden, int inter, int max_pairs,
                    int block_m, int block, int pdl, void* splitk, cudaStream_t stream) {
-  hp_moe::GemmArgs a{ws, num_experts, max_pairs, block_m, static_cast<const uint8_t*>(w13), w13_scale, a1_scale,
-                     static_cast<const uint8_t*>(xq), x_scale, static_cast<__nv_bfloat16*>(act), topk, hidden, inter,
-                     2 * inter, inter, static_cast<int*>(splitk)};
+  hp_moe::GemmArgs a{ws,
+                     num_experts,
+                     max_pairs,
+                     block_m,
+                     static_cast<const uint8_t*>(w13),
+                     w13_scale,
+                     a1_scale,
+                     static_cast<const uint8_t*>(xq),
+                     x_scale,
+                     static_cast<__nv_bfloat16*>(act),
+                     topk,
+                     hidden,
+                     inter,
+                     2 * inter,
+                     inter,
+                     static_cast<int*>(splitk)};
   return block ? hp_moe::dispatch<true, true>(a, pdl, stream) : hp_moe::dispatch<true, false>(a, pdl, stream);
 }
 
 int hp_moe_down(const int* ws, const void* aq, const float* act_scale, const void* w2, const float* w2_scale,
                 const float* a2_scale, void* ybuf, int topk, int num_experts, int hidden, int inter, int max_pairs,
                 int block_m, int block, int pdl, void* splitk, cudaStream_t stream) {
-  hp_moe::GemmArgs a{ws, num_experts, max_pairs, block_m, static_cast<const uint8_t*>(w2), w2_scale, a2_scale,
-                     static_cast<const uint8_t*>(aq), act_scale, static_cast<__nv_bfloat16*>(ybuf), topk, inter, inter,
-                     hidden, hidden, static_cast<int*>(splitk)};
+  hp_moe::GemmArgs a{ws,
+                     num_experts,
+                     max_pairs,
+                     block_m,
+                     static_cast<const uint8_t*>(w2),
+                     w2_scale,
+                     a2_scale,
+                     static_cast<const uint8_t*>(aq),
+                     act_scale,
+                     static_cast<__nv_bfloat16*>(ybuf),
+                     topk,
+                     inter,
+                     inter,
+                     hidden,
+                     hidden,
+                     static_cast<int*>(splitk)};
   return block ? hp_moe::dispatch<false, true>(a, pdl, stream) : hp_moe::dispatch<false, false>(a, pdl, stream);
 }
 
@@ -625,9 +657,8 @@ int hp_moe_reduce(const int* topk_ids, const float* topk_weights, const void* yb
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
   const int chunks = (hidden / 8 + hp_moe::kReduceThreads - 1) / hp_moe::kReduceThreads;
-  return (int)hp::launch(hp_moe::reduce_kernel, dim3(num_tokens, chunks), dim3(hp_moe::kReduceThreads), 0, stream,
-                         opt, topk_ids,
-                         topk_weights, static_cast<const __nv_bfloat16*>(ybuf),
+  return (int)hp::launch(hp_moe::reduce_kernel, dim3(num_tokens, chunks), dim3(hp_moe::kReduceThreads), 0, stream, opt,
+                         topk_ids, topk_weights, static_cast<const __nv_bfloat16*>(ybuf),
                          static_cast<const __nv_bfloat16*>(shared_out), static_cast<__nv_bfloat16*>(out), topk,
                          num_experts, expert_offset, hidden);
 }

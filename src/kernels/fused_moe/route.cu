@@ -49,11 +49,11 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* 
 }
 
 __global__ void __launch_bounds__(kRouteThreads, 1)
-route_kernel(const int* __restrict__ topk_ids, int* __restrict__ ws, int num_pairs, int num_experts,
-             int expert_offset, int max_pairs, int block_m) {
+    route_kernel(const int* __restrict__ topk_ids, int* __restrict__ ws, int num_pairs, int num_experts,
+                 int expert_offset, int max_pairs, int block_m) {
   extern __shared__ int smem[];
-  int* warp_cnt = smem;                            // [32][E]
-  __shared__ int tile_off[kMaxExperts + 1];        // exclusive prefix of tiles per expert
+  int* warp_cnt = smem;                      // [32][E]
+  __shared__ int tile_off[kMaxExperts + 1];  // exclusive prefix of tiles per expert
   __shared__ int warp_sums[32];
   const PlanView plan{ws, num_experts, max_pairs, block_m};
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -143,7 +143,10 @@ route_kernel(const int* __restrict__ topk_ids, int* __restrict__ ws, int num_pai
       int lo = 0, hi = E - 1;
       while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
-        if (tile_off[mid] <= i) lo = mid; else hi = mid - 1;
+        if (tile_off[mid] <= i)
+          lo = mid;
+        else
+          hi = mid - 1;
       }
       te[i] = lo;
       ts[i] = plan.offsets()[lo] + (i - tile_off[lo]) * block_m;

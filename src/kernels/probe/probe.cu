@@ -12,8 +12,8 @@
 
 namespace {
 
-__global__ void __launch_bounds__(256) probe_copy_kernel(int4* __restrict__ dst, const int4* __restrict__ src,
-                                                         int64_t n_vec) {
+__global__ void __launch_bounds__(256)
+    probe_copy_kernel(int4* __restrict__ dst, const int4* __restrict__ src, int64_t n_vec) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // With PDL the next kernel may start its prologue now; our own reads do not depend on a predecessor here,
   // but waiting keeps the probe correct when chained after a producer.
@@ -48,7 +48,8 @@ __global__ void probe_tail_kernel(uint8_t* __restrict__ dst, const uint8_t* __re
 #if !defined(__CUDACC_RTC__)
 extern "C" int hp_probe_copy(void* dst, const void* src, int64_t n_bytes, int grid, int use_pdl, void* stream) {
   if (n_bytes < 0 || grid <= 0) return (int)cudaErrorInvalidValue;
-  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) return (int)cudaErrorMisalignedAddress;
+  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15)
+    return (int)cudaErrorMisalignedAddress;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int64_t n_vec = n_bytes / 16;
   if (n_vec > 0) {
@@ -61,15 +62,15 @@ extern "C" int hp_probe_copy(void* dst, const void* src, int64_t n_bytes, int gr
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = use_pdl ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, probe_copy_kernel, static_cast<int4*>(dst),
-                                       static_cast<const int4*>(src), n_vec);
+    cudaError_t e =
+        cudaLaunchKernelEx(&cfg, probe_copy_kernel, static_cast<int4*>(dst), static_cast<const int4*>(src), n_vec);
     if (e != cudaSuccess) return (int)e;
   }
   const int64_t done = n_vec * 16;
   if (done < n_bytes) {
     const int64_t rest = n_bytes - done;
     probe_tail_kernel<<<(unsigned)((rest + 255) / 256), 256, 0, s>>>(static_cast<uint8_t*>(dst),
-                                                                    static_cast<const uint8_t*>(src), done, n_bytes);
+                                                                     static_cast<const uint8_t*>(src), done, n_bytes);
   }
   return (int)cudaGetLastError();
 }

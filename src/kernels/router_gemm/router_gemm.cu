@@ -80,8 +80,8 @@ __device__ __forceinline__ float combine(const float (&acc)[PARTS][4], int i, fl
 template <int MT, int NT, int PARTS, int WARPS, int WN, int U>
 __global__ void __launch_bounds__(WARPS * 32)
     router_decode_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w0,
-                          const __nv_bfloat16* __restrict__ w1, const __nv_bfloat16* __restrict__ w2,
-                          float* __restrict__ out, int M, int N, int K, float s1, float s2) {
+                         const __nv_bfloat16* __restrict__ w1, const __nv_bfloat16* __restrict__ w2,
+                         float* __restrict__ out, int M, int N, int K, float s1, float s2) {
   constexpr int KW = WARPS / WN;
   static_assert(KW * WN == WARPS && KW >= 1, "WN divides WARPS");
   constexpr int WTN = 8 * NT, TILE_M = 16 * MT, TILE_N = WTN * WN, TILE = TILE_M * TILE_N;
@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(WARPS * 32)
       for (int p = 0; p < PARTS; ++p)
 #pragma unroll
         for (int j = 0; j < NT; ++j)
-          wv[u][p][j] = ok ? ldg_stream(wp[p] + static_cast<size_t>(n0 + j * 8 + g) * K + kofs)
-                           : make_uint4(0, 0, 0, 0);
+          wv[u][p][j] =
+              ok ? ldg_stream(wp[p] + static_cast<size_t>(n0 + j * 8 + g) * K + kofs) : make_uint4(0, 0, 0, 0);
     }
     if (!waited) {  // x may be the previous kernel's output: wait only after the weight loads are in flight
       grid_dependency_wait();
@@ -143,9 +143,8 @@ __global__ void __launch_bounds__(WARPS * 32)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = i * 16 + h * 8 + g;
-          xv[u][i][h] = (ok && row < M)
-                            ? __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(row) * K + kofs))
-                            : make_uint4(0, 0, 0, 0);
+          xv[u][i][h] = (ok && row < M) ? __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(row) * K + kofs))
+                                        : make_uint4(0, 0, 0, 0);
         }
     }
 #pragma unroll
@@ -156,10 +155,10 @@ __global__ void __launch_bounds__(WARPS * 32)
         for (int i = 0; i < MT; ++i)
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
-            mma_bf16_16816(acc[p][i][j], xv[u][i][0].x, xv[u][i][1].x, xv[u][i][0].y, xv[u][i][1].y,
-                           wv[u][p][j].x, wv[u][p][j].y);
-            mma_bf16_16816(acc[p][i][j], xv[u][i][0].z, xv[u][i][1].z, xv[u][i][0].w, xv[u][i][1].w,
-                           wv[u][p][j].z, wv[u][p][j].w);
+            mma_bf16_16816(acc[p][i][j], xv[u][i][0].x, xv[u][i][1].x, xv[u][i][0].y, xv[u][i][1].y, wv[u][p][j].x,
+                           wv[u][p][j].y);
+            mma_bf16_16816(acc[p][i][j], xv[u][i][0].z, xv[u][i][1].z, xv[u][i][0].w, xv[u][i][1].w, wv[u][p][j].z,
+                           wv[u][p][j].w);
           }
   }
   if (!waited) grid_dependency_wait();  // this warp had no chunk: still order the out write after the producer
@@ -198,7 +197,7 @@ __global__ void __launch_bounds__(WARPS * 32)
   // every owner loading its elements from the S ranks' shared memory, a second sync before exit) is slower at
   // every decode M: the second barrier waits for the slowest rank's reads.
   asm volatile("barrier.cluster.wait;\n" ::: "memory");  // every CTA of the cluster is running
-  const int sl = (rows * TILE_N + cs - 1) / cs;           // slots per rank
+  const int sl = (rows * TILE_N + cs - 1) / cs;          // slots per rank
   for (int e = threadIdx.x; e < rows * TILE_N; e += blockDim.x)
     cluster.map_shared_rank(recv, static_cast<unsigned>(e % cs))[rank * sl + e / cs] = part[0][e];
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
@@ -303,8 +302,8 @@ __global__ void __launch_bounds__(kTiledThreads)
 #pragma unroll
         for (int jj = 0; jj < NT / 2; ++jj) {
           uint32_t b[4];  // b0/b1 of n8 tile 2jj, then of tile 2jj+1
-          ldmatrix_x4(b, sb + (wn * WN + jj * 16 + (lane & 7) + ((lane >> 4) << 3)) * kLDS + ks * 16 +
-                             ((lane >> 3) & 1) * 8);
+          ldmatrix_x4(
+              b, sb + (wn * WN + jj * 16 + (lane & 7) + ((lane >> 4) << 3)) * kLDS + ks * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
           for (int i = 0; i < MI; ++i) {
             mma_bf16_16816(acc[p][i][2 * jj], a[i][0], a[i][1], a[i][2], a[i][3], b[0], b[1]);
@@ -374,15 +373,17 @@ struct Config {
 struct Tile {
   int bm, bn;
 };
-Tile tile_of(int v) { return {hp_router::info(v).bm, hp_router::info(v).bn}; }
+Tile tile_of(int v) {
+  return {hp_router::info(v).bm, hp_router::info(v).bn};
+}
 
 // A decode variant's cluster size and n8 tiles per warp; NT = 0 (the baseline): 2 once the grid has >= 4 CTAs
 // per SM, else 1.
 #define HP_ROUTER_SHAPE_kAutoFamily(...)
-#define HP_ROUTER_SHAPE_kDecodeFamily(Ident, CS, WARPS, WN, NT, U1, U4)    \
-  case hp_router::k##Ident:                                               \
-    cfg.nt = NT ? NT : ((N / 8) * CS >= 4 * kTargetCtas ? 2 : 1);         \
-    cfg.splits = CS;                                                      \
+#define HP_ROUTER_SHAPE_kDecodeFamily(Ident, CS, WARPS, WN, NT, U1, U4) \
+  case hp_router::k##Ident:                                             \
+    cfg.nt = NT ? NT : ((N / 8) * CS >= 4 * kTargetCtas ? 2 : 1);       \
+    cfg.splits = CS;                                                    \
     break;
 #define HP_ROUTER_SHAPE_kTiledFamily(...)
 #define HP_ROUTER_SHAPE_kWgFamily(...)
@@ -404,7 +405,8 @@ Config choose(int M, int N, int K, int variant, int splits) {
     cfg.mt = M <= 16 ? 1 : M <= 32 ? 2 : M <= 48 ? 3 : 4;  // 48 rows: 3 m16 tiles, not 4
     switch (cfg.variant) {
       HP_ROUTER_VARIANTS(HP_ROUTER_DECODE_SHAPE_)
-      default: break;
+      default:
+        break;
     }
     if (cfg.nt == 2 && N % 16) cfg.nt = 1;
     // decode_n1 / decode_n2 run the baseline's kernels with the n8 tiles forced: reported as "decode"
@@ -442,8 +444,8 @@ template <int MT, int NT, int PARTS, int CS, int WARPS, int WN, int U>
 cudaError_t launch_decode(const Args& a) {
   hp::LaunchOptions opt;
   opt.cluster = CS;  // 16 is a non-portable size: hp::launch allows it per kernel and device
-  return hp::launch(router_decode_kernel<MT, NT, PARTS, WARPS, WN, U>, dim3(CS, a.N / (8 * NT * WN)),
-                    dim3(WARPS * 32), 0, a.stream, opt, a.x, a.w0, a.w1, a.w2, a.out, a.M, a.N, a.K, a.s1, a.s2);
+  return hp::launch(router_decode_kernel<MT, NT, PARTS, WARPS, WN, U>, dim3(CS, a.N / (8 * NT * WN)), dim3(WARPS * 32),
+                    0, a.stream, opt, a.x, a.w0, a.w1, a.w2, a.out, a.M, a.N, a.K, a.s1, a.s2);
 }
 
 // A decode variant: the m16 tiles (MT) and, for the baseline, the n8 tiles per warp (NT = 0) come from the config.
@@ -455,10 +457,14 @@ cudaError_t run_decode(const Config& cfg, const Args& a) {
                        : run_decode<PARTS, CS, WARPS, WN, 1, U1, U4>(cfg, a);
   } else {
     switch (cfg.mt) {
-      case 1: return launch_decode<1, NT, PARTS, CS, WARPS, WN, U1>(a);
-      case 2: return launch_decode<2, NT, PARTS, CS, WARPS, WN, U1>(a);
-      case 3: return launch_decode<3, NT, PARTS, CS, WARPS, WN, U4>(a);
-      default: return launch_decode<4, NT, PARTS, CS, WARPS, WN, U4>(a);
+      case 1:
+        return launch_decode<1, NT, PARTS, CS, WARPS, WN, U1>(a);
+      case 2:
+        return launch_decode<2, NT, PARTS, CS, WARPS, WN, U1>(a);
+      case 3:
+        return launch_decode<3, NT, PARTS, CS, WARPS, WN, U4>(a);
+      default:
+        return launch_decode<4, NT, PARTS, CS, WARPS, WN, U4>(a);
     }
   }
 }
@@ -477,12 +483,12 @@ cudaError_t run_tiled(const Config& cfg, const Args& a) {
 // The dispatch switch, generated from router_variants.cuh: each mma.sync variant's kernel template arguments.
 #define HP_ROUTER_RUN_kAutoFamily(...)
 // A variant built for fewer parts than PARTS is not instantiated (hp_router_gemm_ex refuses the request first).
-#define HP_ROUTER_RUN_kDecodeFamily(Ident, parts, bm, bn, bk, CS, WARPS, WN, NT, U1, U4) \
-  case hp_router::k##Ident:                                                                 \
+#define HP_ROUTER_RUN_kDecodeFamily(Ident, parts, bm, bn, bk, CS, WARPS, WN, NT, U1, U4)       \
+  case hp_router::k##Ident:                                                                    \
     if constexpr (PARTS <= parts) return run_decode<PARTS, CS, WARPS, WN, NT, U1, U4>(cfg, a); \
     return cudaErrorInvalidValue;
-#define HP_ROUTER_RUN_kTiledFamily(Ident, parts, bm, bn, bk, WARPS_M, STAGES2, STAGES3)        \
-  case hp_router::k##Ident:                                                                     \
+#define HP_ROUTER_RUN_kTiledFamily(Ident, parts, bm, bn, bk, WARPS_M, STAGES2, STAGES3)                   \
+  case hp_router::k##Ident:                                                                               \
     if constexpr (PARTS <= parts) return run_tiled<PARTS, bm, bn, WARPS_M, bk, STAGES2, STAGES3>(cfg, a); \
     return cudaErrorInvalidValue;
 #define HP_ROUTER_RUN_kWgFamily(...)
@@ -494,7 +500,8 @@ template <int PARTS>
 cudaError_t run(const Config& cfg, const Args& a) {
   switch (cfg.variant) {
     HP_ROUTER_VARIANTS(HP_ROUTER_RUN_)
-    default: return cudaErrorInvalidValue;
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -506,8 +513,12 @@ extern "C" {
 // each one's name, and its facts: info_out[0..5] = family (hp_router::Family), bm, bn, bk (0 for decode), the most
 // weight parts it runs (2 or 3), how its K splits are reduced (hp_router::SplitK). Returns 0, or
 // cudaErrorInvalidValue for an id out of range (name: null).
-int hp_router_variant_count() { return hp_router::kNumVariants; }
-const char* hp_router_variant_name(int v) { return hp_router::valid_variant(v) ? hp_router::info(v).name : nullptr; }
+int hp_router_variant_count() {
+  return hp_router::kNumVariants;
+}
+const char* hp_router_variant_name(int v) {
+  return hp_router::valid_variant(v) ? hp_router::info(v).name : nullptr;
+}
 int hp_router_variant_info(int v, int* info_out) {
   if (!hp_router::valid_variant(v) || !info_out) return cudaErrorInvalidValue;
   const hp_router::VariantInfo& i = hp_router::info(v);
@@ -520,13 +531,12 @@ int hp_router_variant_info(int v, int* info_out) {
 // cfg_out[0..3] = variant (decode_n1 / decode_n2 report "decode"), splits (decode: the cluster size), mt, nt.
 // Returns 0, or cudaErrorInvalidValue for an unsupported shape / request.
 int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg_out) {
-  if (M < 1 || N < 64 || N % 64 || K < 64 || K % 64 || !hp_router::valid_variant(variant) || splits < 0 ||
-      splits > 8)
+  if (M < 1 || N < 64 || N % 64 || K < 64 || K % 64 || !hp_router::valid_variant(variant) || splits < 0 || splits > 8)
     return cudaErrorInvalidValue;
   if (hp_router::is_decode(variant) && M > 64) return cudaErrorInvalidValue;
   if (splits > 0 && (splits & (splits - 1))) return cudaErrorInvalidValue;  // 1, 2, 4, 8: divides BM
   if (variant != hp_router::kAuto && tile_of(variant).bn && N % tile_of(variant).bn) return cudaErrorInvalidValue;
-  if (hp_router::wgmma_cluster_size(variant, splits) > 8) return cudaErrorInvalidValue;  // portable cluster size
+  if (hp_router::wgmma_cluster_size(variant, splits) > 8) return cudaErrorInvalidValue;     // portable cluster size
   if (splits > 0 && splits < hp_router::min_splits(variant)) return cudaErrorInvalidValue;  // K pairs, scatter
   const Config cfg = choose(M, N, K, variant, splits);
   cfg_out[0] = cfg.variant;
@@ -560,14 +570,21 @@ int hp_router_gemm_ex(const void* x, const void* w0, const void* w1, const void*
   const Config cfg{cfg_raw[0], cfg_raw[1], cfg_raw[2], cfg_raw[3]};
   if (parts > hp_router::info(cfg.variant).parts) return cudaErrorInvalidValue;
   if (hp_router::is_wgmma(cfg.variant))
-    return hp_router::launch_router_wgmma(cfg.variant, static_cast<const __nv_bfloat16*>(x),
-                                          static_cast<const __nv_bfloat16*>(w0), static_cast<const __nv_bfloat16*>(w1),
-                                          out, M, N, K, s1, cfg.splits, workspace,
-                                          workspace_bytes > 0 ? static_cast<size_t>(workspace_bytes) : 0,
-                                          static_cast<cudaStream_t>(stream));
-  const Args a{static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w0),
-               static_cast<const __nv_bfloat16*>(w1), static_cast<const __nv_bfloat16*>(parts == 3 ? w2 : w1),
-               out, M, N, K, s1, s2, static_cast<cudaStream_t>(stream)};
+    return hp_router::launch_router_wgmma(
+        cfg.variant, static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w0),
+        static_cast<const __nv_bfloat16*>(w1), out, M, N, K, s1, cfg.splits, workspace,
+        workspace_bytes > 0 ? static_cast<size_t>(workspace_bytes) : 0, static_cast<cudaStream_t>(stream));
+  const Args a{static_cast<const __nv_bfloat16*>(x),
+               static_cast<const __nv_bfloat16*>(w0),
+               static_cast<const __nv_bfloat16*>(w1),
+               static_cast<const __nv_bfloat16*>(parts == 3 ? w2 : w1),
+               out,
+               M,
+               N,
+               K,
+               s1,
+               s2,
+               static_cast<cudaStream_t>(stream)};
   return parts == 2 ? run<2>(cfg, a) : run<3>(cfg, a);
 }
 

@@ -13,8 +13,8 @@
 namespace hp_router {
 
 // D += A * B for one m16n8k16 tile; A row-major (4 regs of bf16x2), B "col" (2 regs), D fp32 (4 regs).
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                               uint32_t a3, uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -34,7 +34,9 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int sr
   uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(src_bytes));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -51,7 +53,9 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 
 // PDL: wait until the kernel launched before this one (with the programmatic-serialization attribute on this
 // launch) has completed and its writes are visible; a no-op when launched without that attribute.
-__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void grid_dependency_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
 
 // The split-K reduction of the tiled kernels (router_tiled_kernel, router_wgmma_kernel): each of the S ranks of a
 // (1, 1, S) cluster holds its combined partial BM x BN tile in its own shared memory (`red`, rows padded to BN + 4
@@ -73,7 +77,10 @@ __device__ __forceinline__ void cluster_splitk_reduce(float* red, float* __restr
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int q = 0; q < splits; ++q) {
       const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, q) + r * LDR + c4);
-      v.x += t.x; v.y += t.y; v.z += t.z; v.w += t.w;
+      v.x += t.x;
+      v.y += t.y;
+      v.z += t.z;
+      v.w += t.w;
     }
     *reinterpret_cast<float4*>(out + static_cast<size_t>(row) * N + n_block + c4) = v;
   }

@@ -32,21 +32,21 @@
 // instantiations as "decode"); the query reports them as "decode".
 #pragma once
 
-#define HP_ROUTER_VARIANTS(X)                                                                        \
-  X(Auto, "auto", kAutoFamily, 0, 0, 0, 3, kSplitCluster, 0)                                         \
-  X(Decode, "decode", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 0, 4, 2)                    \
-  X(DecodeN1, "decode_n1", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 1, 4, 2)               \
-  X(DecodeN2, "decode_n2", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 2, 4, 2)               \
-  X(DecC16, "decode_c16", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 16, 4, 1, 1, 2, 2)               \
-  X(DecW8, "decode_w8", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 8, 8, 1, 1, 2, 2)                  \
-  X(DecC16W8, "decode_c16w8", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 16, 8, 1, 1, 1, 1)           \
-  X(Tiled64, "tiled64", kTiledFamily, 64, 64, 32, 3, kSplitCluster, 2, 4, 4)                         \
-  X(Tiled128, "tiled128", kTiledFamily, 128, 64, 32, 3, kSplitCluster, 4, 4, 4)                      \
-  X(Tiled64Deep, "tiled64d", kTiledFamily, 64, 64, 64, 2, kSplitCluster, 2, 4, 4)                    \
-  X(Wg128n96, "wg128n96", kWgFamily, 128, 96, 64, 2, kSplitCluster, 2, 4)                            \
-  X(Wg128n128, "wg128n128", kWgFamily, 128, 128, 64, 2, kSplitCluster, 2, 4)                         \
-  X(Ws128n192g, "ws128n192g", kWsFamily, 128, 192, 64, 2, kSplitGlobal, 3, 1, 0)                     \
-  X(Ws128n192p, "ws128n192p", kWsFamily, 128, 192, 64, 2, kSplitPair, 3, 2, 0)                       \
+#define HP_ROUTER_VARIANTS(X)                                                              \
+  X(Auto, "auto", kAutoFamily, 0, 0, 0, 3, kSplitCluster, 0)                               \
+  X(Decode, "decode", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 0, 4, 2)          \
+  X(DecodeN1, "decode_n1", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 1, 4, 2)     \
+  X(DecodeN2, "decode_n2", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 2, 4, 2)     \
+  X(DecC16, "decode_c16", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 16, 4, 1, 1, 2, 2)     \
+  X(DecW8, "decode_w8", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 8, 8, 1, 1, 2, 2)        \
+  X(DecC16W8, "decode_c16w8", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 16, 8, 1, 1, 1, 1) \
+  X(Tiled64, "tiled64", kTiledFamily, 64, 64, 32, 3, kSplitCluster, 2, 4, 4)               \
+  X(Tiled128, "tiled128", kTiledFamily, 128, 64, 32, 3, kSplitCluster, 4, 4, 4)            \
+  X(Tiled64Deep, "tiled64d", kTiledFamily, 64, 64, 64, 2, kSplitCluster, 2, 4, 4)          \
+  X(Wg128n96, "wg128n96", kWgFamily, 128, 96, 64, 2, kSplitCluster, 2, 4)                  \
+  X(Wg128n128, "wg128n128", kWgFamily, 128, 128, 64, 2, kSplitCluster, 2, 4)               \
+  X(Ws128n192g, "ws128n192g", kWsFamily, 128, 192, 64, 2, kSplitGlobal, 3, 1, 0)           \
+  X(Ws128n192p, "ws128n192p", kWsFamily, 128, 192, 64, 2, kSplitPair, 3, 2, 0)             \
   X(Ws128n192r, "ws128n192r", kWsFamily, 128, 192, 64, 2, kSplitScatter, 3, 1, 1)
 
 namespace hp_router {
@@ -67,17 +67,31 @@ struct VariantInfo {
 constexpr VariantInfo kVariantInfo[kNumVariants] = {HP_ROUTER_VARIANTS(HP_ROUTER_INFO_)};
 #undef HP_ROUTER_INFO_
 
-constexpr const VariantInfo& info(int v) { return kVariantInfo[v]; }
-constexpr bool valid_variant(int v) { return v >= 0 && v < kNumVariants; }
-constexpr bool is_decode(int v) { return valid_variant(v) && info(v).family == kDecodeFamily; }
+constexpr const VariantInfo& info(int v) {
+  return kVariantInfo[v];
+}
+constexpr bool valid_variant(int v) {
+  return v >= 0 && v < kNumVariants;
+}
+constexpr bool is_decode(int v) {
+  return valid_variant(v) && info(v).family == kDecodeFamily;
+}
 constexpr bool is_wgmma(int v) {
   return valid_variant(v) && (info(v).family == kWgFamily || info(v).family == kWsFamily);
 }
-constexpr bool global_splitk(int v) { return valid_variant(v) && info(v).splitk != kSplitCluster; }
-constexpr bool pair_splitk(int v) { return valid_variant(v) && info(v).splitk == kSplitPair; }
-constexpr bool reduce_scatter(int v) { return valid_variant(v) && info(v).splitk == kSplitScatter; }
+constexpr bool global_splitk(int v) {
+  return valid_variant(v) && info(v).splitk != kSplitCluster;
+}
+constexpr bool pair_splitk(int v) {
+  return valid_variant(v) && info(v).splitk == kSplitPair;
+}
+constexpr bool reduce_scatter(int v) {
+  return valid_variant(v) && info(v).splitk == kSplitScatter;
+}
 // The fewest K splits a variant runs: a K pair and a reduce-scatter need two ranks.
-constexpr int min_splits(int v) { return pair_splitk(v) || reduce_scatter(v) ? 2 : 1; }
+constexpr int min_splits(int v) {
+  return pair_splitk(v) || reduce_scatter(v) ? 2 : 1;
+}
 // CTAs per cluster of a wgmma launch: (1, 1, splits) for the cluster reduction, (1, 1, 2) for the K pairs, one CTA
 // for the other global split-K variants. At most 8 (portable).
 constexpr int wgmma_cluster_size(int v, int splits) {

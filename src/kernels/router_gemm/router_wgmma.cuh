@@ -13,9 +13,9 @@ namespace hp_router {
 // cudaErrorInvalidValue for a shape the variant cannot run (N % BN, K % 64, M < 1, bad splits, a cluster of more
 // than 8 CTAs, a pointer not 16-byte aligned for TMA, a global split-K variant with splits > 1 and no workspace
 // of router_wgmma_workspace_bytes() 256-byte aligned, a cooperative grid beyond one wave).
-cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_bfloat16* w0,
-                                const __nv_bfloat16* w1, float* out, int M, int N, int K, float s1, int splits,
-                                void* workspace, size_t workspace_bytes, cudaStream_t stream);
+cudaError_t launch_router_wgmma(int variant, const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1,
+                                float* out, int M, int N, int K, float s1, int splits, void* workspace,
+                                size_t workspace_bytes, cudaStream_t stream);
 // Bytes of device workspace launch_router_wgmma needs (0 unless a global split-K variant with splits > 1).
 size_t router_wgmma_workspace_bytes(int variant, int M, int N, int splits);
 #endif

@@ -37,19 +37,28 @@ namespace {
 
 using namespace hp_decode;
 
-constexpr int kD = 128;           // head_dim
-constexpr int kTile = 64;         // tokens per tile
-constexpr int kThreads = 128;     // 4 warps
-constexpr int kDescCache = 32;    // descriptors of a bin cached in smem (more: read from global)
+constexpr int kD = 128;         // head_dim
+constexpr int kTile = 64;       // tokens per tile
+constexpr int kThreads = 128;   // 4 warps
+constexpr int kDescCache = 32;  // descriptors of a bin cached in smem (more: read from global)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 enum Mode { kDynamic = 0, kStaticCount = 1, kStaticChunk = 2 };
 
 struct Params {
-  const void* q; const float* q_scale; const void* k; const void* v;
-  const int* block_table; const int* kv_lens; const float* k_scale; const float* v_scale;
-  __nv_bfloat16* out; float* part_o; float* part_lse; const int* ws;
+  const void* q;
+  const float* q_scale;
+  const void* k;
+  const void* v;
+  const int* block_table;
+  const int* kv_lens;
+  const float* k_scale;
+  const float* v_scale;
+  __nv_bfloat16* out;
+  float* part_o;
+  float* part_lse;
+  const int* ws;
   float sm_scale;
   int batch, H, q_heads, ratio, q_len, R, page_size, page_shift, max_pages, num_pages, C, max_pairs;
   int mode, splits, chunk_tiles;
@@ -74,7 +83,8 @@ struct Params {
 // that holds every draft token of a GQA 8:1 pair so each K/V tile is read and converted once for all of them).
 // Shared memory per CTA: STAGES x (K tile + V tile + Q rows + Q row scales) + the per-warp merge buffer + the
 // descriptor cache.
-template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1> struct Traits {
+template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1>
+struct Traits {
   static constexpr bool FP8 = FP8_;
   static constexpr bool TRANSPOSED = TRANSPOSED_;
   static constexpr int STAGES = STAGES_;
@@ -94,7 +104,7 @@ template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1> struc
   static constexpr bool SWZ = FP8;                           // FP8 rows XOR-swizzled; BF16 rows padded by 16 B
   static constexpr int ROWB = SWZ ? kD * ES : kD * ES + 16;  // smem bytes per K / V row
   static_assert(!FP8 || ROWB == kD, "load_v_tokens reads unpadded FP8 rows of kD bytes");
-  static constexpr int KV_BYTES = kTile * ROWB;              // one of K or V
+  static constexpr int KV_BYTES = kTile * ROWB;  // one of K or V
   static constexpr int QROWB = kD * ES;
   static constexpr int STAGE_BYTES = 2 * KV_BYTES + MROWS * QROWB + MROWS * 4;
   static constexpr int MERGE_BYTES = 4 * MROWS * kD * 4 + 2 * 4 * MROWS * 4;
@@ -106,9 +116,12 @@ template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1> struc
 // fit two CTAs per SM). Transposed (FP8): {stages, CTAs per SM} 4/2 ("v3"), 3/3, 5/2, 2/4; 9..16 rows always 4/2.
 using RowFp8 = Traits<true, false, 4, 2>;
 using RowBf16 = Traits<false, false, 2, 2>;
-template <int STAGES, int CPS, int NT = 1> using Transposed = Traits<true, true, STAGES, CPS, NT>;
+template <int STAGES, int CPS, int NT = 1>
+using Transposed = Traits<true, true, STAGES, CPS, NT>;
 
-struct Desc { int r, h, tb, te, slot, nch, kvlen; };
+struct Desc {
+  int r, h, tb, te, slot, nch, kvlen;
+};
 constexpr int kLenCache = 256;  // kv_lens of batches up to this size are staged in smem at start-up (v3)
 
 // FP8 V, both layouts: 16 B (dims 16g..16g+15) of each of the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9
@@ -119,25 +132,42 @@ __device__ __forceinline__ void load_v_tokens(const uint8_t* sV, int warp, int g
   const int t0 = warp * 16 + 2 * tig;
   auto ldv = [&](int t) { return *reinterpret_cast<const uint4*>(sV + t * ROWB + ((g ^ (t & 7)) * 16)); };
   const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
-  a4[0] = va.x; a4[1] = va.y; a4[2] = va.z; a4[3] = va.w;
-  b4[0] = vb.x; b4[1] = vb.y; b4[2] = vb.z; b4[3] = vb.w;
-  c4[0] = vc.x; c4[1] = vc.y; c4[2] = vc.z; c4[3] = vc.w;
-  d4[0] = vd.x; d4[1] = vd.y; d4[2] = vd.z; d4[3] = vd.w;
+  a4[0] = va.x;
+  a4[1] = va.y;
+  a4[2] = va.z;
+  a4[3] = va.w;
+  b4[0] = vb.x;
+  b4[1] = vb.y;
+  b4[2] = vb.z;
+  b4[3] = vb.w;
+  c4[0] = vc.x;
+  c4[1] = vc.y;
+  c4[2] = vc.z;
+  c4[3] = vc.w;
+  d4[0] = vd.x;
+  d4[1] = vd.y;
+  d4[2] = vd.z;
+  d4[3] = vd.w;
 }
 
 // Row layout: 16 B unit of a Q/K row that thread tig reads as its i-th load (the head_dim permutation inside the dot
 // product; Q and K use the same map, so any bijection is exact). FP8: units 2tig + i, stored XOR-swizzled
 // by row & 7 (the two rows of a quarter warp land on disjoint banks). BF16: units 2tig, 2tig+1, 2tig+8, 2tig+9 on
 // the 17-unit padded rows: conflict-free, where units 4tig..4tig+3 would put tig 0/2 and 1/3 on the same banks.
-template <bool FP8> __device__ __forceinline__ int kq_unit(int i, int tig, int row) {
-  if constexpr (FP8) return (2 * tig + i) ^ (row & 7);
-  else return 2 * tig + (i & 1) + 8 * (i >> 1);
+template <bool FP8>
+__device__ __forceinline__ int kq_unit(int i, int tig, int row) {
+  if constexpr (FP8)
+    return (2 * tig + i) ^ (row & 7);
+  else
+    return 2 * tig + (i & 1) + 8 * (i >> 1);
 }
 
 // Row-layout merge buffer: 16 B unit u (0..31) of merge row r is stored at u ^ ((u >> 3) & 3) ^ ((r & 1) << 2), so the FP8
 // writes (8 lanes: 2 rows x 4 tig, same low unit bits) and the read-out (8 lanes: 1 row, 8 segments) never share
 // a bank group.
-__device__ __forceinline__ int merge_swz(int r, int u) { return u ^ (((u >> 3) & 3) ^ ((r & 1) << 2)); }
+__device__ __forceinline__ int merge_swz(int r, int u) {
+  return u ^ (((u >> 3) & 3) ^ ((r & 1) << 2));
+}
 
 // Descriptor from blockIdx in the static modes (p = h * batch + r, split s); returns false if empty.
 __device__ bool static_desc(const Params& P, Desc& d) {
@@ -164,7 +194,13 @@ __device__ __forceinline__ int cache_static_desc(const Params& P, int* dcache, i
   if (!static_desc(P, sd)) return 0;
   if (tid == 0) {
     int* e = dcache;
-    e[0] = sd.r; e[1] = sd.h; e[2] = sd.tb; e[3] = sd.te; e[4] = sd.slot; e[5] = sd.nch; e[6] = sd.kvlen;
+    e[0] = sd.r;
+    e[1] = sd.h;
+    e[2] = sd.tb;
+    e[3] = sd.te;
+    e[4] = sd.slot;
+    e[5] = sd.nch;
+    e[6] = sd.kvlen;
   }
   return 1;
 }
@@ -176,9 +212,13 @@ __device__ __forceinline__ Desc global_desc(const Params& P, int d) {
   const int* desc = tm.desc();
   const int* nchunks = tm.num_chunks();
   Desc o;
-  o.r = desc[kDescInts * d]; o.h = desc[kDescInts * d + 1];
-  o.tb = desc[kDescInts * d + 2]; o.te = desc[kDescInts * d + 3];
-  o.slot = d; o.nch = nchunks[o.h * P.batch + o.r]; o.kvlen = max(P.kv_lens[o.r], 0);
+  o.r = desc[kDescInts * d];
+  o.h = desc[kDescInts * d + 1];
+  o.tb = desc[kDescInts * d + 2];
+  o.te = desc[kDescInts * d + 3];
+  o.slot = d;
+  o.nch = nchunks[o.h * P.batch + o.r];
+  o.kvlen = max(P.kv_lens[o.r], 0);
   return o;
 }
 
@@ -186,8 +226,8 @@ __device__ __forceinline__ Desc global_desc(const Params& P, int d) {
 template <class CF>
 __device__ __forceinline__ void rows_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg,
                                                       int g, int tig, float kscale, int kv_cap, uint32_t (&qa)[8][4],
-                                                      float (&o)[16][4], float (&m_)[2], float (&l_)[2],
-                                                      float (&sc)[2], int (&lim_)[2]) {
+                                                      float (&o)[16][4], float (&m_)[2], float (&l_)[2], float (&sc)[2],
+                                                      int (&lim_)[2]) {
   constexpr bool FP8 = CF::FP8;
   constexpr int kRowsPerGroup = CF::MROWS;
   const uint8_t* sQ = sV + CF::KV_BYTES;
@@ -199,7 +239,10 @@ __device__ __forceinline__ void rows_begin_descriptor(const Params& P, const uin
 #pragma unroll
     for (int i = 0; i < 2 * CF::ES; ++i) {
       const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * CF::QROWB + kq_unit<FP8>(i, tig, row) * 16);
-      w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
+      w[4 * i] = u.x;
+      w[4 * i + 1] = u.y;
+      w[4 * i + 2] = u.z;
+      w[4 * i + 3] = u.w;
     }
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
@@ -237,9 +280,12 @@ __device__ __forceinline__ void rows_qk(const uint8_t* sK, const uint32_t (&qa)[
     uint32_t w[8 * CF::ES];
 #pragma unroll
     for (int i = 0; i < 2 * CF::ES; ++i) {
-      const uint4 u = *reinterpret_cast<const uint4*>(sK + (warp * 16 + nt * 8 + g) * CF::ROWB +
-                                                      kq_unit<FP8>(i, tig, g) * 16);
-      w[4 * i] = u.x; w[4 * i + 1] = u.y; w[4 * i + 2] = u.z; w[4 * i + 3] = u.w;
+      const uint4 u =
+          *reinterpret_cast<const uint4*>(sK + (warp * 16 + nt * 8 + g) * CF::ROWB + kq_unit<FP8>(i, tig, g) * 16);
+      w[4 * i] = u.x;
+      w[4 * i + 1] = u.y;
+      w[4 * i + 2] = u.z;
+      w[4 * i + 3] = u.w;
     }
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
@@ -299,8 +345,10 @@ __device__ __forceinline__ void rows_softmax_update(float (&s)[2][4], const floa
   if (alpha[0] != 1.f || alpha[1] != 1.f) {  // the running max rarely moves after the first tiles
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
     }
   }
   pa[0] = pack_p<FP8>(s[0][0], s[0][1]);
@@ -398,7 +446,10 @@ __device__ __forceinline__ void rows_store(const Params& P, const float* merge_o
   if (rr < P.R) {
     float mw[4], M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * 16 + row]; M = fmaxf(M, mw[w]); }
+    for (int w = 0; w < 4; ++w) {
+      mw[w] = merge_m[w * 16 + row];
+      M = fmaxf(M, mw[w]);
+    }
     float acc[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) acc[i] = 0.f;
@@ -412,7 +463,10 @@ __device__ __forceinline__ void rows_store(const Params& P, const float* merge_o
         for (int i = 0; i < 4; ++i) {
           const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * 16 + row) * kD +
                                                             (merge_swz(w * 16 + row, 8 * i + seg) << 2));
-          acc[4 * i] += f * x.x; acc[4 * i + 1] += f * x.y; acc[4 * i + 2] += f * x.z; acc[4 * i + 3] += f * x.w;
+          acc[4 * i] += f * x.x;
+          acc[4 * i + 1] += f * x.y;
+          acc[4 * i + 2] += f * x.z;
+          acc[4 * i + 3] += f * x.w;
         }
       }
     }
@@ -470,8 +524,13 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
       int d = d_begin + i;
       int r = desc[kDescInts * d], h = desc[kDescInts * d + 1];
       int* e = dcache + 8 * i;
-      e[0] = r; e[1] = h; e[2] = desc[kDescInts * d + 2]; e[3] = desc[kDescInts * d + 3];
-      e[4] = d; e[5] = nchunks[h * P.batch + r]; e[6] = max(P.kv_lens[r], 0);
+      e[0] = r;
+      e[1] = h;
+      e[2] = desc[kDescInts * d + 2];
+      e[3] = desc[kDescInts * d + 3];
+      e[4] = d;
+      e[5] = nchunks[h * P.batch + r];
+      e[6] = max(P.kv_lens[r], 0);
     }
   } else {
     d_end = cache_static_desc(P, dcache, tid);
@@ -484,7 +543,13 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
     const int i = d - d_begin;
     if (i < kDescCache) {
       const int* e = dcache + 8 * i;
-      o.r = e[0]; o.h = e[1]; o.tb = e[2]; o.te = e[3]; o.slot = e[4]; o.nch = e[5]; o.kvlen = e[6];
+      o.r = e[0];
+      o.h = e[1];
+      o.tb = e[2];
+      o.te = e[3];
+      o.slot = e[4];
+      o.nch = e[5];
+      o.kvlen = e[6];
     } else {  // bins with more than kDescCache descriptors (only with very large budgets)
       o = global_desc(P, d);
     }
@@ -549,12 +614,19 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
   bool ld_ok = true;
   auto ld_advance = [&]() {
     if (++ld_t >= ldd.te) {
-      if (++ld_d < d_end) { ldd = fetch(ld_d); ld_t = ldd.tb; } else ld_ok = false;
+      if (++ld_d < d_end) {
+        ldd = fetch(ld_d);
+        ld_t = ldd.tb;
+      } else
+        ld_ok = false;
     }
   };
 #pragma unroll 1
   for (int s = 0; s < CF::STAGES - 1; ++s) {
-    if (ld_ok) { load_tile(s, ldd, ld_t, ld_t == ldd.tb); ld_advance(); }
+    if (ld_ok) {
+      load_tile(s, ldd, ld_t, ld_t == ldd.tb);
+      ld_advance();
+    }
     cp_commit();
   }
 
@@ -574,15 +646,17 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
   for (int it = 0;; ++it) {
     cp_wait<CF::STAGES - 2>();
     __syncthreads();
-    if (ld_ok) { load_tile((it + CF::STAGES - 1) % CF::STAGES, ldd, ld_t, ld_t == ldd.tb); ld_advance(); }
+    if (ld_ok) {
+      load_tile((it + CF::STAGES - 1) % CF::STAGES, ldd, ld_t, ld_t == ldd.tb);
+      ld_advance();
+    }
     cp_commit();
 
     const int stage = it % CF::STAGES;
     const uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     const uint8_t* sV = sK + CF::KV_BYTES;
 
-    if (ct == cdd.tb)
-      rows_begin_descriptor<CF>(P, sV, cdd, rg, g, tig, kscale, kv_cap, qa, o, m_, l_, sc, lim_);
+    if (ct == cdd.tb) rows_begin_descriptor<CF>(P, sV, cdd, rg, g, tig, kscale, kv_cap, qa, o, m_, l_, sc, lim_);
 
     // ---- S = Q K^T for this warp's 16 tokens ----
     float s[2][4];
@@ -635,7 +709,9 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
 
 // merge buffer of v3: 16 B unit u of row r stored at u ^ ((r >> 1) & 3): the float4 writes (8 lanes: rows 2t + c,
 // units 4g + q) and the read-out (8 lanes of one row, consecutive units) are conflict-free.
-__device__ __forceinline__ int merge3_swz(int r, int u) { return u ^ ((r >> 1) & 3); }
+__device__ __forceinline__ int merge3_swz(int r, int u) {
+  return u ^ ((r >> 1) & 3);
+}
 constexpr int kMaxRowGroups = 8;  // v3 fused merge: counters per pair (R <= 64 rows: at most 8 groups of >= 8)
 // fuse_max >= kFuseAll (dynamic mode): every split pair is merged by the attention kernel and no combine runs, so
 // the attention kernel also writes the zero rows of empty pairs (kv_len 0), which the combine writes otherwise.
@@ -655,11 +731,11 @@ __device__ __forceinline__ void tr_row_scale_lim(const Params& P, const float* s
 // Descriptor start: B fragments of Q (rows 8nt + g), the score scale and causal limit of rows 8nt + 2tig + c, fresh
 // online-softmax state and O^T. QSMEM: no Q fragments, and the scales / limits go to shared memory (the caller).
 template <class CF>
-__device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg,
-                                                    int g, int tig, float kscale, int kv_cap,
-                                                    uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8],
-                                                    float (&o)[CF::NT][8][4], float (&m_)[CF::NT][2],
-                                                    float (&l_)[CF::NT][2], float (&sc)[CF::QSMEM ? 1 : CF::NT][2],
+__device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg, int g,
+                                                    int tig, float kscale, int kv_cap,
+                                                    uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8], float (&o)[CF::NT][8][4],
+                                                    float (&m_)[CF::NT][2], float (&l_)[CF::NT][2],
+                                                    float (&sc)[CF::QSMEM ? 1 : CF::NT][2],
                                                     int (&lim_)[CF::QSMEM ? 1 : CF::NT][2]) {
   constexpr int NT = CF::NT, MROWS = CF::MROWS;
   const uint8_t* sQ = sV + CF::KV_BYTES;  // sV: the V tile whose stage holds this descriptor's Q
@@ -671,13 +747,16 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ (row & 7)) * 16));
-        qb[nt][4 * i] = u.x; qb[nt][4 * i + 1] = u.y; qb[nt][4 * i + 2] = u.z; qb[nt][4 * i + 3] = u.w;
+        qb[nt][4 * i] = u.x;
+        qb[nt][4 * i + 1] = u.y;
+        qb[nt][4 * i + 2] = u.z;
+        qb[nt][4 * i + 3] = u.w;
       }
     }
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      if constexpr (!CF::QSMEM) tr_row_scale_lim<CF>(P, sQs, cdd, rg, 8 * nt + 2 * tig + c, kscale, kv_cap,
-                                                     sc[nt][c], lim_[nt][c]);
+      if constexpr (!CF::QSMEM)
+        tr_row_scale_lim<CF>(P, sQs, cdd, rg, 8 * nt + 2 * tig + c, kscale, kv_cap, sc[nt][c], lim_[nt][c]);
       m_[nt][c] = -INFINITY;
       l_[nt][c] = 0.f;
     }
@@ -700,7 +779,10 @@ __device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const uint4 u = *reinterpret_cast<const uint4*>(sK + t * CF::ROWB + (((2 * tig + i) ^ g) * 16));
-      ka[h][4 * i] = u.x; ka[h][4 * i + 1] = u.y; ka[h][4 * i + 2] = u.z; ka[h][4 * i + 3] = u.w;
+      ka[h][4 * i] = u.x;
+      ka[h][4 * i + 1] = u.y;
+      ka[h][4 * i + 2] = u.z;
+      ka[h][4 * i + 3] = u.w;
     }
   }
 #pragma unroll
@@ -713,7 +795,10 @@ __device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ g) * 16));
-        qs[4 * i] = u.x; qs[4 * i + 1] = u.y; qs[4 * i + 2] = u.z; qs[4 * i + 3] = u.w;
+        qs[4 * i] = u.x;
+        qs[4 * i + 1] = u.y;
+        qs[4 * i + 2] = u.z;
+        qs[4 * i + 3] = u.w;
       }
     } else {
 #pragma unroll
@@ -773,8 +858,10 @@ __device__ __forceinline__ void tr_softmax_update(float (&s)[CF::NT][4], const f
     if (alpha[0] != 1.f || alpha[1] != 1.f) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        o[nt][j][0] *= alpha[0]; o[nt][j][1] *= alpha[1];
-        o[nt][j][2] *= alpha[0]; o[nt][j][3] *= alpha[1];
+        o[nt][j][0] *= alpha[0];
+        o[nt][j][1] *= alpha[1];
+        o[nt][j][2] *= alpha[0];
+        o[nt][j][3] *= alpha[1];
       }
     }
     // (token g | g + 8, rows 2tig, 2tig + 1) as f16x2 -> transpose -> (row g, tokens 2tig, 2tig + 1 | + 8)
@@ -801,14 +888,22 @@ __device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF
       const uint32_t CD_lo = __byte_perm(c4[wq + 2], d4[wq + 2], 0x5140);
       const uint32_t CD_hi = __byte_perm(c4[wq + 2], d4[wq + 2], 0x7362);
       uint32_t a[4][4];  // m-tiles j = 4wq + 0..3
-      a[0][0] = e4m3x2_to_f16x2(ab_lo); a[0][1] = e4m3x2_to_f16x2(AB_lo);
-      a[0][2] = e4m3x2_to_f16x2(cd_lo); a[0][3] = e4m3x2_to_f16x2(CD_lo);
-      a[1][0] = e4m3x2_hi_to_f16x2(ab_lo); a[1][1] = e4m3x2_hi_to_f16x2(AB_lo);
-      a[1][2] = e4m3x2_hi_to_f16x2(cd_lo); a[1][3] = e4m3x2_hi_to_f16x2(CD_lo);
-      a[2][0] = e4m3x2_to_f16x2(ab_hi); a[2][1] = e4m3x2_to_f16x2(AB_hi);
-      a[2][2] = e4m3x2_to_f16x2(cd_hi); a[2][3] = e4m3x2_to_f16x2(CD_hi);
-      a[3][0] = e4m3x2_hi_to_f16x2(ab_hi); a[3][1] = e4m3x2_hi_to_f16x2(AB_hi);
-      a[3][2] = e4m3x2_hi_to_f16x2(cd_hi); a[3][3] = e4m3x2_hi_to_f16x2(CD_hi);
+      a[0][0] = e4m3x2_to_f16x2(ab_lo);
+      a[0][1] = e4m3x2_to_f16x2(AB_lo);
+      a[0][2] = e4m3x2_to_f16x2(cd_lo);
+      a[0][3] = e4m3x2_to_f16x2(CD_lo);
+      a[1][0] = e4m3x2_hi_to_f16x2(ab_lo);
+      a[1][1] = e4m3x2_hi_to_f16x2(AB_lo);
+      a[1][2] = e4m3x2_hi_to_f16x2(cd_lo);
+      a[1][3] = e4m3x2_hi_to_f16x2(CD_lo);
+      a[2][0] = e4m3x2_to_f16x2(ab_hi);
+      a[2][1] = e4m3x2_to_f16x2(AB_hi);
+      a[2][2] = e4m3x2_to_f16x2(cd_hi);
+      a[2][3] = e4m3x2_to_f16x2(CD_hi);
+      a[3][0] = e4m3x2_hi_to_f16x2(ab_hi);
+      a[3][1] = e4m3x2_hi_to_f16x2(AB_hi);
+      a[3][2] = e4m3x2_hi_to_f16x2(cd_hi);
+      a[3][3] = e4m3x2_hi_to_f16x2(CD_hi);
 #pragma unroll
       for (int b = 0; b < 4; ++b)
 #pragma unroll
@@ -856,49 +951,55 @@ __device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, 
                                          Nch nch_of_cd) {
   constexpr int MROWS = CF::MROWS;
   constexpr int PROWS = MROWS < 16 ? MROWS : 16;  // rows per pass (register budget: see tr_fused_merge)
-  constexpr int TPR = kThreads / PROWS;  // threads per row
-  constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
+  constexpr int TPR = kThreads / PROWS;           // threads per row
+  constexpr int UPT = 32 / TPR;                   // 16 B units per thread: seg + TPR * i
   const int seg = tid % TPR;
   auto one_row = [&](const int row) {
-  const int rr = rg * MROWS + row;
-  if (rr < P.R) {
-    float mw[4], M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) { mw[w] = merge_m[w * MROWS + row]; M = fmaxf(M, mw[w]); }
-    float acc[UPT][4];
-#pragma unroll
-    for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    float L = 0.f;
-    if (M != -INFINITY) {
+    const int rr = rg * MROWS + row;
+    if (rr < P.R) {
+      float mw[4], M = -INFINITY;
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        const float f = exp2f(mw[w] - M);
-        L += merge_l[w * MROWS + row] * f;
-        const float* mrow = merge_o + (w * MROWS + row) * kD;
+        mw[w] = merge_m[w * MROWS + row];
+        M = fmaxf(M, mw[w]);
+      }
+      float acc[UPT][4];
 #pragma unroll
-        for (int i = 0; i < UPT; ++i) {
-          const float4 x = *reinterpret_cast<const float4*>(mrow + (merge3_swz(row, seg + TPR * i) << 2));
-          acc[i][0] += f * x.x; acc[i][1] += f * x.y; acc[i][2] += f * x.z; acc[i][3] += f * x.w;
+      for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+      float L = 0.f;
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const float f = exp2f(mw[w] - M);
+          L += merge_l[w * MROWS + row] * f;
+          const float* mrow = merge_o + (w * MROWS + row) * kD;
+#pragma unroll
+          for (int i = 0; i < UPT; ++i) {
+            const float4 x = *reinterpret_cast<const float4*>(mrow + (merge3_swz(row, seg + TPR * i) << 2));
+            acc[i][0] += f * x.x;
+            acc[i][1] += f * x.y;
+            acc[i][2] += f * x.z;
+            acc[i][3] += f * x.w;
+          }
         }
       }
-    }
-    const float inv = (L > 0.f) ? vscale / L : 0.f;
-    const int qi = rr / P.ratio, hl = rr % P.ratio;
-    if (nch_of_cd() == 1) {
-      const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
+      const float inv = (L > 0.f) ? vscale / L : 0.f;
+      const int qi = rr / P.ratio, hl = rr % P.ratio;
+      if (nch_of_cd() == 1) {
+        const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
 #pragma unroll
-      for (int i = 0; i < UPT; ++i)
-        *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
-            make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
-    } else {
-      const size_t prow = P.part_row(cdd.slot, rr);
+        for (int i = 0; i < UPT; ++i)
+          *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
+              make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
+      } else {
+        const size_t prow = P.part_row(cdd.slot, rr);
 #pragma unroll
-      for (int i = 0; i < UPT; ++i)
-        *reinterpret_cast<float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)) =
-            make_float4(acc[i][0] * inv, acc[i][1] * inv, acc[i][2] * inv, acc[i][3] * inv);
-      if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
+        for (int i = 0; i < UPT; ++i)
+          *reinterpret_cast<float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)) =
+              make_float4(acc[i][0] * inv, acc[i][1] * inv, acc[i][2] * inv, acc[i][3] * inv);
+        if (seg == 0) P.part_lse[prow] = (L > 0.f) ? (M + log2f(L)) * kLn2 : -INFINITY;
+      }
     }
-  }
   };
   if constexpr (PROWS == MROWS) {
     one_row(tid / TPR);
@@ -937,51 +1038,58 @@ __device__ __forceinline__ void tr_fused_merge(const Params& P, const Desc& cdd,
     if (s_last) {
       __threadfence();
       auto one_row = [&](const int row) {
-      const int rr = rg * MROWS + row;
-      if (rr < P.R) {
-        const int first = first_slot();
-        float m = -INFINITY, L = 0.f, acc[UPT][4];
+        const int rr = rg * MROWS + row;
+        if (rr < P.R) {
+          const int first = first_slot();
+          float m = -INFINITY, L = 0.f, acc[UPT][4];
 #pragma unroll
-        for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-        for (int c0 = 0; c0 < nch; c0 += 4) {  // 4 chunks' LSE + rows in flight, online max (as combine_kernel<true>)
-          float lv[4];
-          float4 x[4][UPT];
+          for (int i = 0; i < UPT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+          for (int c0 = 0; c0 < nch; c0 += 4) {  // 4 chunks' LSE + rows in flight, online max (as combine_kernel<true>)
+            float lv[4];
+            float4 x[4][UPT];
 #pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const bool ok = c0 + u < nch;
-            const size_t prow = P.part_row(first + c0 + u, rr);
-            lv[u] = ok ? __ldcg(P.part_lse + prow) : -INFINITY;
+            for (int u = 0; u < 4; ++u) {
+              const bool ok = c0 + u < nch;
+              const size_t prow = P.part_row(first + c0 + u, rr);
+              lv[u] = ok ? __ldcg(P.part_lse + prow) : -INFINITY;
 #pragma unroll
-            for (int i = 0; i < UPT; ++i)
-              x[u][i] = ok ? __ldcg(reinterpret_cast<const float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)))
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-          }
-          const float mnew = fmaxf(m, fmaxf(fmaxf(lv[0], lv[1]), fmaxf(lv[2], lv[3])));
-          if (mnew == -INFINITY) continue;
-          const float f = expf(m - mnew);
-          L *= f;
-#pragma unroll
-          for (int i = 0; i < UPT; ++i) { acc[i][0] *= f; acc[i][1] *= f; acc[i][2] *= f; acc[i][3] *= f; }
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const float w = expf(lv[u] - mnew);
-            L += w;
+              for (int i = 0; i < UPT; ++i)
+                x[u][i] = ok ? __ldcg(reinterpret_cast<const float4*>(P.part_o + prow * kD + 4 * (seg + TPR * i)))
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            const float mnew = fmaxf(m, fmaxf(fmaxf(lv[0], lv[1]), fmaxf(lv[2], lv[3])));
+            if (mnew == -INFINITY) continue;
+            const float f = expf(m - mnew);
+            L *= f;
 #pragma unroll
             for (int i = 0; i < UPT; ++i) {
-              acc[i][0] += w * x[u][i].x; acc[i][1] += w * x[u][i].y;
-              acc[i][2] += w * x[u][i].z; acc[i][3] += w * x[u][i].w;
+              acc[i][0] *= f;
+              acc[i][1] *= f;
+              acc[i][2] *= f;
+              acc[i][3] *= f;
             }
-          }
-          m = mnew;
-        }
-        const float inv = (L > 0.f) ? 1.f / L : 0.f;
-        const int qi = rr / P.ratio, hl = rr % P.ratio;
-        const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
 #pragma unroll
-        for (int i = 0; i < UPT; ++i)
-          *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
-              make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
-      }
+            for (int u = 0; u < 4; ++u) {
+              const float w = expf(lv[u] - mnew);
+              L += w;
+#pragma unroll
+              for (int i = 0; i < UPT; ++i) {
+                acc[i][0] += w * x[u][i].x;
+                acc[i][1] += w * x[u][i].y;
+                acc[i][2] += w * x[u][i].z;
+                acc[i][3] += w * x[u][i].w;
+              }
+            }
+            m = mnew;
+          }
+          const float inv = (L > 0.f) ? 1.f / L : 0.f;
+          const int qi = rr / P.ratio, hl = rr % P.ratio;
+          const size_t orow = P.head_row(cdd.r, cdd.h, qi, hl);
+#pragma unroll
+          for (int i = 0; i < UPT; ++i)
+            *reinterpret_cast<uint2*>(P.out + orow * kD + 4 * (seg + TPR * i)) =
+                make_uint2(pack_bf16(acc[i][0] * inv, acc[i][1] * inv), pack_bf16(acc[i][2] * inv, acc[i][3] * inv));
+        }
       };
       if constexpr (PROWS == MROWS) {
         one_row(tid / TPR);
@@ -1035,9 +1143,13 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       const int* dp = desc + kDescInts * d;
       const int4 dd = make_int4(dp[0], dp[1], dp[2], dp[3]);  // 4 B aligned only: four loads
       int* e = dcache + 8 * i;
-      e[0] = dd.x; e[1] = dd.y; e[2] = dd.z; e[3] = dd.w;
-      e[4] = d; e[6] = lens_cached ? s_len[dd.x] : max(P.kv_lens[dd.x], 0);
-      cp_async4(e + 5, nchunks + dd.y * P.batch + dd.x, true);  // completes with the first stage's group
+      e[0] = dd.x;
+      e[1] = dd.y;
+      e[2] = dd.z;
+      e[3] = dd.w;
+      e[4] = d;
+      e[6] = lens_cached ? s_len[dd.x] : max(P.kv_lens[dd.x], 0);
+      cp_async4(e + 5, nchunks + dd.y * P.batch + dd.x, true);           // completes with the first stage's group
       cp_async4(e + 7, tm.chunk_start() + dd.y * P.batch + dd.x, true);  // chunk_start (fused merge)
     }
   } else {
@@ -1045,7 +1157,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   }
   __syncthreads();
   if (P.mode == kDynamic && P.fuse_max >= kFuseAll) {  // fuse-all: zero rows of empty pairs (see kFuseAll)
-    const int* nchunks = P.task_map().num_chunks();  // [h * batch + r]
+    const int* nchunks = P.task_map().num_chunks();    // [h * batch + r]
     const int r0 = rg * MROWS, r1 = min(r0 + MROWS, P.R);
     for (int p = blockIdx.x; p < P.batch * P.H; p += gridDim.x) {
       if (nchunks[p] != 0) continue;  // the same for every thread of the CTA
@@ -1064,7 +1176,12 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     const int i = d - d_begin;
     if (i < kDescCache) {
       const int* e = dcache + 8 * i;
-      o.r = e[0]; o.h = e[1]; o.tb = e[2]; o.te = e[3]; o.slot = e[4]; o.kvlen = e[6];
+      o.r = e[0];
+      o.h = e[1];
+      o.tb = e[2];
+      o.te = e[3];
+      o.slot = e[4];
+      o.kvlen = e[6];
       o.nch = (P.mode == kDynamic) ? -1 : e[5];  // dynamic: e[5] may still be in flight (cp.async): nch_of()
     } else {
       o = global_desc(P, d);
@@ -1147,12 +1264,19 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   bool ld_ok = true;
   auto ld_advance = [&]() {
     if (++ld_t >= ldd.te) {
-      if (++ld_d < d_end) { ldd = fetch(ld_d); ld_t = ldd.tb; } else ld_ok = false;
+      if (++ld_d < d_end) {
+        ldd = fetch(ld_d);
+        ld_t = ldd.tb;
+      } else
+        ld_ok = false;
     }
   };
 #pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (ld_ok) { load_tile(s, ldd, ld_t, ld_t == ldd.tb, ld_d); ld_advance(); }
+    if (ld_ok) {
+      load_tile(s, ldd, ld_t, ld_t == ldd.tb, ld_d);
+      ld_advance();
+    }
     cp_commit();
   }
 
@@ -1163,7 +1287,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   Desc cdd = fetch(cd);
   int ct = cdd.tb;
   uint32_t qb[CF::QSMEM ? 1 : NT][8];  // B fragments of Q (row 8nt + g, dims 32tig..32tig+31); QSMEM: unused
-  float o[NT][8][4];       // O^T: m-tile j (dims 16g + j / 16g + 8 + j) x rows 8nt + 2tig + {0, 1}
+  float o[NT][8][4];                   // O^T: m-tile j (dims 16g + j / 16g + 8 + j) x rows 8nt + 2tig + {0, 1}
   float m_[NT][2], l_[NT][2], sc[CF::QSMEM ? 1 : NT][2];
   int lim_[CF::QSMEM ? 1 : NT][2];
   // QSMEM: the rows' score scales and causal limits, written at each descriptor start (fewer live registers)
@@ -1174,7 +1298,10 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   for (int it = 0;; ++it) {
     cp_wait<STAGES - 2>();
     __syncthreads();
-    if (ld_ok) { load_tile((it + STAGES - 1) % STAGES, ldd, ld_t, ld_t == ldd.tb, ld_d); ld_advance(); }
+    if (ld_ok) {
+      load_tile((it + STAGES - 1) % STAGES, ldd, ld_t, ld_t == ldd.tb, ld_d);
+      ld_advance();
+    }
     cp_commit();
 
     const int stage = it % STAGES;
@@ -1222,8 +1349,10 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
 // the same partial layout).
 template <class T>
 __global__ void __launch_bounds__(kThreads, T::CPS) attention_kernel(const Params P) {
-  if constexpr (T::TRANSPOSED) attention_transposed<T>(P);
-  else attention_rows<T>(P);
+  if constexpr (T::TRANSPOSED)
+    attention_transposed<T>(P);
+  else
+    attention_rows<T>(P);
 }
 
 // combine: one CTA per (row, pair) (grid (R, pairs): a long pair's rows land on R different SMs), 8 warps split
@@ -1285,22 +1414,28 @@ __device__ __forceinline__ float4 combine_two_pass(const Params& P, const float*
       for (int u = 0; u < 4; ++u) {
         const float w = expf(wgt[u] - M);
         L += w;
-        acc.x += w * x[u].x; acc.y += w * x[u].y; acc.z += w * x[u].z; acc.w += w * x[u].w;
+        acc.x += w * x[u].x;
+        acc.y += w * x[u].y;
+        acc.z += w * x[u].z;
+        acc.w += w * x[u].w;
       }
     }
     for (; i < n; i += kCombineWarps) {
       const float w = expf(lse[(size_t)i * P.R] - M);
       const float4 x = po[i * cstride];
       L += w;
-      acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
+      acc.x += w * x.x;
+      acc.y += w * x.y;
+      acc.z += w * x.z;
+      acc.w += w * x.w;
     }
   }
   return acc;
 }
 
 // Online merge: returns the warp's sum of its chunks weighted relative to the warp's own max m.
-__device__ __forceinline__ float4 combine_online(const Params& P, const float* lse, const float4* po, int n,
-                                                 int warp, float& m, float& L) {
+__device__ __forceinline__ float4 combine_online(const Params& P, const float* lse, const float4* po, int n, int warp,
+                                                 float& m, float& L) {
   const size_t cstride = (size_t)P.R * kD / 4;
   m = -INFINITY;
   L = 0.f;
@@ -1320,12 +1455,19 @@ __device__ __forceinline__ float4 combine_online(const Params& P, const float* l
     const float mnew = fmaxf(m, mb);
     if (mnew == -INFINITY) continue;  // nothing seen yet (empty chunks)
     const float f = expf(m - mnew);   // m == -inf -> 0
-    L *= f; acc.x *= f; acc.y *= f; acc.z *= f; acc.w *= f;
+    L *= f;
+    acc.x *= f;
+    acc.y *= f;
+    acc.z *= f;
+    acc.w *= f;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const float w = expf(lv[u] - mnew);  // -inf -> 0
       L += w;
-      acc.x += w * x[u].x; acc.y += w * x[u].y; acc.z += w * x[u].z; acc.w += w * x[u].w;
+      acc.x += w * x[u].x;
+      acc.y += w * x[u].y;
+      acc.z += w * x[u].z;
+      acc.w += w * x[u].w;
     }
     m = mnew;
   }
@@ -1365,7 +1507,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Param
     float m, L;
     const float4 acc = combine_online(P, lse, po, n, warp, m, L);
     s_acc[warp][lane] = acc;
-    if (lane == 0) { s_l[warp] = L; s_m[warp] = m; }
+    if (lane == 0) {
+      s_l[warp] = L;
+      s_m[warp] = m;
+    }
     __syncthreads();
     if (warp != 0) return;
     float M = s_m[0];
@@ -1378,7 +1523,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Param
       for (int w = 0; w < kCombineWarps; ++w) {
         const float f = expf(s_m[w] - M);
         const float4 y = s_acc[w][lane];
-        t.x += f * y.x; t.y += f * y.y; t.z += f * y.z; t.w += f * y.w;
+        t.x += f * y.x;
+        t.y += f * y.y;
+        t.z += f * y.z;
+        t.w += f * y.w;
         Lt += f * s_l[w];
       }
     }
@@ -1395,7 +1543,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Param
 #pragma unroll
     for (int w = 1; w < kCombineWarps; ++w) {
       const float4 y = s_acc[w][lane];
-      t.x += y.x; t.y += y.y; t.z += y.z; t.w += y.w;
+      t.x += y.x;
+      t.y += y.y;
+      t.z += y.z;
+      t.w += y.w;
       Lt += s_l[w];
     }
     store_out4(P, orow, lane, t, (Lt > 0.f) ? 1.f / Lt : 0.f);
@@ -1408,15 +1559,37 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
                    int page_size, int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
                    int chunk_tiles) {
   Params P;
-  P.q = q; P.q_scale = q_scale; P.k = k; P.v = v; P.block_table = block_table; P.kv_lens = kv_lens;
-  P.k_scale = k_scale; P.v_scale = v_scale; P.out = reinterpret_cast<__nv_bfloat16*>(out);
-  P.part_o = part_o; P.part_lse = part_lse; P.ws = ws; P.sm_scale = sm_scale;
-  P.batch = batch; P.H = H; P.q_heads = q_heads; P.ratio = q_heads / H; P.q_len = q_len;
-  P.R = P.ratio * q_len; P.page_size = page_size; P.max_pages = max_pages; P.num_pages = num_pages;
+  P.q = q;
+  P.q_scale = q_scale;
+  P.k = k;
+  P.v = v;
+  P.block_table = block_table;
+  P.kv_lens = kv_lens;
+  P.k_scale = k_scale;
+  P.v_scale = v_scale;
+  P.out = reinterpret_cast<__nv_bfloat16*>(out);
+  P.part_o = part_o;
+  P.part_lse = part_lse;
+  P.ws = ws;
+  P.sm_scale = sm_scale;
+  P.batch = batch;
+  P.H = H;
+  P.q_heads = q_heads;
+  P.ratio = q_heads / H;
+  P.q_len = q_len;
+  P.R = P.ratio * q_len;
+  P.page_size = page_size;
+  P.max_pages = max_pages;
+  P.num_pages = num_pages;
   P.page_shift = 0;
   while ((1 << P.page_shift) < page_size) ++P.page_shift;
-  P.C = C; P.max_pairs = max_pairs; P.mode = mode; P.splits = splits; P.chunk_tiles = chunk_tiles;
-  P.counters = nullptr; P.fuse_max = 0;
+  P.C = C;
+  P.max_pairs = max_pairs;
+  P.mode = mode;
+  P.splits = splits;
+  P.chunk_tiles = chunk_tiles;
+  P.counters = nullptr;
+  P.fuse_max = 0;
   return P;
 }
 
@@ -1446,7 +1619,9 @@ constexpr int kConfigCps[kNumConfigs] = {RowFp8::CPS,           Transposed<4, 2>
 static_assert(RowFp8::CPS == RowBf16::CPS, "the row layout sizes its grid the same for both dtypes");
 static_assert(Transposed<4, 2>::CPS == MtpNt4::CPS && Transposed<4, 2, 2>::CPS == MtpNt4::CPS,
               "v3m's grid (2 per SM) fits every kernel it runs (R <= 8, 9-16, 17-64)");
-constexpr bool is_row_config(int config) { return config == 0; }
+constexpr bool is_row_config(int config) {
+  return config == 0;
+}
 
 template <class T>
 int launch_attention(const dim3 grid, bool pdl, cudaStream_t stream, const Params& P) {
@@ -1473,12 +1648,18 @@ extern "C" int hp_decode_smem_bytes(int config, int kv_fp8) {
   if (config < 0 || config >= kNumConfigs) return -1;
   if (!kv_fp8) return RowBf16::SMEM;
   switch (config) {
-    case 0: return RowFp8::SMEM;
-    case 2: return Transposed<3, 3>::SMEM;
-    case 3: return Transposed<5, 2>::SMEM;
-    case 4: return Transposed<2, 4>::SMEM;
-    case kCfgMtp: return MtpNt4::SMEM;
-    default: return Transposed<4, 2>::SMEM;
+    case 0:
+      return RowFp8::SMEM;
+    case 2:
+      return Transposed<3, 3>::SMEM;
+    case 3:
+      return Transposed<5, 2>::SMEM;
+    case 4:
+      return Transposed<2, 4>::SMEM;
+    case kCfgMtp:
+      return MtpNt4::SMEM;
+    default:
+      return Transposed<4, 2>::SMEM;
   }
 }
 
@@ -1503,9 +1684,9 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
   if (config < 0 || config >= kNumConfigs) return (int)cudaErrorInvalidValue;
   if (!valid_shape(batch, H, q_heads, q_len) || page_size <= 0 || (page_size & (page_size - 1)))
     return (int)cudaErrorInvalidValue;  // page_size: a power of two (shift/mask addressing)
-  Params P = make_params(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws,
-                         sm_scale, batch, H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode,
-                         splits, chunk_tiles);
+  Params P =
+      make_params(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws, sm_scale, batch,
+                  H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode, splits, chunk_tiles);
   const cudaStream_t s = (cudaStream_t)stream;
   const bool transposed = kv_fp8 && !is_row_config(config);
   if (!transposed) {
@@ -1525,10 +1706,14 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
   if (NT == 4) return launch_attention<MtpNt4>(grid, pdl, s, P);
   if (NT == 2) return launch_attention<Transposed<4, 2, 2>>(grid, pdl, s, P);
   switch (config) {
-    case 2: return launch_attention<Transposed<3, 3>>(grid, pdl, s, P);
-    case 3: return launch_attention<Transposed<5, 2>>(grid, pdl, s, P);
-    case 4: return launch_attention<Transposed<2, 4>>(grid, pdl, s, P);
-    default: return launch_attention<Transposed<4, 2>>(grid, pdl, s, P);
+    case 2:
+      return launch_attention<Transposed<3, 3>>(grid, pdl, s, P);
+    case 3:
+      return launch_attention<Transposed<5, 2>>(grid, pdl, s, P);
+    case 4:
+      return launch_attention<Transposed<2, 4>>(grid, pdl, s, P);
+    default:
+      return launch_attention<Transposed<4, 2>>(grid, pdl, s, P);
   }
 }
 
@@ -1541,14 +1726,13 @@ extern "C" int hp_decode_combine(const int* kv_lens, void* out, const float* par
                                  int fuse_max) {
   if (!valid_shape(batch, H, q_heads, q_len)) return (int)cudaErrorInvalidValue;
   Params P = make_params(nullptr, nullptr, nullptr, nullptr, nullptr, kv_lens, nullptr, nullptr, out,
-                         const_cast<float*>(part_o), const_cast<float*>(part_lse), ws, 0.f, batch, H, q_heads,
-                         q_len, 0, 0, 0, C, max_pairs, mode, splits, chunk_tiles);
+                         const_cast<float*>(part_o), const_cast<float*>(part_lse), ws, 0.f, batch, H, q_heads, q_len, 0,
+                         0, 0, C, max_pairs, mode, splits, chunk_tiles);
   P.fuse_max = online ? fuse_max : 0;
   const dim3 grid(P.R, batch * H);
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
-  return (int)(online ? hp::launch(combine_kernel<true>, grid, dim3(kCombineWarps * 32), 0, (cudaStream_t)stream,
-                                   opt, P)
-                      : hp::launch(combine_kernel<false>, grid, dim3(kCombineWarps * 32), 0, (cudaStream_t)stream,
-                                   opt, P));
+  return (
+      int)(online ? hp::launch(combine_kernel<true>, grid, dim3(kCombineWarps * 32), 0, (cudaStream_t)stream, opt, P)
+                  : hp::launch(combine_kernel<false>, grid, dim3(kCombineWarps * 32), 0, (cudaStream_t)stream, opt, P));
 }

@@ -20,8 +20,13 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool pre
   int sz = pred ? 4 : 0;
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(sz));
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 // Two e4m3 (low / high 16 bits of x) -> f16x2. Exact: every e4m3 value is an f16 value.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
@@ -77,7 +82,8 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 }
 
 // Two fp32 -> one packed f16x2 (F16) or bf16x2 register, round to nearest.
-template <bool F16> __device__ __forceinline__ uint32_t pack_p(float lo, float hi) {
+template <bool F16>
+__device__ __forceinline__ uint32_t pack_p(float lo, float hi) {
   if constexpr (F16) {
     __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&h);
