@@ -107,6 +107,40 @@ def test_parse_sanitizer_log():
     assert refused["summary"] is None
 
 
+RACE_LOG = """========= COMPUTE-SANITIZER
+hotpaths-sanitize-case fused_moe 0
+sanitize fused_moe case 0: ok
+hotpaths-sanitize-case fused_moe 1
+========= Error: Race reported between Read access at void at::native::reduce_kernel<512, 1>(T3)+0xe800
+=========     and Write access at void at::native::reduce_kernel<512, 1>(T3)+0xe8e0 [512 hazards]
+sanitize fused_moe case 1: ok
+hotpaths-sanitize-case fused_moe 2
+========= Error: Race reported between Write access at expert_gemm_kernel+0x100
+=========     and Read access at expert_gemm_kernel+0x200 [4 hazards]
+sanitize fused_moe case 2: ok
+========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)
+"""
+
+
+def test_parse_racecheck_summary_and_library_reports():
+    # racecheck ends with its own summary line (no ERROR SUMMARY); a race inside a PyTorch reduction that the
+    # driver's checks launched is counted apart from one in our kernel
+    r = fuzzing.parse_sanitizer_log(RACE_LOG)
+    assert r["summary"] == 2 and r["library"] == 1
+    assert r["per_case"] == {0: 0, 1: 0, 2: 1} and r["per_case_library"] == {0: 0, 1: 1, 2: 0}
+    assert r["first"].startswith("Error: Race reported between Write access at expert_gemm_kernel")
+    clean = fuzzing.parse_sanitizer_log("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")
+    assert clean["summary"] == 0 and clean["library"] == 0
+
+
+def test_sanitizer_table_counts_only_our_kernels(tmp_path):
+    (tmp_path / "racecheck__fused_moe.log").write_text(RACE_LOG)
+    total = next(r for r in FZ.sanitizer_table(str(tmp_path)) if r["case"] == "all")
+    assert total["errors"] == 1 and total["library_reports"] == 1
+    assert "at::native::reduce_kernel" in total["first_library_report"]
+    assert "expert_gemm_kernel" in total["first_report"]
+
+
 def test_sanitizer_table_rows(tmp_path):
     (tmp_path / "memcheck__split_kv_decode.log").write_text(LOG)
     (tmp_path / "racecheck__split_kv_decode.log").write_text("compute-sanitizer not found\n")

@@ -121,9 +121,12 @@ def sanitize_case(op: str) -> int:
 
 
 def sanitizer_table(log_dir: str, *, device: str | None = None) -> list[dict]:
-    """Rows (tool, op, case, errors, ...) from the logs <tool>__<op>.log that tools/gpu/sanitize.sh wrote: one row
-    per case (reports attributed by the case markers) and one per (tool, op) with the ERROR SUMMARY total; a run
-    without a summary (the tool refused or the process died) is a row saying so with the log's last line."""
+    """Rows (tool, op, case, errors, library_reports, ...) from the logs <tool>__<op>.log that tools/gpu/sanitize.sh
+    wrote: one row per case (reports attributed by the case markers) and one per (tool, op) with the tool's summary
+    total. ``errors`` counts reports in our kernels (the summary less the reports in library kernels: PyTorch's
+    reductions and copies that the driver's checks launch, counted in ``library_reports`` and named in
+    ``first_library_report``); a run without a summary (the tool refused or the process died) is a row saying so
+    with the log's last line."""
     from pathlib import Path
 
     rows = []
@@ -135,12 +138,17 @@ def sanitizer_table(log_dir: str, *, device: str | None = None) -> list[dict]:
         for i in range(n_cases):
             rows.append({"op": op, "tool": tool, "case": str(i), "device": device,
                          "errors": r["per_case"].get(i) if i in r["per_case"] else None,
+                         "library_reports": r["per_case_library"].get(i),
                          "checks": r["case_status"].get(i, "not reached"),
                          "config": fuzzing.config_json(fuzz_module(op).SANITIZE_CASES[i])})
         tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or [""]
-        rows.append({"op": op, "tool": tool, "case": "all", "device": device, "errors": r["summary"],
-                     "checks": "" if r["summary"] is not None else f"no ERROR SUMMARY (tool refused or died): "
-                     f"{tail[0][:200]}", "first_report": r["first"]})
+        ours = None if r["summary"] is None else max(r["summary"] - r["library"], 0)
+        lib_first = next((ln[10:].strip()[:200] for ln in text.splitlines() if ln.startswith("========= ")
+                          and any(k in ln for k in fuzzing.LIBRARY_KERNELS)), "")
+        rows.append({"op": op, "tool": tool, "case": "all", "device": device, "errors": ours,
+                     "library_reports": r["library"],
+                     "checks": "" if r["summary"] is not None else f"no summary (tool refused or died): "
+                     f"{tail[0][:200]}", "first_report": r["first"], "first_library_report": lib_first})
     return rows
 
 

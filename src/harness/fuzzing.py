@@ -129,6 +129,8 @@ def unchanged(before, after, mask=None, *, name: str) -> list[str]:
 
     if before.numel() == 0:
         return []
+    if REF_DEVICE == "cpu":  # under compute-sanitizer: compare on the host, so no library kernel runs instrumented
+        before, after = before.cpu(), after.cpu()
     b = before.detach().contiguous().view(torch.uint8).reshape(before.shape[0], -1) if before.dim() else before
     a = after.detach().contiguous().view(torch.uint8).reshape(after.shape[0], -1) if after.dim() else after
     diff = (a != b).any(dim=1) if a.dim() == 2 else (a != b)
@@ -189,30 +191,50 @@ def summary(rows: list[dict]) -> dict:
 REF_DEVICE = "cuda"
 
 CASE_MARK = "hotpaths-sanitize-case"  # the driver prints "<CASE_MARK> <op> <index>" before each case
-_SUMMARY = re.compile(r"^=+ ERROR SUMMARY: (\d+) errors?", re.M)
+# memcheck/synccheck/initcheck end with "ERROR SUMMARY: N errors"; racecheck with "RACECHECK SUMMARY: H hazards
+# displayed (N errors, W warnings)" (warnings are benign orderings it cannot prove; errors are hazards).
+_SUMMARY = re.compile(r"^=+ (?:ERROR SUMMARY: (\d+) errors?|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?)",
+                      re.M)
 _NOT_REPORTS = ("ERROR SUMMARY", "COMPUTE-SANITIZER", "RACECHECK SUMMARY", "LEAK SUMMARY", "Target application")
+# A report naming only these is in a library kernel the driver's own checks launch (PyTorch reductions and copies
+# on the guard buffers), not in an op's kernel: counted apart, so a library's report neither hides nor fakes ours.
+LIBRARY_KERNELS = ("at::native::", "at::cuda::", "c10::", "_ZN2at6native", "_ZN3c10")
 
 
 def parse_sanitizer_log(text: str) -> dict:
-    """Parse one compute-sanitizer run of the sanitize driver: ``summary`` (the ERROR SUMMARY count, None when the
-    tool printed none: it refused or died), ``per_case`` {case index: reports} (first lines of reports, i.e.
-    '========= X...' lines not indented, attributed to the last case marker before them), ``first`` (the first
-    report line, '' when none) and ``case_status`` {case index: the driver's ok/FAIL line}."""
+    """Parse one compute-sanitizer run of the sanitize driver: ``summary`` (the tool's error count, None when it
+    printed no summary: it refused or died), ``per_case`` {case index: reports in our kernels} and
+    ``per_case_library`` {case index: reports in library kernels (PyTorch)}, attributed to the last case marker
+    before them (a report = a '========= X...' line not indented plus its indented lines), ``library`` (their
+    total), ``first`` (the first report line in our kernels, '' when none) and ``case_status`` {case index: the
+    driver's ok/FAIL line}."""
     m = _SUMMARY.findall(text)
-    summary = int(m[-1]) if m else None
+    summary = int(next(g for g in m[-1] if g)) if m else None
     per_case: dict = {}
+    per_lib: dict = {}
     status: dict = {}
-    first, case = "", None
+    reports: list = []  # [case, [lines]]
+    case = None
     for line in text.splitlines():
         if line.startswith(CASE_MARK):
             case = int(line.split()[-1])
             per_case.setdefault(case, 0)
+            per_lib.setdefault(case, 0)
             continue
         if line.startswith("sanitize ") and " case " in line and case is not None:
             status[case] = line.split(": ", 1)[-1]
-        if line.startswith("========= ") and not line.startswith("=========  ") and \
-                not any(k in line for k in _NOT_REPORTS):
-            if case is not None:
-                per_case[case] = per_case.get(case, 0) + 1
-            first = first or line[10:].strip()
-    return {"summary": summary, "per_case": per_case, "first": first, "case_status": status}
+        if line.startswith("=========  ") and reports:
+            reports[-1][1].append(line)
+        elif line.startswith("========= ") and not any(k in line for k in _NOT_REPORTS):
+            reports.append([case, [line]])
+    first, library = "", 0
+    for c, lines in reports:
+        body = "\n".join(lines)
+        lib = any(k in body for k in LIBRARY_KERNELS)
+        library += lib
+        if c is not None:
+            (per_lib if lib else per_case)[c] = (per_lib if lib else per_case).get(c, 0) + 1
+        if not lib:
+            first = first or lines[0][10:].strip()
+    return {"summary": summary, "per_case": per_case, "per_case_library": per_lib, "library": library,
+            "first": first, "case_status": status}
