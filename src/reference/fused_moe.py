@@ -256,8 +256,17 @@ def workspace_len(num_experts: int, max_pairs: int, block_m: int) -> int:
     return workspace_offsets(num_experts, max_pairs, block_m)["total"]
 
 
+class PlanSize:
+    """What a routing plan's workspace is sized for, shared by this module's ``RoutingPlan`` and the kernels'
+    ``MoEPlan``: ``max_tokens`` tokens of ``topk`` (expert, weight) pairs each (both set by the subclass)."""
+
+    @property
+    def max_pairs(self) -> int:
+        return self.max_tokens * self.topk
+
+
 @dataclass
-class RoutingPlan:
+class RoutingPlan(PlanSize):
     """The routing index and tile map of one routing ``topk_ids`` (numpy int32), in the device layout.
 
     ``workspace`` is the one int32 array the kernels read (see ``workspace_offsets``); the properties are views
@@ -270,10 +279,6 @@ class RoutingPlan:
     max_tokens: int
     topk: int
     block_m: int
-
-    @property
-    def max_pairs(self) -> int:
-        return self.max_tokens * self.topk
 
     @property
     def offsets(self) -> dict:

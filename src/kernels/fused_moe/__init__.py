@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hotpaths.reference.common import check_fits, expect_tensor
+from hotpaths.reference.fused_moe import PlanSize
 
 OP = "fused_moe"
 BLOCK_MS = (8, 16, 32, 64)   # pairs per tile the kernels are instantiated for
@@ -181,7 +182,7 @@ def choose_block_m(max_pairs: int, num_experts: int) -> int:
 # plan
 
 @dataclass
-class MoEPlan:
+class MoEPlan(PlanSize):
     """The routing plan of one decode step: the int32 workspace (layout ``PlanLayout``) on the device, the
     ``topk_ids`` it was built from (read again by the reduce), and the intermediate buffers of ``run``."""
 
@@ -201,10 +202,6 @@ class MoEPlan:
     @property
     def num_tokens(self) -> int:
         return int(self.topk_ids.shape[0])
-
-    @property
-    def max_pairs(self) -> int:
-        return self.max_tokens * self.topk
 
     @property
     def layout(self) -> PlanLayout:

@@ -1,46 +1,22 @@
-// Inline-PTX wrappers of the MoE kernels (the same techniques as split_kv_decode/attention.cu, kept per op so the
-// two families can change independently): 16-byte cp.async with zero-fill, ldmatrix, the FP8 m16n8k32 MMA and
-// the saturating RNE FP32 -> e4m3 pair conversion.
+// Inline-PTX wrappers of the MoE kernels: 16-byte cp.async with zero-fill, ldmatrix and the FP8 m16n8k32 MMA
+// (shared with split_kv_decode, from common/ptx.cuh), and the saturating RNE FP32 -> e4m3 pair conversion.
 #pragma once
 #include <cuda_bf16.h>
 #include <cstdint>
 
+#include "common/ptx.cuh"
+
 namespace hp_moe {
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// pred false: 16 zero bytes land in shared memory (src-size 0), so K tails and missing token rows read as 0.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
-  const int sz = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(sz));
-}
-// 4-byte variant (a group scale per row); pred false: 0 lands.
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool pred) {
-  const int sz = pred ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(sz));
-}
-__device__ __forceinline__ void cp_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(smem)));
-}
+using hp::cp_async16;
+using hp::cp_async4;
+using hp::cp_commit;
+using hp::cp_wait;
+using hp::ldmatrix_x4;
 
 // D = A (16x32 e4m3, row) * B (32x8 e4m3, col) + C, fp32.
 __device__ __forceinline__ void mma_e4m3(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  hp::mma_e4m3_16832(c, a, b0, b1);
 }
 
 // Two floats -> two e4m3 bytes (lo in the low byte), round-to-nearest-even, saturating to +-448: exactly

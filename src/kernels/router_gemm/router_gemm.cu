@@ -43,9 +43,9 @@
 #include "router_wgmma.cuh"
 
 namespace cg = cooperative_groups;
-using hp_router::cp_async_16;
-using hp_router::cp_async_commit;
-using hp_router::cp_async_wait;
+using hp_router::cp_async16;
+using hp_router::cp_commit;
+using hp_router::cp_wait;
 using hp_router::grid_dependency_wait;
 using hp_router::ldg_stream;
 using hp_router::ldmatrix_x4;
@@ -55,11 +55,13 @@ namespace {
 
 constexpr int kTargetCtas = 132;  // H100/H200 SXM SM count: enough CTAs to read from every SM
 
-template <int PARTS>
-__device__ __forceinline__ float combine(const float (&acc)[PARTS][4], int i, float s1, float s2) {
+// The combined score of element e of fragment (i, j): acc[0] + s1 * acc[1] (+ s1 * s2 * acc[2]) in fp32.
+template <int PARTS, int MI, int NT>
+__device__ __forceinline__ float combine(const float (&acc)[PARTS][MI][NT][4], int i, int j, int e, float s1,
+                                         float s2) {
   // Small terms first, as the emulation does: acc0 + s1 * (acc1 + s2 * acc2).
-  if constexpr (PARTS == 3) return acc[0][i] + s1 * (acc[1][i] + s2 * acc[2][i]);
-  return acc[0][i] + s1 * acc[1][i];
+  if constexpr (PARTS == 3) return acc[0][i][j][e] + s1 * (acc[1][i][j][e] + s2 * acc[2][i][j][e]);
+  return acc[0][i][j][e] + s1 * acc[1][i][j][e];
 }
 
 // ------------------------------------------------------------------------------------------------------------
@@ -104,14 +106,7 @@ __global__ void __launch_bounds__(WARPS * 32)
   const __nv_bfloat16* wp[3] = {w0, w1, w2};
 
   float acc[PARTS][MT][NT][4];
-#pragma unroll
-  for (int p = 0; p < PARTS; ++p)
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[p][i][j][e] = 0.f;
+  hp_router::zero_fill(acc);
 
   bool waited = false;
   for (int c0 = rank * KW + wk; c0 < kc_total; c0 += stride * U) {
@@ -167,19 +162,13 @@ __global__ void __launch_bounds__(WARPS * 32)
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      float a[PARTS][4];
-#pragma unroll
-      for (int p = 0; p < PARTS; ++p)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) a[p][e] = acc[p][i][j][e];
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = i * 16 + g + (e >= 2 ? 8 : 0);
         const int col = wn * WTN + j * 8 + 2 * c + (e & 1);
-        part[wk][row * TILE_N + col] = combine<PARTS>(a, e, s1, s2);
+        part[wk][row * TILE_N + col] = combine(acc, i, j, e, s1, s2);
       }
-    }
   __syncthreads();
   const int rows = min(M, TILE_M);
   if constexpr (KW > 1) {  // k-phases summed in fixed order into part[0] (one thread per element: no race)
@@ -255,39 +244,32 @@ __global__ void __launch_bounds__(kTiledThreads)
       const int r = i / CPR, ch = i % CPR;
       const int gm = m_block + r;
       const __nv_bfloat16* src = x + static_cast<size_t>(gm < M ? gm : 0) * K + k0 + ch * 8;
-      cp_async_16(sa + r * kLDS + ch * 8, src, gm < M ? 16 : 0);
+      cp_async16(sa + r * kLDS + ch * 8, src, gm < M);
     }
 #pragma unroll
     for (int p = 0; p < PARTS; ++p) {
       __nv_bfloat16* sb = sa + A_ELEMS + p * B_ELEMS;
       for (int i = tid; i < kBN * CPR; i += kTiledThreads) {
         const int r = i / CPR, ch = i % CPR;
-        cp_async_16(sb + r * kLDS + ch * 8, wp[p] + static_cast<size_t>(n_block + r) * K + k0 + ch * 8, 16);
+        cp_async16(sb + r * kLDS + ch * 8, wp[p] + static_cast<size_t>(n_block + r) * K + k0 + ch * 8, true);
       }
     }
   };
 
   float acc[PARTS][MI][NT][4];
-#pragma unroll
-  for (int p = 0; p < PARTS; ++p)
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[p][i][j][e] = 0.f;
+  hp_router::zero_fill(acc);
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (kt_begin + s < kt_end) load_stage(s, kt_begin + s);
-    cp_async_commit();
+    cp_commit();
   }
   for (int kt = kt_begin; kt < kt_end; ++kt) {
-    cp_async_wait<kStages - 2>();
+    cp_wait<kStages - 2>();
     __syncthreads();  // stage kt visible to all; everyone is done with the stage we refill next
     const int nk = kt + kStages - 1;
     if (nk < kt_end) load_stage((nk - kt_begin) % kStages, nk);
-    cp_async_commit();
+    cp_commit();
 
     const __nv_bfloat16* sa = smem + ((kt - kt_begin) % kStages) * STAGE_ELEMS;
 #pragma unroll
@@ -313,7 +295,7 @@ __global__ void __launch_bounds__(kTiledThreads)
       }
     }
   }
-  cp_async_wait<0>();
+  cp_wait<0>();
 
   const int g = lane >> 2, c = lane & 3;
   if (splits == 1) {
@@ -321,18 +303,13 @@ __global__ void __launch_bounds__(kTiledThreads)
     for (int i = 0; i < MI; ++i)
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        float a[PARTS][4];
-#pragma unroll
-        for (int p = 0; p < PARTS; ++p)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) a[p][e] = acc[p][i][j][e];
         const int col = n_block + wn * WN + j * 8 + 2 * c;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = m_block + wm * WM + i * 16 + g + h * 8;
           if (row < M)
             *reinterpret_cast<float2*>(out + static_cast<size_t>(row) * N + col) =
-                make_float2(combine<PARTS>(a, 2 * h, s1, s2), combine<PARTS>(a, 2 * h + 1, s1, s2));
+                make_float2(combine(acc, i, j, 2 * h, s1, s2), combine(acc, i, j, 2 * h + 1, s1, s2));
         }
       }
     return;
@@ -347,17 +324,12 @@ __global__ void __launch_bounds__(kTiledThreads)
   for (int i = 0; i < MI; ++i)
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      float a[PARTS][4];
-#pragma unroll
-      for (int p = 0; p < PARTS; ++p)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) a[p][e] = acc[p][i][j][e];
       const int col = wn * WN + j * 8 + 2 * c;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = wm * WM + i * 16 + g + h * 8;
-        red[row * LDR + col] = combine<PARTS>(a, 2 * h, s1, s2);
-        red[row * LDR + col + 1] = combine<PARTS>(a, 2 * h + 1, s1, s2);
+        red[row * LDR + col] = combine(acc, i, j, 2 * h, s1, s2);
+        red[row * LDR + col + 1] = combine(acc, i, j, 2 * h + 1, s1, s2);
       }
     }
   hp_router::cluster_splitk_reduce<BM, kBN, kTiledThreads>(red, out, M, N, m_block, n_block, rank, splits);

@@ -10,36 +10,33 @@
 
 #include <cstdint>
 
+#include "common/ptx.cuh"
+
 namespace hp_router {
+
+using hp::cp_async16;
+using hp::cp_commit;
+using hp::cp_wait;
+using hp::ldmatrix_x4;
 
 // D += A * B for one m16n8k16 tile; A row-major (4 regs of bf16x2), B "col" (2 regs), D fp32 (4 regs).
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  const uint32_t a[4] = {a0, a1, a2, a3};
+  hp::mma16816<false>(d, a, b0, b1);
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// 16-byte async copy global -> shared; src_bytes = 0 zero-fills (rows past M) without reading.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
-  uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
+// Zeroes an accumulator array of any rank (acc[PARTS][MI][NT][4], acc0[R]); every index is a compile-time constant
+// once the loops unroll, so the array stays in registers.
 template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+__device__ __forceinline__ void zero_fill(float (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) a[i] = 0.f;
+}
+template <typename T, int N>
+__device__ __forceinline__ void zero_fill(T (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) zero_fill(a[i]);
 }
 
 // Streaming 16-byte load for data read exactly once (the weight at decode sizes): do not keep it in L1.

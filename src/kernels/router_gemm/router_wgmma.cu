@@ -120,79 +120,74 @@ __device__ __forceinline__ void store_combined(float* __restrict__ out, const fl
     }
 }
 
-// D[64 x 96] (fp32, 48 regs per thread) += A[64 x 16] * B[96 x 16]^T, both K-major in shared memory.
-__device__ __forceinline__ void wgmma_m64n96k16(float (&d)[48], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
-      "{"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
-      "}, %48, %49, 1, 1, 1, 0, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-      : "l"(desc_a), "l"(desc_b));
-}
+// wgmma m64nNk16 with N / 2 = 48, 64 or 96 fp32 accumulator registers per thread. The register lists are built from
+// groups of 16 (HP_WG_R<b>: the instruction's "%b,...,%(b + 15)"; HP_WG_D16(b): the matching "+f"(d[b..b + 15])
+// operands), so each register number is written once and the three shapes differ only in how many groups they take.
+#define HP_WG_R0 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+#define HP_WG_R16 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define HP_WG_R32 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
+#define HP_WG_R48 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define HP_WG_R64 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"
+#define HP_WG_R80 "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+#define HP_WG_D16(b)                                                                                              \
+  "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), "+f"(d[b + 6]), \
+      "+f"(d[b + 7]), "+f"(d[b + 8]), "+f"(d[b + 9]), "+f"(d[b + 10]), "+f"(d[b + 11]), "+f"(d[b + 12]),          \
+      "+f"(d[b + 13]), "+f"(d[b + 14]), "+f"(d[b + 15])
+#define HP_WG_REGS_48 HP_WG_R0 "," HP_WG_R16 "," HP_WG_R32
+#define HP_WG_OPS_48 HP_WG_D16(0), HP_WG_D16(16), HP_WG_D16(32)
+#define HP_WG_REGS_64 HP_WG_REGS_48 "," HP_WG_R48
+#define HP_WG_OPS_64 HP_WG_OPS_48, HP_WG_D16(48)
+#define HP_WG_REGS_96 HP_WG_REGS_64 "," HP_WG_R64 "," HP_WG_R80
+#define HP_WG_OPS_96 HP_WG_OPS_64, HP_WG_D16(64), HP_WG_D16(80)
+// D[64 x N] (fp32, R regs per thread) += A[64 x 16] * B[N x 16]^T, both K-major in shared memory; DA, DB: the
+// descriptors' operand numbers ("%R", "%(R + 1)").
+#define HP_WGMMA_BF16(N, R, DA, DB)                                     \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N                   \
+               "k16.f32.bf16.bf16 "                                     \
+               "{" HP_WG_REGS_##R "}, " DA ", " DB ", 1, 1, 1, 0, 0;\n" \
+               : HP_WG_OPS_##R                                          \
+               : "l"(desc_a), "l"(desc_b))
 
-// D[64 x 128] (fp32, 64 regs per thread) += A[64 x 16] * B[128 x 16]^T, both K-major in shared memory.
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-      "}, %64, %65, 1, 1, 1, 0, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b));
-}
-
-// D[64 x 192] (fp32, 96 regs per thread) += A[64 x 16] * B[192 x 16]^T, both K-major in shared memory.
-__device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
-      "{"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
-      "}, %96, %97, 1, 1, 1, 0, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
-        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
-        "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),
-        "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),
-        "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-      : "l"(desc_a), "l"(desc_b));
-}
+// D[64 x BN] (fp32, BN / 2 regs per thread) += A[64 x 16] * B[BN x 16]^T for BN = 96, 128 or 192.
 template <int BN>
-__device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], uint64_t da, uint64_t db) {
+__device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(BN == 96 || BN == 128 || BN == 192, "wgmma m64nBNk16: BN 96, 128 or 192");
   if constexpr (BN == 96)
-    wgmma_m64n96k16(d, da, db);
+    HP_WGMMA_BF16(96, 48, "%48", "%49");
   else if constexpr (BN == 128)
-    wgmma_m64n128k16(d, da, db);
+    HP_WGMMA_BF16(128, 64, "%64", "%65");
   else
-    wgmma_m64n192k16(d, da, db);
+    HP_WGMMA_BF16(192, 96, "%96", "%97");
+}
+
+// One k-tile of both products on this warpgroup's 64 rows: stage st holds x[BM, 64] (A_BYTES), then W0[BN, 64] and
+// W1[BN, 64], each 128-byte swizzled; acc0 += x W0^T, acc1 += x W1^T as one commit group, then wait for the
+// previous group only (wgmma.wait_group 1): on return the previous k-tile's products are done, this one's in flight.
+template <int BN, int A_BYTES>
+__device__ __forceinline__ void ktile_mma(float (&acc0)[BN / 2], float (&acc1)[BN / 2], const unsigned char* st,
+                                          int wg) {
+  const uint64_t da = smem_desc_sw128(st + wg * 64 * kRowBytes);
+  const uint64_t db0 = smem_desc_sw128(st + A_BYTES);
+  const uint64_t db1 = smem_desc_sw128(st + A_BYTES + BN * kRowBytes);
+  fence_regs(acc0);
+  fence_regs(acc1);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kWgBK / 16; ++ks) {
+    wgmma_bn<BN>(acc0, da + 2 * ks, db0 + 2 * ks);
+    wgmma_bn<BN>(acc1, da + 2 * ks, db1 + 2 * ks);
+  }
+  wgmma_commit();
+  wgmma_wait<1>();
+  fence_regs(acc0);
+  fence_regs(acc1);
+}
+// Waits for every committed wgmma group; the accumulators are final after it.
+template <int R>
+__device__ __forceinline__ void wgmma_drain(float (&acc0)[R], float (&acc1)[R]) {
+  wgmma_wait<0>();
+  fence_regs(acc0);
+  fence_regs(acc1);
 }
 
 template <int WGS, int BN, int STAGES>
@@ -229,7 +224,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
     for (int i = tid; i < BM * 8; i += THREADS) {
       const int r = i >> 3, c = i & 7, gm = m_block + r;
       const __nv_bfloat16* src = x + static_cast<size_t>(gm < M ? gm : 0) * K + k0 + c * 8;
-      hp_router::cp_async_16(sa + r * kRowBytes + ((c ^ (r & 7)) << 4), src, gm < M ? 16 : 0);
+      hp_router::cp_async16(sa + r * kRowBytes + ((c ^ (r & 7)) << 4), src, gm < M);
     }
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
@@ -238,8 +233,8 @@ __global__ void __launch_bounds__(WGS * 128, 1)
 #pragma unroll
       for (int i = tid; i < BN * 8; i += THREADS) {
         const int r = i >> 3, c = i & 7;
-        hp_router::cp_async_16(sb + r * kRowBytes + ((c ^ (r & 7)) << 4),
-                               w + static_cast<size_t>(n_block + r) * K + k0 + c * 8, 16);
+        hp_router::cp_async16(sb + r * kRowBytes + ((c ^ (r & 7)) << 4),
+                              w + static_cast<size_t>(n_block + r) * K + k0 + c * 8, true);
       }
     }
   };
@@ -251,38 +246,22 @@ __global__ void __launch_bounds__(WGS * 128, 1)
 #pragma unroll
   for (int s = 0; s < STAGES - 2; ++s) {
     if (kt_begin + s < kt_end) load_stage(s, kt_begin + s);
-    hp_router::cp_async_commit();
+    hp_router::cp_commit();
   }
   for (int kt = kt_begin; kt < kt_end; ++kt) {
     const int it = kt - kt_begin;
-    hp_router::cp_async_wait<STAGES - 3>();  // this thread's copies of tile kt have landed
+    hp_router::cp_wait<STAGES - 3>();  // this thread's copies of tile kt have landed
     fence_proxy_async_smem();
     __syncthreads();  // everyone's copies of tile kt visible; every warpgroup is done with tile kt - 2
     const int nk = kt + STAGES - 2;
     if (nk < kt_end) load_stage((it + STAGES - 2) % STAGES, nk);
-    hp_router::cp_async_commit();
+    hp_router::cp_commit();
 
-    const unsigned char* st = smem + (it % STAGES) * STAGE_BYTES;
-    const uint64_t da = smem_desc_sw128(st + wg * 64 * kRowBytes);
-    const uint64_t db0 = smem_desc_sw128(st + A_BYTES);
-    const uint64_t db1 = smem_desc_sw128(st + A_BYTES + B_BYTES);
-    fence_regs(acc0);
-    fence_regs(acc1);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kWgBK / 16; ++ks) {
-      wgmma_bn<BN>(acc0, da + 2 * ks, db0 + 2 * ks);
-      wgmma_bn<BN>(acc1, da + 2 * ks, db1 + 2 * ks);
-    }
-    wgmma_commit();
-    wgmma_wait<1>();  // tile kt - 1's products are done: its slot may be refilled after the next barrier
-    fence_regs(acc0);
-    fence_regs(acc1);
+    // after this, tile kt - 1's products are done: its slot may be refilled after the next barrier
+    ktile_mma<BN, A_BYTES>(acc0, acc1, smem + (it % STAGES) * STAGE_BYTES, wg);
   }
-  wgmma_wait<0>();
-  fence_regs(acc0);
-  fence_regs(acc1);
-  hp_router::cp_async_wait<0>();
+  wgmma_drain(acc0, acc1);
+  hp_router::cp_wait<0>();
 
   // Accumulator layout of wgmma m64nN (per warpgroup): register j of thread (warp w, lane l) holds row
   // 16 w + l / 4 + 8 * ((j >> 1) & 1), column 8 * (j >> 2) + 2 * (l % 4) + (j & 1).
@@ -332,9 +311,7 @@ struct alignas(128) TmaMap {
   unsigned long long opaque[16];
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using hp::smem_u32;
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -631,22 +608,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     }
     if (kTrace && trace && t == 0 && tid == 0) trace[1] = global_ns();
     __syncwarp();  // the wgmma instructions below are .sync.aligned: the warp must be converged
-    const unsigned char* st = stages + s * kWsStageBytes;
-    const uint64_t da = smem_desc_sw128(st + wg * 64 * kRowBytes);
-    const uint64_t db0 = smem_desc_sw128(st + kWsABytes);
-    const uint64_t db1 = smem_desc_sw128(st + kWsABytes + kWsBBytes);
-    fence_regs(acc0);
-    fence_regs(acc1);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kWgBK / 16; ++ks) {
-      wgmma_m64n192k16(acc0, da + 2 * ks, db0 + 2 * ks);
-      wgmma_m64n192k16(acc1, da + 2 * ks, db1 + 2 * ks);
-    }
-    wgmma_commit();
-    wgmma_wait<1>();  // tile t - 1's products are done: its slot goes back to the issuer(s)
-    fence_regs(acc0);
-    fence_regs(acc1);
+    // after this, tile t - 1's products are done: its slot goes back to the issuer(s)
+    ktile_mma<kWsBN, kWsABytes>(acc0, acc1, stages + s * kWsStageBytes, wg);
     if (t > 0) {
       const int sp = (t - 1) % STAGES;
       release(sp);
@@ -661,9 +624,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       __syncwarp();  // lane 0 of warp 0 may have waited / issued: reconverge before the next aligned instructions
     }
   }
-  wgmma_wait<0>();
-  fence_regs(acc0);
-  fence_regs(acc1);
+  wgmma_drain(acc0, acc1);
   if (nk > 0 && !hang) release((nk - 1) % STAGES);  // keeps every empty barrier's phase count uniform
   if (kTrace && trace && tid == 0) {
 #if HP_ROUTER_TRACE

@@ -58,6 +58,30 @@ __device__ __forceinline__ int fdiv(int x, FastDiv f) {
   return (int)(f.d == 1u ? (unsigned)x : q);
 }
 
+// Inclusive sum of v over lanes 0..lane of the warp (all 32 lanes take part).
+__device__ __forceinline__ int warp_inclusive_scan(int v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += y;
+  }
+  return v;
+}
+
+// The task map's header: what the assignment found (words 0-3) and the request it was built for (words 4-7).
+__device__ __forceinline__ void write_header_result(int* header, int T, int B, int nbins, int ndesc) {
+  header[0] = T;
+  header[1] = B;
+  header[2] = nbins;
+  header[3] = ndesc;
+}
+__device__ __forceinline__ void write_header_request(int* header, int batch, int H, int C, int F) {
+  header[4] = batch;
+  header[5] = H;
+  header[6] = C;
+  header[7] = F;
+}
+
 __global__ void __launch_bounds__(kFastThreads, 1)
     assign_fast_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int batch, int H, int C, int F,
                        int max_pairs) {
@@ -74,7 +98,6 @@ __global__ void __launch_bounds__(kFastThreads, 1)
   const int cnt = max(0, min(per, n - p0));
 
   const hp_decode::TaskMap<int> tm(ws, C, max_pairs);
-  int* header = tm.header();
   int* bin_start = tm.bin_start();
   int* desc = tm.desc();
   int* chunk_start = tm.chunk_start();
@@ -100,12 +123,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
     }
   }
   // Data-independent entries while the loads fly.
-  if (tid == 0) {
-    header[4] = batch;
-    header[5] = H;
-    header[6] = C;
-    header[7] = F;
-  }
+  if (tid == 0) write_header_request(tm.header(), batch, H, C, F);
   for (int p = n + tid; p < max_pairs; p += kFastThreads) {
     chunk_start[p] = -1;
     num_chunks[p] = -1;
@@ -122,12 +140,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
     tx[k] = my_t;
     my_t += t[k];
   }
-  int inc = my_t;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    int y = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += y;
-  }
+  const int inc = warp_inclusive_scan(my_t, lane);
   if (lane == 31) s_wtiles[warp] = inc;
   __syncthreads();  // barrier 1
   int T = 0, woff = 0;
@@ -162,12 +175,7 @@ __global__ void __launch_bounds__(kFastThreads, 1)
     cx[k] = my_c;
     my_c += nc[k];
   }
-  int cinc = my_c;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    int y = __shfl_up_sync(0xffffffffu, cinc, o);
-    if (lane >= o) cinc += y;
-  }
+  const int cinc = warp_inclusive_scan(my_c, lane);
 #pragma unroll
   for (int k = 0; k < kFastPer; ++k)
     if (k < cnt) s_pair[p0 + k] = make_int4(ts0 + tx[k], ts0 + tx[k] + t[k], cinc - my_c + cx[k], warp);
@@ -227,34 +235,19 @@ __global__ void __launch_bounds__(kFastThreads, 1)
   }
   for (int b = nbins + tid; b <= C; b += kFastThreads) bin_start[b] = ndesc;
   for (int i = kDescInts * ndesc + tid; i < kDescInts * (n + C - 1); i += kFastThreads) desc[i] = -1;
-  if (tid == 0) {
-    header[0] = T;
-    header[1] = B;
-    header[2] = nbins;
-    header[3] = ndesc;
-  }
+  if (tid == 0) write_header_result(tm.header(), T, B, nbins, ndesc);
 }
 
 // ---- Generic path (batch * H > kFastMaxPairs): two block-wide exclusive scans, pair-major writes. ----
 // Exclusive block scan of one int per thread; returns the exclusive prefix, *total = block sum.
 __device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    int y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
+  const int x = warp_inclusive_scan(v, lane);
   if (lane == 31) warp_sums[warp] = x;
   __syncthreads();
   if (warp == 0) {
     int w = warp_sums[lane];
-    int s = w;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      int y = __shfl_up_sync(0xffffffffu, s, o);
-      if (lane >= o) s += y;
-    }
+    const int s = warp_inclusive_scan(w, lane);
     warp_sums[lane] = s - w;  // exclusive prefix of warp totals
     if (lane == 31) warp_sums[32] = s;
   }
@@ -278,7 +271,6 @@ __global__ void __launch_bounds__(kAssignThreads, 1)
   const int p1 = min(n, p0 + per);
 
   const hp_decode::TaskMap<int> tm(ws, C, max_pairs);
-  int* header = tm.header();
   int* bin_start = tm.bin_start();
   int* desc = tm.desc();
   int* chunk_start = tm.chunk_start();
@@ -355,14 +347,8 @@ __global__ void __launch_bounds__(kAssignThreads, 1)
     num_chunks[p] = -1;
   }
   if (threadIdx.x == 0) {
-    header[0] = T;
-    header[1] = B;
-    header[2] = nbins;
-    header[3] = ndesc;
-    header[4] = batch;
-    header[5] = H;
-    header[6] = C;
-    header[7] = F;
+    write_header_result(tm.header(), T, B, nbins, ndesc);
+    write_header_request(tm.header(), batch, H, C, F);
   }
 }
 

@@ -162,6 +162,28 @@ __device__ __forceinline__ int kq_unit(int i, int tig, int row) {
     return 2 * tig + (i & 1) + 8 * (i >> 1);
 }
 
+// Row layout: the thread's 8 * ES words of one Q or K row (p: the row's start; row: its index for the swizzle), in
+// k-step order: kq_pair(w, ks) is then the (low, high) register pair of k16 step ks.
+template <class CF>
+__device__ __forceinline__ void load_kq_words(const uint8_t* p, int tig, int row, uint32_t (&w)[8 * CF::ES]) {
+#pragma unroll
+  for (int i = 0; i < 2 * CF::ES; ++i) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p + kq_unit<CF::FP8>(i, tig, row) * 16);
+    w[4 * i] = u.x;
+    w[4 * i + 1] = u.y;
+    w[4 * i + 2] = u.z;
+    w[4 * i + 3] = u.w;
+  }
+}
+// k16 step ks of the words load_kq_words read, as two f16x2 (FP8: exact e4m3 -> f16) or bf16x2 registers.
+template <bool FP8, int W>
+__device__ __forceinline__ uint2 kq_pair(const uint32_t (&w)[W], int ks) {
+  if constexpr (FP8)
+    return make_uint2(e4m3x2_to_f16x2(w[ks]), e4m3x2_hi_to_f16x2(w[ks]));
+  else
+    return make_uint2(w[2 * ks], w[2 * ks + 1]);
+}
+
 // Row-layout merge buffer: 16 B unit u (0..31) of merge row r is stored at u ^ ((u >> 3) & 3) ^ ((r & 1) << 2), so the FP8
 // writes (8 lanes: 2 rows x 4 tig, same low unit bits) and the read-out (8 lanes: 1 row, 8 segments) never share
 // a bank group.
@@ -222,6 +244,84 @@ __device__ __forceinline__ Desc global_desc(const Params& P, int d) {
   return o;
 }
 
+// Descriptor-cache entry e as a Desc, with the caller's nch (see fetch_desc).
+__device__ __forceinline__ Desc cached_desc(const int* e, int nch) {
+  Desc o;
+  o.r = e[0];
+  o.h = e[1];
+  o.tb = e[2];
+  o.te = e[3];
+  o.slot = e[4];
+  o.nch = nch;
+  o.kvlen = e[6];
+  return o;
+}
+
+// Descriptor d of the CTA's bin (whose first is d_begin): from the shared-memory descriptor cache (8 ints per entry:
+// r, h, tb, te, slot, nch, kvlen, chunk_start) or, past its kDescCache entries (bins with more descriptors, only
+// with very large budgets), from global memory. LATE_NCH (the transposed layout): in the dynamic mode e[5] arrives
+// by cp.async and may still be in flight, so nch is left -1 (read at the descriptor's end instead).
+template <bool LATE_NCH>
+__device__ __forceinline__ Desc fetch_desc(const Params& P, const int* dcache, int d_begin, int d) {
+  Desc o;
+  const int i = d - d_begin;
+  if (i < kDescCache) {
+    const int* e = dcache + 8 * i;
+    o = cached_desc(e, (LATE_NCH && P.mode == kDynamic) ? -1 : e[5]);
+  } else {
+    o = global_desc(P, d);
+  }
+  return o;
+}
+
+// Row layout's loaders: the i-th 16 B chunk thread tid copies of a tile of RC chunks per row, as (row, chunk).
+struct TileChunk {
+  int row, ch;
+};
+template <int RC>
+__device__ __forceinline__ TileChunk tile_chunk(int tid, int i) {
+  const int c = tid + kThreads * i;
+  return {c / RC, c % RC};
+}
+
+// FP8 Q: the score scale of query row rr of descriptor d into *dst (0 for rows past P.R), by cp.async.
+__device__ __forceinline__ void load_q_scale(const Params& P, const Desc& d, int rr, float* dst) {
+  const bool ok = rr < P.R;
+  const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
+  const size_t idx = ok ? P.head_row(d.r, d.h, qi, hl) : 0;
+  cp_async4(dst, P.q_scale + idx, ok);
+}
+
+// The load side of the KV pipeline, shared by both layouts: a cursor over the CTA's descriptors [d, d_end) and their
+// tiles (fetch(d) -> Desc), and load(stage, desc, tile, first tile of the descriptor, descriptor index) issuing one
+// tile's copies. issue() loads the next tile, if any is left, and always commits a group, so the group count per
+// stage stays uniform for cp_wait.
+template <class Fetch, class Load>
+struct TileLoader {
+  Fetch& fetch;
+  Load& load;
+  const int d_end;
+  int d;
+  Desc dd;
+  int t;
+  bool ok = true;
+  __device__ __forceinline__ TileLoader(Fetch& fetch_, Load& load_, int d_begin, int d_end_)
+      : fetch(fetch_), load(load_), d_end(d_end_), d(d_begin), dd(fetch_(d_begin)), t(dd.tb) {}
+  __device__ __forceinline__ void issue(int stage) {
+    if (ok) {
+      load(stage, dd, t, t == dd.tb, d);
+      if (++t >= dd.te) {
+        if (++d < d_end) {
+          dd = fetch(d);
+          t = dd.tb;
+        } else
+          ok = false;
+      }
+    }
+    cp_commit();
+  }
+};
+
 // Descriptor start: Q fragments of rows g and g + 8 (index half), their score scales and causal limits, fresh state.
 template <class CF>
 __device__ __forceinline__ void rows_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg,
@@ -236,23 +336,12 @@ __device__ __forceinline__ void rows_begin_descriptor(const Params& P, const uin
   for (int half = 0; half < 2; ++half) {
     const int row = g + 8 * half;
     uint32_t w[8 * CF::ES];
-#pragma unroll
-    for (int i = 0; i < 2 * CF::ES; ++i) {
-      const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * CF::QROWB + kq_unit<FP8>(i, tig, row) * 16);
-      w[4 * i] = u.x;
-      w[4 * i + 1] = u.y;
-      w[4 * i + 2] = u.z;
-      w[4 * i + 3] = u.w;
-    }
+    load_kq_words<CF>(sQ + row * CF::QROWB, tig, row, w);
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-      if constexpr (FP8) {
-        qa[ks][half] = e4m3x2_to_f16x2(w[ks]);
-        qa[ks][half + 2] = e4m3x2_hi_to_f16x2(w[ks]);
-      } else {
-        qa[ks][half] = w[2 * ks];
-        qa[ks][half + 2] = w[2 * ks + 1];
-      }
+      const uint2 q = kq_pair<FP8>(w, ks);
+      qa[ks][half] = q.x;
+      qa[ks][half + 2] = q.y;
     }
     const int rr = rg * kRowsPerGroup + row;
     const int qi = rr < P.R ? rr / P.ratio : 0;
@@ -278,23 +367,11 @@ __device__ __forceinline__ void rows_qk(const uint8_t* sK, const uint32_t (&qa)[
     s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
     s2[nt][0] = s2[nt][1] = s2[nt][2] = s2[nt][3] = 0.f;
     uint32_t w[8 * CF::ES];
-#pragma unroll
-    for (int i = 0; i < 2 * CF::ES; ++i) {
-      const uint4 u =
-          *reinterpret_cast<const uint4*>(sK + (warp * 16 + nt * 8 + g) * CF::ROWB + kq_unit<FP8>(i, tig, g) * 16);
-      w[4 * i] = u.x;
-      w[4 * i + 1] = u.y;
-      w[4 * i + 2] = u.z;
-      w[4 * i + 3] = u.w;
-    }
+    load_kq_words<CF>(sK + (warp * 16 + nt * 8 + g) * CF::ROWB, tig, g, w);
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-      float* acc = (ks & 1) ? s2[nt] : s[nt];
-      if constexpr (FP8) {
-        mma16816<FP8>(acc, qa[ks], e4m3x2_to_f16x2(w[ks]), e4m3x2_hi_to_f16x2(w[ks]));
-      } else {
-        mma16816<FP8>(acc, qa[ks], w[2 * ks], w[2 * ks + 1]);
-      }
+      const uint2 b = kq_pair<FP8>(w, ks);
+      mma16816<FP8>((ks & 1) ? s2[nt] : s[nt], qa[ks], b.x, b.y);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nt][e] += s2[nt][e];
@@ -538,29 +615,13 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
   __syncthreads();
   if (d_begin >= d_end) return;
 
-  auto fetch = [&](int d) -> Desc {
-    Desc o;
-    const int i = d - d_begin;
-    if (i < kDescCache) {
-      const int* e = dcache + 8 * i;
-      o.r = e[0];
-      o.h = e[1];
-      o.tb = e[2];
-      o.te = e[3];
-      o.slot = e[4];
-      o.nch = e[5];
-      o.kvlen = e[6];
-    } else {  // bins with more than kDescCache descriptors (only with very large budgets)
-      o = global_desc(P, d);
-    }
-    return o;
-  };
+  auto fetch = [&](int d) { return fetch_desc<false>(P, dcache, d_begin, d); };
 
   // ---- loader ----
   const uint8_t* kbase = reinterpret_cast<const uint8_t*>(P.k);
   const uint8_t* vbase = reinterpret_cast<const uint8_t*>(P.v);
   const uint8_t* qbase = reinterpret_cast<const uint8_t*>(P.q);
-  auto load_tile = [&](int stage, const Desc& d, int tile, bool first) {
+  auto load_tile = [&](int stage, const Desc& d, int tile, bool first, int /*descriptor index*/) {
     uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     uint8_t* sV = sK + CF::KV_BYTES;
     const int lim = min(d.kvlen, kv_cap);
@@ -568,8 +629,7 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
     constexpr int PER = kTile * RC / kThreads;
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
-      const int c = tid + kThreads * i;
-      const int tl = c / RC, ch = c % RC;
+      const auto [tl, ch] = tile_chunk<RC>(tid, i);
       const int tok = tile * kTile + tl;
       bool ok = tok < lim;
       int page = 0;
@@ -587,8 +647,7 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
       constexpr int QPER = kRowsPerGroup * RC / kThreads;
 #pragma unroll
       for (int i = 0; i < QPER; ++i) {
-        const int c = tid + kThreads * i;
-        const int row = c / RC, ch = c % RC;
+        const auto [row, ch] = tile_chunk<RC>(tid, i);
         const int rr = rg * kRowsPerGroup + row;
         const bool ok = rr < P.R;
         const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
@@ -597,38 +656,13 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
         const size_t off = ok ? ((qrow * P.q_heads + d.h * P.ratio + hl) * kD) * CF::ES + ch * 16 : 0;
         cp_async16(sQ + row * CF::QROWB + (CF::SWZ ? (ch ^ (row & 7)) : ch) * 16, qbase + off, ok);
       }
-      if (FP8 && tid < kRowsPerGroup) {
-        const int rr = rg * kRowsPerGroup + tid;
-        const bool ok = rr < P.R;
-        const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
-        const size_t idx = ok ? P.head_row(d.r, d.h, qi, hl) : 0;
-        cp_async4(sQs + tid, P.q_scale + idx, ok);
-      }
+      if (FP8 && tid < kRowsPerGroup) load_q_scale(P, d, rg * kRowsPerGroup + tid, sQs + tid);
     }
   };
 
-  // Load cursor.
-  int ld_d = d_begin;
-  Desc ldd = fetch(ld_d);
-  int ld_t = ldd.tb;
-  bool ld_ok = true;
-  auto ld_advance = [&]() {
-    if (++ld_t >= ldd.te) {
-      if (++ld_d < d_end) {
-        ldd = fetch(ld_d);
-        ld_t = ldd.tb;
-      } else
-        ld_ok = false;
-    }
-  };
+  TileLoader ld(fetch, load_tile, d_begin, d_end);
 #pragma unroll 1
-  for (int s = 0; s < CF::STAGES - 1; ++s) {
-    if (ld_ok) {
-      load_tile(s, ldd, ld_t, ld_t == ldd.tb);
-      ld_advance();
-    }
-    cp_commit();
-  }
+  for (int s = 0; s < CF::STAGES - 1; ++s) ld.issue(s);
 
   const float kscale = FP8 ? __ldg(P.k_scale) : 1.f;
   const float vscale = FP8 ? __ldg(P.v_scale) : 1.f;
@@ -646,11 +680,7 @@ __device__ __forceinline__ void attention_rows(const Params& P) {
   for (int it = 0;; ++it) {
     cp_wait<CF::STAGES - 2>();
     __syncthreads();
-    if (ld_ok) {
-      load_tile((it + CF::STAGES - 1) % CF::STAGES, ldd, ld_t, ld_t == ldd.tb);
-      ld_advance();
-    }
-    cp_commit();
+    ld.issue((it + CF::STAGES - 1) % CF::STAGES);
 
     const int stage = it % CF::STAGES;
     const uint8_t* sK = stages + stage * CF::STAGE_BYTES;
@@ -1171,23 +1201,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   }
   if (d_begin >= d_end) return;
 
-  auto fetch = [&](int d) -> Desc {
-    Desc o;
-    const int i = d - d_begin;
-    if (i < kDescCache) {
-      const int* e = dcache + 8 * i;
-      o.r = e[0];
-      o.h = e[1];
-      o.tb = e[2];
-      o.te = e[3];
-      o.slot = e[4];
-      o.kvlen = e[6];
-      o.nch = (P.mode == kDynamic) ? -1 : e[5];  // dynamic: e[5] may still be in flight (cp.async): nch_of()
-    } else {
-      o = global_desc(P, d);
-    }
-    return o;
-  };
+  auto fetch = [&](int d) { return fetch_desc<true>(P, dcache, d_begin, d); };
   // chunk count of descriptor d's pair, read at its end (the dcache slot is filled by cp.async, see above)
   auto nch_of = [&](int d) -> int {
     const int i = d - d_begin;
@@ -1248,37 +1262,13 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
         const size_t off = ok ? (qrow * P.q_heads + d.h * P.ratio + hl) * kD + u * 16 : 0;
         cp_async16(sQ + row * kD + ((u ^ (row & 7)) * 16), qbase + off, ok);
       }
-      if (tid < MROWS) {
-        const int rr = rg * MROWS + tid;
-        const bool ok = rr < P.R;
-        const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
-        const size_t idx = ok ? P.head_row(d.r, d.h, qi, hl) : 0;
-        cp_async4(sQs + tid, P.q_scale + idx, ok);
-      }
+      if (tid < MROWS) load_q_scale(P, d, rg * MROWS + tid, sQs + tid);
     }
   };
 
-  int ld_d = d_begin;
-  Desc ldd = fetch(ld_d);
-  int ld_t = ldd.tb;
-  bool ld_ok = true;
-  auto ld_advance = [&]() {
-    if (++ld_t >= ldd.te) {
-      if (++ld_d < d_end) {
-        ldd = fetch(ld_d);
-        ld_t = ldd.tb;
-      } else
-        ld_ok = false;
-    }
-  };
+  TileLoader ld(fetch, load_tile, d_begin, d_end);
 #pragma unroll 1
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (ld_ok) {
-      load_tile(s, ldd, ld_t, ld_t == ldd.tb, ld_d);
-      ld_advance();
-    }
-    cp_commit();
-  }
+  for (int s = 0; s < STAGES - 1; ++s) ld.issue(s);
 
   const float kscale = __ldg(P.k_scale);
   const float vscale = __ldg(P.v_scale);
@@ -1298,11 +1288,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   for (int it = 0;; ++it) {
     cp_wait<STAGES - 2>();
     __syncthreads();
-    if (ld_ok) {
-      load_tile((it + STAGES - 1) % STAGES, ldd, ld_t, ld_t == ldd.tb, ld_d);
-      ld_advance();
-    }
-    cp_commit();
+    ld.issue((it + STAGES - 1) % STAGES);
 
     const int stage = it % STAGES;
     const uint8_t* sK = stages + stage * CF::STAGE_BYTES;
