@@ -74,14 +74,17 @@ def main(argv=None) -> int:
                     if r.get("median_us") is None:
                         continue
                     case = r.get("case") if name != "router" else f"m={r.get('m')}"
-                    long.append({"tree": tree, "round": rnd, "op": name, "case": case, "impl": r.get("impl"),
+                    # rows are matched by the impl ASKED for: a tree may name its row differently (the router's
+                    # "bf16x2" row became "dispatch"); the row's own name is kept beside
+                    long.append({"tree": tree, "round": rnd, "op": name, "case": case,
+                                 "impl": args[args.index("--impl") + 1], "row_impl": r.get("impl"),
                                  "median_us": float(r["median_us"])})
                 print(f"[ab] round {rnd} {name} {tree}: {sum(1 for x in long if x['tree'] == tree)} rows", flush=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     import csv
 
     with open(f"{a.out}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["tree", "round", "op", "case", "impl", "median_us"])
+        w = csv.DictWriter(f, fieldnames=["tree", "round", "op", "case", "impl", "row_impl", "median_us"])
         w.writeheader()
         w.writerows(long)
     keys = sorted({(x["op"], x["case"], x["impl"]) for x in long}, key=lambda k: (k[0], str(k[1]), str(k[2])))
