@@ -221,8 +221,9 @@ def stage_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str
                impl: str = "fused") -> list[dict]:
     """Stage breakdown of our fused pipeline (impl: "fused", "fused_mma" or "fused_wgmma", the GEMM path of
     FUSED_GEMM): route, gate_up (with the fused SiLU-and-mul + FP8 requant), down, reduce, each timed alone on a
-    warm plan (its inputs left by a full run), then all stages with and without PDL; ``pdl_saves_us`` on the all row. Without SM90 (or the kernel) one row per stage with the reason and no
-    timing. Columns: tables.COLUMNS + batch, mode, scales, model, stage, pdl_saves_us, reason."""
+    warm plan (its inputs left by a full run), then all stages with and without PDL; ``pdl_saves_us`` on the all
+    row. Without SM90 (or the kernel) one row per stage with the reason and no timing. Columns: tables.COLUMNS +
+    batch, mode, scales, model, stage, pdl_saves_us, reason."""
     import torch
 
     from hotpaths.harness import bench as hb

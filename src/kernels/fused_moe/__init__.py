@@ -196,7 +196,7 @@ def choose_block_m(max_pairs: int, num_experts: int, gemm: str = "mma") -> int:
 def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: int | None = None) -> str:
     """The GEMM path of a plan: ``gemm`` None -> ``$HOTPATHS_MOE_GEMM`` or "auto"; "auto" -> "wgmma" when the
     average rows per expert (max_pairs / E) reach WGMMA_MIN_ROWS or block_m is a wgmma-only tile (128), else "mma"
-    (also when block_m is an mma-only tile, 8). Raises ValueError on an unknown name (the environment variable's
+    (always for an mma-only tile, 8). Raises ValueError on an unknown name (the environment variable's
     included)."""
     src = "gemm"
     if gemm is None:
@@ -205,9 +205,9 @@ def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: in
         raise ValueError(f"{src}: expected one of {GEMMS}, got {gemm!r}")
     if gemm != "auto":
         return gemm
-    if block_m is not None and block_m not in BLOCK_MS:
+    if block_m in WGMMA_BLOCK_MS and block_m not in BLOCK_MS:
         return "wgmma"
-    if block_m is not None and block_m not in WGMMA_BLOCK_MS:
+    if block_m in BLOCK_MS and block_m not in WGMMA_BLOCK_MS:
         return "mma"
     return "wgmma" if max_pairs / max(num_experts, 1) >= WGMMA_MIN_ROWS else "mma"
 
