@@ -20,10 +20,10 @@
 // sequence is ONE pipeline: the copies of the next item's first stages are in flight while this item's last stages
 // compute and its epilogue runs (the down GEMM has only ceil(I / 128) = 2 stages per item at Hy3 TP8: a
 // per-item prologue would leave the copy engine idle half the time). STAGES slots, prefetch distance STAGES - 2:
-// iteration L waits for its own copies (cp.async.wait_group), fences them to the async proxy, __syncthreads, refills
-// the slot of L - 2 (every warpgroup passed wgmma.wait_group 1 at L - 1, so L - 2's products are done) with stage
-// L + STAGES - 2, then issues this stage's wgmma and keeps one group in flight. All threads load (no producer warp):
-// token rows are gathered through the routing index (not a TMA 2D box), and a single barrier per stage has no
+// iteration L waits for its own copies (cp.async.wait_group), fences them to the async proxy, __syncthreads, issues
+// this stage's wgmma, then refills the slot of L - 2 (every warpgroup passed wgmma.wait_group 1 at L - 1, so L - 2's
+// products are done) with stage L + STAGES - 2, and keeps one wgmma group in flight. All threads load (no producer
+// warp): token rows are gathered through the routing index (not a TMA 2D box), and a single barrier per stage has no
 // mbarrier phase to lose.
 //
 // Scales: per-tensor: the fp32 accumulators hold the exact-product sums; the epilogue multiplies by a_scale *
@@ -278,8 +278,9 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(WgArgs a) {
     cp_wait<T::STAGES - 3>();  // this thread's copies of `step` have landed
     hp::wg::fence_proxy_async();
     __syncthreads();  // everyone's copies visible; every warpgroup is done with step - 2's slot
-    issue(step + T::STAGES - 2);
 
+    // This stage's wgmma are issued first, then the refill of step - 2's slot: the loader's plan look-ups at an
+    // item change (dependent L2 reads) overlap the tensor cores instead of delaying them.
     const uint8_t* st = ring + (step % T::STAGES) * T::STAGE_BYTES;
     const uint64_t da0 = hp::wg::desc_sw128(st);
     const uint64_t da1 = hp::wg::desc_sw128(st + kHalfRows * kWgBK);
@@ -292,6 +293,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(WgArgs a) {
         hp::wg::mma_e4m3<T::WN>(p1, da1 + 2 * k, db + 2 * k, k);
       }
       hp::wg::commit();
+      issue(step + T::STAGES - 2);
       hp::wg::wait<0>();
       hp::wg::pin(p0);
       hp::wg::pin(p1);
@@ -312,6 +314,7 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(WgArgs a) {
         hp::wg::mma_e4m3<T::WN>(acc1, da1 + 2 * k, db + 2 * k, 1);
       }
       hp::wg::commit();
+      issue(step + T::STAGES - 2);
       hp::wg::wait<1>();  // step - 1's products are done: its slot may be refilled after the next barrier
       hp::wg::pin(acc0);
       hp::wg::pin(acc1);
