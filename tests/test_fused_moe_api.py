@@ -143,3 +143,46 @@ def test_torch_library_op_registered_with_fake():
         out = op(g["x"][:3].clone(), _ids(3, 2), torch.zeros(3, 2), g["w13"], g["w2"], g["w13_scale"],
                  g["w2_scale"], g["a1_scale"], g["a2_scale"], None, "pertensor", 0)
         assert out.shape == (3, 128) and out.dtype == torch.bfloat16
+
+
+def test_choose_block_m_wgmma_tiles():
+    assert moe.choose_block_m(256 * 8, 192, "wgmma") == 32    # batch 256, Hy3 TP8: 10.7 rows, up to ~18
+    assert moe.choose_block_m(1024 * 8, 192, "wgmma") == 64   # 42.7 rows, up to ~57
+    assert moe.choose_block_m(4096 * 8, 192, "wgmma") == 128  # 171 rows: capped at 128 (two tiles per expert)
+    assert moe.choose_block_m(4 * 8, 192, "wgmma") == 16      # the smallest wgmma tile
+    with pytest.raises(ValueError, match="gemm"):
+        moe.choose_block_m(64, 8, "auto")
+
+
+def test_resolve_gemm_auto_env_and_explicit(monkeypatch):
+    monkeypatch.delenv(moe.GEMM_ENV, raising=False)
+    assert moe.resolve_gemm(None, 64 * 8, 192) == "mma"        # 2.7 rows per expert: decode
+    assert moe.resolve_gemm(None, 192 * 8, 192) == "wgmma"     # 8 rows per expert: the threshold
+    assert moe.resolve_gemm("auto", 4096 * 8, 192) == "wgmma"
+    assert moe.resolve_gemm("auto", 4 * 8, 192, block_m=128) == "wgmma"  # only wgmma has 128-pair tiles
+    assert moe.resolve_gemm("auto", 4096 * 8, 192, block_m=8) == "mma"   # only mma has 8-pair tiles
+    assert moe.resolve_gemm("mma", 4096 * 8, 192) == "mma"
+    monkeypatch.setenv(moe.GEMM_ENV, "wgmma")
+    assert moe.resolve_gemm(None, 4 * 8, 192) == "wgmma"
+    assert moe.resolve_gemm("mma", 4 * 8, 192) == "mma"         # an explicit argument wins over the environment
+    monkeypatch.setenv(moe.GEMM_ENV, "cublas")
+    with pytest.raises(ValueError, match=r"\$HOTPATHS_MOE_GEMM: expected one of"):
+        moe.resolve_gemm(None, 32, 8)
+    with pytest.raises(ValueError, match="gemm: expected one of"):
+        moe.resolve_gemm("tma", 32, 8)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(gemm="tma"), "gemm: expected one of"),
+    (dict(gemm="mma", block_m=128), r"block_m: expected one of \(8, 16, 32, 64\) for gemm='mma'"),
+    (dict(gemm="wgmma", block_m=8), r"block_m: expected one of \(16, 32, 64, 128\) for gemm='wgmma'"),
+])
+def test_plan_rejects_bad_gemm_choice(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        moe.plan(_ids(), num_experts=8, **kwargs)
+
+
+def test_wgmma_plan_never_splits_k():
+    p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, 16), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2, 16,
+                    "wgmma")
+    assert p.split_factors(128, 64) == (1, 1)

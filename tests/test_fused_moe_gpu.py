@@ -26,6 +26,8 @@ from hotpaths.harness.env import requires_sm90
 pytestmark = [pytest.mark.gpu, requires_sm90()]
 
 FP8 = torch.float8_e4m3fn
+GEMMS = ["mma", "wgmma"]  # both GEMM paths (MoEPlan.gemm) meet the same contract
+TILES = {"mma": [8, 16, 32, 64], "wgmma": [16, 32, 64, 128]}  # block_m of each path
 
 
 @pytest.fixture(scope="module")
@@ -295,13 +297,15 @@ def weights(name, mode):
     return _W[(name, mode)]
 
 
-def _run_case(moe, name, mode, t, *, seed=0, block_m=None, shared=False, pdl=True, ids=None):
+def _run_case(moe, name, mode, t, *, seed=0, block_m=None, shared=False, pdl=True, ids=None, gemm=None):
     e, k, h, i, off, (lo, hi) = SHAPES[name]
     w13, w2, sc = weights(name, mode)
     x, ids0, tw = make_tokens(t, k, h, hi, seed=seed, ids_lo=lo)
     ids = ids0 if ids is None else ids
     so = torch.randn(t, h, device="cuda").to(torch.bfloat16) if shared else None
-    p = moe.plan(ids, num_experts=e, expert_offset=off, block_m=block_m, pdl=pdl)
+    p = moe.plan(ids, num_experts=e, expert_offset=off, block_m=block_m, pdl=pdl, gemm=gemm)
+    if gemm is not None:
+        assert p.gemm == gemm
     out = torch.full((t, h), float("nan"), dtype=torch.bfloat16, device="cuda")
     act, ybuf = p.buffers(h, i)
     act.fill_(float("nan"))
@@ -312,32 +316,34 @@ def _run_case(moe, name, mode, t, *, seed=0, block_m=None, shared=False, pdl=Tru
     return p, (act, ybuf, out), (ea, ey, eo, valid)
 
 
+@pytest.mark.parametrize("gemm", GEMMS)
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
 @pytest.mark.parametrize("name", list(SHAPES))
 @pytest.mark.parametrize("t", [1, 4, 16, 64])
-def test_stages_and_pipeline_match_emulation(moe, name, mode, t):
-    p, (act, ybuf, out), (ea, ey, eo, valid) = _run_case(moe, name, mode, t, seed=t)
+def test_stages_and_pipeline_match_emulation(moe, name, mode, t, gemm):
+    p, (act, ybuf, out), (ea, ey, eo, valid) = _run_case(moe, name, mode, t, seed=t, gemm=gemm)
     f = p.fields()
     nvalid = int(f["header"][0])
     assert nvalid == int(valid.sum())
     sp = f["sorted_pairs"][:nvalid].long()
-    assert_close(act[:nvalid], ea[sp], f"{name}/{mode}/T={t}: gate-up act")
+    assert_close(act[:nvalid], ea[sp], f"{name}/{mode}/T={t}/{gemm}: gate-up act")
     vp = torch.nonzero(valid).flatten()
-    assert_close(ybuf[vp], ey[vp], f"{name}/{mode}/T={t}: down ybuf")
-    assert_close(out, eo, f"{name}/{mode}/T={t}: output")
+    assert_close(ybuf[vp], ey[vp], f"{name}/{mode}/T={t}/{gemm}: down ybuf")
+    assert_close(out, eo, f"{name}/{mode}/T={t}/{gemm}: output")
 
 
-@pytest.mark.parametrize("block_m", [8, 16, 64])
+@pytest.mark.parametrize("gemm,block_m", [("mma", 8), ("mma", 16), ("mma", 64), ("wgmma", 16), ("wgmma", 64),
+                                          ("wgmma", 128)])
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
 @pytest.mark.parametrize("name", ["h192_i64", "h192_i192"])
-@pytest.mark.parametrize("t", [1, 3, 5])
-def test_partial_scale_groups_match_emulation(moe, name, mode, t, block_m):
+@pytest.mark.parametrize("t", [1, 3, 5, 70])
+def test_partial_scale_groups_match_emulation(moe, name, mode, t, block_m, gemm):
     """H and I multiples of 64 but not of 128 (group-scale rows of 2 floats, 8 bytes: no 16-byte access may rely
     on them), odd token counts, every tile height: the layer equals the emulation and writes every output."""
-    _, (_, _, out), (_, _, eo, _) = _run_case(moe, name, mode, t, seed=7 * t + block_m, block_m=block_m)
+    _, (_, _, out), (_, _, eo, _) = _run_case(moe, name, mode, t, seed=7 * t + block_m, block_m=block_m, gemm=gemm)
     torch.cuda.synchronize()  # a misaligned access surfaces here, named by the case
-    assert torch.isfinite(out).all(), f"{name}/{mode}/T={t}/block_m={block_m}: NaN left in out"
-    assert_close(out, eo, f"{name}/{mode}/T={t}/block_m={block_m}: output")
+    assert torch.isfinite(out).all(), f"{name}/{mode}/T={t}/block_m={block_m}/{gemm}: NaN left in out"
+    assert_close(out, eo, f"{name}/{mode}/T={t}/block_m={block_m}/{gemm}: output")
 
 
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
@@ -370,11 +376,82 @@ def test_prepass_quantizes_like_the_contract(moe, name, mode):
             assert ((got8[diff] - exp8[diff]).abs() <= step * 1.0001).all(), f"{what}: off by more than one step"
 
 
+@pytest.mark.parametrize("gemm", GEMMS)
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
-@pytest.mark.parametrize("t", [128, 256])
-def test_hy3_tp8_large_batches(moe, mode, t):
-    _, (_, _, out), (_, _, eo, _) = _run_case(moe, "hy3_tp8", mode, t, seed=t)
-    assert_close(out, eo, f"hy3_tp8/{mode}/T={t}: output")
+@pytest.mark.parametrize("t", [128, 256, 1024])
+def test_hy3_tp8_large_batches(moe, mode, t, gemm):
+    p, (act, ybuf, out), (ea, ey, eo, valid) = _run_case(moe, "hy3_tp8", mode, t, seed=t, gemm=gemm)
+    nvalid = int(p.fields()["header"][0])
+    sp = p.fields()["sorted_pairs"][:nvalid].long()
+    assert_close(act[:nvalid], ea[sp], f"hy3_tp8/{mode}/T={t}/{gemm} (block_m {p.block_m}): gate-up act")
+    vp = torch.nonzero(valid).flatten()
+    assert_close(ybuf[vp], ey[vp], f"hy3_tp8/{mode}/T={t}/{gemm} (block_m {p.block_m}): down ybuf")
+    assert_close(out, eo, f"hy3_tp8/{mode}/T={t}/{gemm} (block_m {p.block_m}): output")
+
+
+def _small_ints(shape, seed, lo=-2, hi=3):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randint(lo, hi, shape, generator=g, device="cuda").float()
+
+
+@pytest.mark.parametrize("gemm", GEMMS)
+@pytest.mark.parametrize("h", [256, 192])
+@pytest.mark.parametrize("block_m,t", [(16, 13), (32, 32), (64, 61), (128, 128), (128, 100), (64, 70)])
+def test_gemm_tile_on_exact_integers(moe, gemm, h, block_m, t):
+    """One expert (two tiles when t > block_m), top-1: every token of the tile is sorted position = token. Operands
+    are small integers (exact in e4m3 with unit scales), so each GEMM's fp32 sums are exact: the down GEMM's ybuf
+    must equal bf16(aq . w2^T) bit for bit, and the gate-up act equals bf16(silu(g) * u) up to the SiLU's last ulp.
+    A swizzle, descriptor, fragment-layout or row-mapping bug shows here as grossly wrong values, apart from the
+    pipeline and routing tests. h = 192: a K tail of half a stage (gate-up) and a last down n-tile of 64 rows."""
+    if gemm == "mma" and block_m not in TILES["mma"]:
+        pytest.skip("block_m 128 is a wgmma tile")
+    inter, e = 64 if h == 256 else 192, 1
+    x = _small_ints((t, h), seed=block_m + t).to(torch.bfloat16)
+    w13f, w2f = _small_ints((e, 2 * inter, h), seed=1), _small_ints((e, h, inter), seed=2)
+    w13, w2 = w13f.to(FP8), w2f.to(FP8)
+    ones = dict(w13_scale=torch.ones(e, device="cuda"), w2_scale=torch.ones(e, device="cuda"),
+                a1_scale=torch.ones(1, device="cuda"), a2_scale=torch.ones(1, device="cuda"))
+    ids = torch.zeros(t, 1, dtype=torch.int32, device="cuda")
+    tw = torch.ones(t, 1, device="cuda")
+    p = moe.plan(ids, num_experts=e, block_m=block_m, gemm=gemm)
+    act, ybuf = p.buffers(h, inter)
+    act.fill_(float("nan"))
+    moe.run(p, x, w13, w2, tw, scales="pertensor", stages=("route", "gate_up"), **ones)
+    g = x.float() @ w13f[0, :inter].t()
+    u = x.float() @ w13f[0, inter:].t()
+    exp_act = (g * torch.sigmoid(g) * u).to(torch.bfloat16)
+    got = act[:t].float()
+    assert torch.isfinite(got).all(), f"{gemm}/h={h}/block_m={block_m}: act rows not written"
+    bad = (got - exp_act.float()).abs() > 1e-2 * exp_act.float().abs() + 1e-3
+    assert not bad.any(), (f"{gemm}/h={h}/block_m={block_m}: {int(bad.sum())} of {bad.numel()} act values wrong, "
+                           f"first at {torch.nonzero(bad)[0].tolist()}: {got[bad][0].item()} vs "
+                           f"{exp_act.float()[bad][0].item()}")
+    # down alone on an exact activation: small integers in act, a2 = 1, so aq = act exactly
+    a_int = _small_ints((t, inter), seed=3 + t)
+    act[:t] = a_int.to(torch.bfloat16)
+    ybuf.fill_(float("nan"))
+    moe.run(p, x, w13, w2, tw, scales="pertensor", stages="down", **ones)
+    exp_y = (a_int @ w2f[0].t()).to(torch.bfloat16)
+    assert torch.equal(ybuf[:t], exp_y), (f"{gemm}/h={h}/block_m={block_m}: ybuf differs at "
+                                          f"{torch.nonzero(ybuf[:t] != exp_y)[:4].tolist()}")
+
+
+def test_wgmma_and_mma_agree_on_hy3_tp8(moe):
+    """The two GEMM paths on the same inputs (auto would pick wgmma here): act within the fp32 summation order
+    (cosine 0.99999), the layer output within the emulation tolerance."""
+    e, k, h, i, off, (lo, hi) = SHAPES["hy3_tp8"]
+    w13, w2, sc = weights("hy3_tp8", "pertensor")
+    x, ids, tw = make_tokens(512, k, h, hi, seed=77)
+    res = {}
+    for gemm in GEMMS:
+        p = moe.plan(ids, num_experts=e, gemm=gemm)
+        out = moe.run(p, x, w13, w2, tw, scales="pertensor", **sc)
+        act, _ = p.buffers(h, i)
+        nvalid = int(p.fields()["header"][0])
+        res[gemm] = (act[:nvalid].clone(), out.clone())
+    assert moe.plan(ids, num_experts=e, gemm="auto").gemm == "wgmma"
+    assert_close(res["wgmma"][0], res["mma"][0], "act wgmma vs mma", cos_min=0.99999, rel_max=5e-3)
+    assert_close(res["wgmma"][1], res["mma"][1], "out wgmma vs mma")
 
 
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
@@ -417,22 +494,24 @@ def test_split_k_on_off(moe, name, mode, t):
     assert p.split_factors(h, i, mode) == (split_gu, split_dn)
 
 
-@pytest.mark.parametrize("block_m", [8, 16, 32, 64])
+@pytest.mark.parametrize("gemm,block_m", [(g, b) for g in GEMMS for b in TILES[g]])
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
-def test_every_block_m(moe, block_m, mode):
-    _, (_, _, out), (_, _, eo, _) = _run_case(moe, "small_i192", mode, 50, seed=block_m, block_m=block_m)
-    assert_close(out, eo, f"block_m={block_m}/{mode}")
+def test_every_block_m(moe, block_m, mode, gemm):
+    _, (_, _, out), (_, _, eo, _) = _run_case(moe, "small_i192", mode, 50, seed=block_m, block_m=block_m, gemm=gemm)
+    assert_close(out, eo, f"block_m={block_m}/{mode}/{gemm}")
 
 
+@pytest.mark.parametrize("gemm", GEMMS)
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
-def test_shared_out_and_no_pdl(moe, mode):
+def test_shared_out_and_no_pdl(moe, mode, gemm):
     for pdl in (True, False):
-        _, (_, _, out), (_, _, eo, _) = _run_case(moe, "small_i192", mode, 33, shared=True, pdl=pdl)
-        assert_close(out, eo, f"shared_out pdl={pdl}")
+        _, (_, _, out), (_, _, eo, _) = _run_case(moe, "small_i192", mode, 33, shared=True, pdl=pdl, gemm=gemm)
+        assert_close(out, eo, f"shared_out pdl={pdl} {gemm}")
 
 
+@pytest.mark.parametrize("gemm", GEMMS)
 @pytest.mark.parametrize("edge", ["one_expert", "all_skip", "duplicates", "garbage_ids"])
-def test_routing_edges(moe, edge):
+def test_routing_edges(moe, edge, gemm):
     e, k, h, i, off, _ = SHAPES["small"]
     t = 40
     ids = torch.randint(0, e, (t, k), dtype=torch.int32, device="cuda")
@@ -445,8 +524,8 @@ def test_routing_edges(moe, edge):
     else:
         bad = torch.tensor([-2**31, 2**31 - 1, 100, -7], dtype=torch.int32, device="cuda")
         ids[::3, 0] = bad.repeat(14)[: len(ids[::3])]
-    _, (_, _, out), (_, _, eo, _) = _run_case(moe, "small", "pertensor", t, ids=ids)
-    assert_close(out, eo, edge)
+    _, (_, _, out), (_, _, eo, _) = _run_case(moe, "small", "pertensor", t, ids=ids, gemm=gemm)
+    assert_close(out, eo, f"{edge}/{gemm}")
     if edge == "all_skip":
         assert torch.count_nonzero(out) == 0
 
@@ -462,13 +541,14 @@ def test_zero_tokens_returns_empty(moe):
     assert out.shape == (0, h) and out.dtype == torch.bfloat16
 
 
-def test_graph_replay_with_changing_tokens(moe):
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_graph_replay_with_changing_tokens(moe, gemm):
     e, k, h, i, off, (lo, hi) = SHAPES["small_i192"]
     w13, w2, sc = weights("small_i192", "block")
     tmax = 48
     x, ids0, tw = make_tokens(tmax, k, h, hi, seed=5)
     ids_buf = ids0.clone()
-    p = moe.plan(ids_buf, num_experts=e, max_tokens=tmax)
+    p = moe.plan(ids_buf, num_experts=e, max_tokens=tmax, gemm=gemm)
     out = torch.empty(tmax, h, dtype=torch.bfloat16, device="cuda")
     moe.run(p, x, w13, w2, tw, scales="block", out=out, **sc)  # warm-up allocates the plan's buffers
     torch.cuda.synchronize()
@@ -487,7 +567,7 @@ def test_graph_replay_with_changing_tokens(moe):
         graph.replay()
         torch.cuda.synchronize()
         _, _, eo, _ = emulate(x, ids_buf, tw, w13, w2, "block", **sc)
-        assert_close(out, eo, f"graph replay, {active} active tokens")
+        assert_close(out, eo, f"graph replay ({gemm}), {active} active tokens")
         assert torch.equal(p.workspace.cpu(), host_plan(ids_buf.cpu(), e, 0, tmax, p.block_m))
 
 

@@ -16,7 +16,10 @@ import sys
 
 OP = "fused_moe"
 IMPLS = ("fused", "hpc_ops", "torch_grouped_mm_bf16", "torch_scaled_grouped_mm_fp8", "triton_fused_moe",
-         "flashinfer_cutlass")
+         "flashinfer_cutlass", "fused_mma", "fused_wgmma")
+# our kernel under each GEMM path: "fused" lets the plan choose (gemm=None: $HOTPATHS_MOE_GEMM or auto); the other
+# two force one path on the same inputs, so one run A/Bs them (checked like "fused": vs exact and vs emulation)
+FUSED_GEMM = {"fused": None, "fused_mma": "mma", "fused_wgmma": "wgmma"}
 DEFAULT_IMPLS = "fused,hpc_ops,triton_fused_moe,torch_grouped_mm_bf16"
 STAGES = ("route", "gate_up", "down", "reduce", "all", "all_no_pdl")
 # published H20 column of data/reported/moe_hy3_*_h20.csv per impl ("fused" is the published HPC-Ops design)
@@ -73,8 +76,9 @@ def _repro(model, mode, scales, batch, impl, over) -> str:
             f"--impl {impl}{flags}")
 
 
-def _fused_fn(km, inputs, out):
-    p = km.plan(inputs["topk_ids"], num_experts=inputs["num_experts"], expert_offset=inputs["expert_offset"])
+def _fused_fn(km, inputs, out, gemm=None):
+    p = km.plan(inputs["topk_ids"], num_experts=inputs["num_experts"], expert_offset=inputs["expert_offset"],
+                gemm=gemm)
     kw = {k: inputs[k] for k in ("scales", "w13_scale", "w2_scale", "a1_scale", "a2_scale", "shared_out")}
 
     def fn(stages="all", pdl=True):
@@ -132,10 +136,10 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
             reason, timing, out = None, None, None
             label = impl
             if gpu:
-                if impl == "fused":
+                if impl in FUSED_GEMM:
                     buf = torch.full((b, inputs["hidden"]), float("nan"), dtype=torch.bfloat16, device=dev)
                     try:
-                        f = _fused_fn(km, inputs, buf)
+                        f = _fused_fn(km, inputs, buf, FUSED_GEMM[impl])
                         out = f().clone()
                         torch.cuda.synchronize()
                         timing = hb.bench(lambda f=f: f(), iters=iters)
@@ -187,9 +191,9 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
                            vs_emulation_rel_l2=cv.rel_l2_err, cosine_vs_fp8x_ref=e8["cosine"],
                            max_rel_err_vs_fp8x_ref=e8["max_rel_err"], published_cosine=PUBLISHED_COSINE,
                            published_max_rel_err=PUBLISHED_MAX_REL_ERR)
-                if impl == "fused" or not gpu:
+                if impl in FUSED_GEMM or not gpu:
                     ok = check(out, ref, tol=tolerance(OP, f"{scales}_vs_exact")).passed
-                    if gpu and impl == "fused":
+                    if gpu and impl in FUSED_GEMM:
                         ok = ok and check(out, emu, tol=tolerance(OP, f"{scales}_vs_emulation")).passed
                     row["passed"] = bool(ok) if impl != "torch_grouped_mm_bf16" else None
             if timing is not None:
@@ -213,11 +217,13 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
 
 
 def stage_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str = "pertensor", experts=None,
-               topk=None, hidden=None, inter=None, seed: int = 0, iters: int = 100) -> list[dict]:
-    """Stage breakdown of our fused pipeline: route, gate_up (with the fused SiLU-and-mul + FP8 requant), down,
-    reduce, each timed alone on a warm plan (its inputs left by a full run), then all stages with and without
-    PDL; ``pdl_saves_us`` on the all row. Without SM90 (or the kernel) one row per stage with the reason and no
-    timing. Columns: tables.COLUMNS + batch, mode, scales, model, stage, pdl_saves_us, reason."""
+               topk=None, hidden=None, inter=None, seed: int = 0, iters: int = 100,
+               impl: str = "fused") -> list[dict]:
+    """Stage breakdown of our fused pipeline (impl: "fused", "fused_mma" or "fused_wgmma", the GEMM path of
+    FUSED_GEMM): route, gate_up (with the fused SiLU-and-mul + FP8 requant), down, reduce, each timed alone on a
+    warm plan (its inputs left by a full run), then all stages with and without PDL; ``pdl_saves_us`` on the all
+    row. Without SM90 (or the kernel) one row per stage with the reason and no timing. Columns: tables.COLUMNS +
+    batch, mode, scales, model, stage, pdl_saves_us, reason."""
     import torch
 
     from hotpaths.harness import bench as hb
@@ -230,15 +236,15 @@ def stage_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str
     over = dict(experts=experts, topk=topk, hidden=hidden, inter=inter)
     rows = []
     for b in batches:
-        base = {"op": OP, "case": f"{model}_{mode}_{scales}_b{b}", "impl": "fused", "dtype": f"fp8_{scales}",
+        base = {"op": OP, "case": f"{model}_{mode}_{scales}_b{b}", "impl": impl, "dtype": f"fp8_{scales}",
                 "device": tag, "run_id": rid, "batch": b, "mode": mode, "scales": scales, "model": model,
-                "repro": _repro(model, mode, scales, b, "fused", over) + " --stages"}
+                "repro": _repro(model, mode, scales, b, impl, over) + " --stages"}
         if km is None:
             rows += [dict(base, stage=s, reason=why) for s in STAGES]
             continue
         inputs = fm.make_moe_inputs(b, model=model, mode=mode, scales=scales, seed=seed + b, device="cuda", **over)
         out = torch.empty(b, inputs["hidden"], dtype=torch.bfloat16, device="cuda")
-        f = _fused_fn(km, inputs, out)
+        f = _fused_fn(km, inputs, out, FUSED_GEMM[impl])
         f()
         torch.cuda.synchronize()
         times = {}
@@ -331,8 +337,9 @@ def _run(args) -> int:
     rows = moe_rows(args.batch, model=args.model, mode=args.mode, scales=args.scales, impls=impls, seed=args.seed,
                     iters=args.iters, rank=args.rank, **over)
     if args.stages:
-        rows += stage_rows(args.batch, model=args.model, mode=args.mode, scales=args.scales, seed=args.seed,
-                           iters=args.iters, **over)
+        for impl in [i for i in impls if i in FUSED_GEMM] or ["fused"]:
+            rows += stage_rows(args.batch, model=args.model, mode=args.mode, scales=args.scales, seed=args.seed,
+                               iters=args.iters, impl=impl, **over)
     if args.save:
         tables.save(rows, args.save)
     try:

@@ -1,7 +1,7 @@
 """Fused low-latency FP8 MoE on SM90: route -> gate-up (+SiLU-and-mul) -> down -> top-k reduce, PDL-chained.
 
 Public API (plan once per decode step, run per layer):
-    ``plan(topk_ids, *, num_experts, expert_offset=0, max_tokens=None, block_m=None) -> MoEPlan``
+    ``plan(topk_ids, *, num_experts, expert_offset=0, max_tokens=None, block_m=None, gemm=None) -> MoEPlan``
     ``run(plan, x, w13, w2, topk_weights, *, scales, w13_scale, w2_scale, a1_scale, a2_scale, shared_out, out)``
     ``fused_moe(x, topk_ids, topk_weights, w13, w2, *, ...)`` = plan + run; ``torch.ops.hotpaths.fused_moe``.
 The staged math the kernels follow is hotpaths.reference.fused_moe's emulation (the contract in its docstring);
@@ -14,7 +14,13 @@ the activation pre-pass outputs ``xq`` e4m3 [max_tokens, H] and ``aq`` e4m3 [max
 [rows, ceil(cols/128)] in block mode): the GEMMs stream these fp8 rows (``MoEPlan.quant_buffers``);
 ``ybuf`` bf16 [max_pairs, H] indexed by the ORIGINAL pair index p = t*K + k (the reduce reads a token's slots
 contiguously). Rows of pairs that are not routed here are never written. Per GEMM, a split-K workspace (int32
-counters that are 0 between launches, then fp32 partials; ``MoEPlan.splitk_workspace``).
+counters that are 0 between launches, then fp32 partials; ``MoEPlan.splitk_workspace``; mma path only).
+
+Two GEMM paths, one numerics contract (``MoEPlan.gemm``): ``"mma"`` (expert_gemm.cu: mma.sync m16n8k32, tiles of
+8-64 pairs, split-K; the decode sizes) and ``"wgmma"`` (expert_wgmma.cu: warpgroup MMA with the tile's pairs as N,
+tiles of 16-128 pairs; many pairs per expert). ``plan(gemm="auto")`` picks by the average rows per expert
+(``resolve_gemm``); ``$HOTPATHS_MOE_GEMM`` (auto / mma / wgmma) is the default when ``gemm`` is not given, so one
+process can be switched without code changes.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +37,13 @@ from hotpaths.reference.common import check_fits, expect_tensor
 from hotpaths.reference.fused_moe import PlanSize
 
 OP = "fused_moe"
-BLOCK_MS = (8, 16, 32, 64)   # pairs per tile the kernels are instantiated for
+BLOCK_MS = (8, 16, 32, 64)   # pairs per tile the mma.sync kernels are instantiated for
+WGMMA_BLOCK_MS = (16, 32, 64, 128)  # pairs per tile the wgmma kernels are instantiated for
+GEMMS = ("auto", "mma", "wgmma")
+GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
+# "auto" takes wgmma from this many routed pairs per expert on average (Hy3 TP8: batch >= 192); below it an
+# expert's tile is a few n8 blocks, where the mma.sync kernel skips the empty ones and splits K across idle CTAs.
+WGMMA_MIN_ROWS = 8.0
 MAX_EXPERTS = 512            # the route kernel keeps 32 x E counters in shared memory
 MAX_TOPK = 16
 SCALE_MODES = ("pertensor", "block")
@@ -98,10 +111,9 @@ def _lib() -> ctypes.CDLL:
     lib.hp_moe_splitk_ints.argtypes = [i, i, i]
     lib.hp_moe_splitk_ints.restype = ctypes.c_longlong
     gemm = [vp, vp, vp, vp, vp, vp, vp, i, i, i, i, i, i, i, i, vp, vp]
-    lib.hp_moe_gate_up.argtypes = gemm
-    lib.hp_moe_gate_up.restype = i
-    lib.hp_moe_down.argtypes = gemm
-    lib.hp_moe_down.restype = i
+    for name in ("hp_moe_gate_up", "hp_moe_down", "hp_moe_gate_up_wg", "hp_moe_down_wg"):
+        getattr(lib, name).argtypes = gemm
+        getattr(lib, name).restype = i
     lib.hp_moe_quant.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, i, vp]
     lib.hp_moe_quant.restype = i
     lib.hp_moe_split_factor.argtypes = [i, i, i, i, i, i, i, i]
@@ -160,8 +172,9 @@ def _fits(what: str, nbytes: int, device) -> None:
     check_fits(what, device_bytes=nbytes, device=device)
 
 
-def choose_block_m(max_pairs: int, num_experts: int) -> int:
-    """Pairs per tile: the smallest instantiated tile (8..64) holding avg + 2 sqrt(avg) + 1 rows, avg = max_pairs / E.
+def choose_block_m(max_pairs: int, num_experts: int, gemm: str = "mma") -> int:
+    """Pairs per tile: the smallest instantiated tile of the GEMM path (mma: 8..64, wgmma: 16..128) holding
+    avg + 2 sqrt(avg) + 1 rows, avg = max_pairs / E.
 
     An expert whose rows spill past one tile reads its weights once per tile, and with random routing an expert's
     rows scatter around the average (roughly Poisson: sd sqrt(avg)), so sizing for the average alone (avg 5.3 at
@@ -170,12 +183,34 @@ def choose_block_m(max_pairs: int, num_experts: int) -> int:
     blocks of a tile (no MMA or quantization work for them). Under EP the local average is lower than this bound
     (ids outside the rank count in max_pairs), which errs toward a larger tile: same cost argument.
     """
+    if gemm not in ("mma", "wgmma"):
+        raise ValueError(f"gemm: expected 'mma' or 'wgmma', got {gemm!r}")
+    sizes = WGMMA_BLOCK_MS if gemm == "wgmma" else BLOCK_MS
     avg = max_pairs / max(num_experts, 1)
     need = avg + 2.0 * math.sqrt(avg) + 1.0 if avg > 0 else 0.0
-    for bm in BLOCK_MS:
+    for bm in sizes:
         if need <= bm:
             return bm
-    return BLOCK_MS[-1]
+    return sizes[-1]
+
+
+def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: int | None = None) -> str:
+    """The GEMM path of a plan: ``gemm`` None -> ``$HOTPATHS_MOE_GEMM`` or "auto"; "auto" -> "wgmma" when the
+    average rows per expert (max_pairs / E) reach WGMMA_MIN_ROWS or block_m is a wgmma-only tile (128), else "mma"
+    (always for an mma-only tile, 8). Raises ValueError on an unknown name (the environment variable's
+    included)."""
+    src = "gemm"
+    if gemm is None:
+        gemm, src = os.environ.get(GEMM_ENV, "auto").strip().lower() or "auto", f"${GEMM_ENV}"
+    if gemm not in GEMMS:
+        raise ValueError(f"{src}: expected one of {GEMMS}, got {gemm!r}")
+    if gemm != "auto":
+        return gemm
+    if block_m in WGMMA_BLOCK_MS and block_m not in BLOCK_MS:
+        return "wgmma"
+    if block_m in BLOCK_MS and block_m not in WGMMA_BLOCK_MS:
+        return "mma"
+    return "wgmma" if max_pairs / max(num_experts, 1) >= WGMMA_MIN_ROWS else "mma"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -193,6 +228,7 @@ class MoEPlan(PlanSize):
     max_tokens: int
     topk: int
     block_m: int
+    gemm: str = "mma"  # GEMM path: "mma" (mma.sync, expert_gemm.cu) or "wgmma" (expert_wgmma.cu)
     _bufs: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -262,6 +298,8 @@ class MoEPlan(PlanSize):
         Reads the plan's header on the host (a sync): for tests and diagnostics, not hot paths."""
         if scales not in SCALE_MODES:
             raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
+        if self.gemm == "wgmma":
+            return 1, 1  # the wgmma GEMMs never split K (their tiles are many and long)
         tiles = int(self.fields()["header"][1])
         out = tuple(int(_lib().hp_moe_split_factor(g, self.block_m, int(scales == "block"), tiles, self.num_experts,
                                                    self.max_pairs, hidden, inter)) for g in (1, 0))
@@ -283,7 +321,7 @@ class MoEPlan(PlanSize):
         """A short pretty-print of the plan (copies the workspace to the host: not for hot paths)."""
         f = {k: v.cpu().tolist() for k, v in self.fields().items()}
         valid, tiles, hit, bm = f["header"][:4]
-        lines = [f"MoEPlan: {valid} valid pairs, {tiles} tiles of block_m={bm}, {hit} experts hit "
+        lines = [f"MoEPlan: {valid} valid pairs, {tiles} tiles of block_m={bm} ({self.gemm}), {hit} experts hit "
                  f"(E={self.num_experts}, offset={self.expert_offset}, max_tokens={self.max_tokens}, K={self.topk})"]
         for i in range(tiles):
             e, s = f["tile_expert"][i], f["tile_start"][i]
@@ -306,13 +344,14 @@ def _validate_ids(topk_ids, num_experts, *, device=None, check_device=True) -> N
 
 
 def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, max_tokens: int | None = None,
-         block_m: int | None = None, pdl: bool = True) -> MoEPlan:
+         block_m: int | None = None, pdl: bool = True, gemm: str | None = None) -> MoEPlan:
     """Allocate the routing workspace once and launch the route kernel (no host sync).
 
     Shape/Dtype: topk_ids int32 [T, K], contiguous, CUDA; global expert ids, -1 or any id outside
     [expert_offset, expert_offset + num_experts) is skipped here. num_experts: local experts E (1..512).
-    max_tokens: the largest T ``update`` will see (default T). block_m: pairs per tile (8, 16, 32, 64; default
-    from the average rows per expert).
+    max_tokens: the largest T ``update`` will see (default T). block_m: pairs per tile (mma: 8, 16, 32, 64;
+    wgmma: 16, 32, 64, 128; default from the average rows per expert). gemm: "auto", "mma" or "wgmma" (None:
+    ``$HOTPATHS_MOE_GEMM``, else "auto"; ``resolve_gemm``), kept in the plan and used by every ``run`` on it.
     Raises TypeError / ValueError on bad input, ResourceError if the workspace does not fit, RuntimeError
     without an SM90 GPU.
     """
@@ -323,10 +362,14 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
     max_tokens = t if max_tokens is None else max_tokens
     if not isinstance(max_tokens, int) or max_tokens < t:
         raise ValueError(f"max_tokens: expected an int >= T = {t}, got {max_tokens!r}")
+    if block_m is not None and not isinstance(block_m, int):
+        raise ValueError(f"block_m: expected an int, got {block_m!r}")
+    gemm = resolve_gemm(gemm, max_tokens * k, num_experts if isinstance(num_experts, int) else 1, block_m)
+    sizes = WGMMA_BLOCK_MS if gemm == "wgmma" else BLOCK_MS
     if block_m is None:
-        block_m = choose_block_m(max_tokens * k, num_experts)
-    if block_m not in BLOCK_MS:
-        raise ValueError(f"block_m: expected one of {BLOCK_MS}, got {block_m!r}")
+        block_m = choose_block_m(max_tokens * k, num_experts, gemm)
+    if block_m not in sizes:
+        raise ValueError(f"block_m: expected one of {sizes} for gemm={gemm!r}, got {block_m!r}")
     if max_tokens * k >= 2**31 - 2**20:
         raise ValueError(f"max_tokens: {max_tokens} x top-k {k} pairs overflow the int32 plan")
     _cuda(topk_ids, "topk_ids", None)
@@ -334,7 +377,7 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
     _fits(f"fused_moe plan (E={num_experts}, max_tokens={max_tokens}, K={k})", 4 * n, topk_ids.device)
     _require_sm90(topk_ids.device)
     ws = torch.empty(n, dtype=torch.int32, device=topk_ids.device)
-    p = MoEPlan(ws, topk_ids, num_experts, expert_offset, max_tokens, k, block_m)
+    p = MoEPlan(ws, topk_ids, num_experts, expert_offset, max_tokens, k, block_m, gemm)
     p._route(pdl)
     return p
 
@@ -437,8 +480,9 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     act, ybuf = p.buffers(h, i)
     xq, xsc, aq, asc = p.quant_buffers(h, i)
     lib, stream, block = _lib(), _stream(p.device), int(scales == "block")
-    sk_gu = p.splitk_workspace(True) if split_k and "gate_up" in todo else None
-    sk_dn = p.splitk_workspace(False) if split_k and "down" in todo else None
+    mma = p.gemm == "mma"
+    sk_gu = p.splitk_workspace(True) if mma and split_k and "gate_up" in todo else None
+    sk_dn = p.splitk_workspace(False) if mma and split_k and "down" in todo else None
     if "route" in todo:
         p._route(pdl)
     # The gate_up and down stages each include their activation pre-pass (x -> xq; act -> aq over the plan's
@@ -447,15 +491,16 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     # (a stage run alone) it waits first, since a predecessor that launched early may still read xq.
     nvalid = p.workspace[:1]
     # Each GEMM stage: its activation pre-pass (rows of x or act -> fp8 + group scales), then the grouped GEMM.
-    gemms = {"gate_up": (lib.hp_moe_gate_up, x, xq, xsc, a1_scale, None, t, h, int("route" not in todo),
+    gu_fn, dn_fn = (lib.hp_moe_gate_up, lib.hp_moe_down) if mma else (lib.hp_moe_gate_up_wg, lib.hp_moe_down_wg)
+    gemms = {"gate_up": (gu_fn, x, xq, xsc, a1_scale, None, t, h, int("route" not in todo),
                          w13, w13_scale, act, sk_gu),
-             "down": (lib.hp_moe_down, act, aq, asc, a2_scale, _ptr(nvalid), p.max_pairs, i, 1,
+             "down": (dn_fn, act, aq, asc, a2_scale, _ptr(nvalid), p.max_pairs, i, 1,
                       w2, w2_scale, ybuf, sk_dn)}
     for stage, (gemm, src, q, sc, static, rows_ptr, rows, width, wait_first, w, w_scale, dst, sk) in gemms.items():
         if stage not in todo:
             continue
         what = (f"fused_moe {stage} (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, I={i}, "
-                f"scales={scales}, block_m={p.block_m})")
+                f"scales={scales}, block_m={p.block_m}, gemm={p.gemm})")
         _check(lib.hp_moe_quant(_ptr(src), _ptr(q), _ptr(sc), _ptr(static), rows_ptr, rows, width, block, wait_first,
                                 int(pdl), stream),
                f"fused_moe {stage} activation pre-pass (rows<={rows}, width={width}, scales={scales})")
@@ -473,11 +518,11 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
               w2: torch.Tensor, *, scales: str = "pertensor", w13_scale: torch.Tensor | None = None,
               w2_scale: torch.Tensor | None = None, a1_scale: torch.Tensor | None = None,
               a2_scale: torch.Tensor | None = None, expert_offset: int = 0, shared_out: torch.Tensor | None = None,
-              out: torch.Tensor | None = None, pdl: bool = True) -> torch.Tensor:
+              out: torch.Tensor | None = None, pdl: bool = True, gemm: str | None = None) -> torch.Tensor:
     """plan + run in one call (the plan is built for this batch and dropped). Shapes, dtypes and errors as in
-    ``plan`` and ``run``; num_experts is w13.shape[0]. Returns out bf16 [T, H]."""
+    ``plan`` and ``run``; num_experts is w13.shape[0]; gemm as in ``plan``. Returns out bf16 [T, H]."""
     expect_tensor(w13, "w13", dtype=_FP8, ndim=3, layout="[E, 2I, H]", why=" (float8_e4m3fn)")
-    p = plan(topk_ids, num_experts=int(w13.shape[0]), expert_offset=expert_offset, pdl=pdl)
+    p = plan(topk_ids, num_experts=int(w13.shape[0]), expert_offset=expert_offset, pdl=pdl, gemm=gemm)
     return run(p, x, w13, w2, topk_weights, scales=scales, w13_scale=w13_scale, w2_scale=w2_scale,
                a1_scale=a1_scale, a2_scale=a2_scale, shared_out=shared_out, out=out, pdl=pdl)
 

@@ -53,4 +53,13 @@ __device__ __forceinline__ uint32_t quant4(uint2 v, float s, float r) {
   return lo | (hi << 16);
 }
 
+// (g * sigmoid(g)) * u in fp32 with sigmoid = 1 / (1 + exp(-g)) correctly rounded: the contract's
+// g * torch.sigmoid(g) * u operation for operation (torch's sigmoid is that division), so the bf16 act agrees with
+// the emulation to the accumulation order of g and u. A denominator of +inf (g very negative) gives sigmoid 0.
+__device__ __forceinline__ float silu_mul(float g, float u) {
+  const float d = 1.0f + expf(-g);
+  const float sig = isinf(d) ? 0.0f : div_by(1.0f, d, recip(d));
+  return __fmul_rn(__fmul_rn(g, sig), u);
+}
+
 }  // namespace hp_moe

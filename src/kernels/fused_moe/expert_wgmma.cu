@@ -1,0 +1,432 @@
+// Expert GEMMs of the fused FP8 MoE on Hopper warpgroup MMA (wgmma): the same two GEMMs, numerics and buffers as
+// expert_gemm.cu's mma.sync kernel (gate-up: act[s, j] = bf16(silu(g) * u) by sorted position s; down: ybuf[p, h]
+// at the original pair index p), for tiles of many pairs per expert (prefill-like batches), where the mma.sync
+// path does a tile's tokens in n8 steps and stays far off the tensor-core rate.
+//
+// Shape of the work ("swap AB", as the mma.sync kernel): the weights are the M side (A, 64 rows per wgmma), the
+// tile's token rows the N side (B, N = block_m: 16, 32 or 64 per warpgroup; block_m 128 = two warpgroups of 64).
+// A work item is (tile, n-tile) with 128 weight rows in two 64-row halves:
+//   gate-up: half 0 = gate rows [j0, j0 + 64), half 1 = up rows [I + j0, I + j0 + 64) (j0 = 64 nt), so register j
+//            of the gate accumulator and register j of the up accumulator hold g and u of the same (j, token):
+//            SiLU-and-mul is the register epilogue;
+//   down:    rows [n0, n0 + 128) of w2 (n0 = 128 nt); a last n-tile past H (H % 128 = 64) loads zero rows and
+//            stores nothing for them.
+// Both operands are K-major in shared memory (the weight rows [rows, K] and the pre-quantized e4m3 token rows
+// [*, K] are K-contiguous in memory), written by cp.async in the 128-byte-swizzle layout (one 128-wide K stage =
+// one 128-byte row; common/wgmma.cuh), so one descriptor per operand feeds wgmma m64nNk32 directly; k32 step i is
+// descriptor + 2 i.
+//
+// Pipeline: a persistent CTA walks its items in order (item = blockIdx.x + i * gridDim.x) and the (item, K stage)
+// sequence is ONE pipeline: the copies of the next item's first stages are in flight while this item's last stages
+// compute and its epilogue runs (the down GEMM has only ceil(I / 128) = 2 stages per item at Hy3 TP8: a
+// per-item prologue would leave the copy engine idle half the time). STAGES slots, prefetch distance STAGES - 2:
+// iteration L waits for its own copies (cp.async.wait_group), fences them to the async proxy, __syncthreads, issues
+// this stage's wgmma, then refills the slot of L - 2 (every warpgroup passed wgmma.wait_group 1 at L - 1, so L - 2's
+// products are done) with stage L + STAGES - 2, and keeps one wgmma group in flight. All threads load (no producer
+// warp): token rows are gathered through the routing index (not a TMA 2D box), and a single barrier per stage has no
+// mbarrier phase to lose.
+//
+// Scales: per-tensor: the fp32 accumulators hold the exact-product sums; the epilogue multiplies by a_scale *
+// w_scale[e] (as the mma.sync kernel). Block: each stage's wgmma write a fresh partial (scale-d = 0 on its first
+// k32), then acc += partial * (x group scale of the token * weight block scale) in fp32, k-stage order: the
+// contract's per-128-K-block accumulation. The two halves of an item each sit inside one 128-row weight block
+// (64-row halves on 64-aligned rows).
+// Epilogue: the item's output tile goes through shared memory (bf16 [block_m][64 or 128 + 8]) and leaves as 16-byte
+// stores along the output rows (act: 128 contiguous bytes per token, ybuf: 256).
+// Launch: grid min(SMs x resident CTAs, max items), 128 threads per warpgroup; see WgTraits for the shared memory.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+
+#include "common/launch.cuh"
+#include "common/wgmma.cuh"
+#include "moe_ptx.cuh"
+#include "plan_layout.cuh"
+
+namespace hp_moe {
+namespace {
+
+constexpr int kWgBK = 128;  // K elements (bytes) per stage = one swizzle row = one block-scale group
+constexpr int kHalfRows = 64;
+constexpr int kItemRows = 2 * kHalfRows;  // weight rows per item
+constexpr int kSmemBudget = 200 * 1024;   // pipeline + epilogue tile (+ 1 KB alignment slack) per CTA
+
+struct WgArgs {
+  const int* ws;
+  int num_experts, max_pairs, block_m;
+  const uint8_t* w;        // [E, w_rows, kdim] e4m3
+  const float* w_scale;    // per-tensor [E]; block [E, ceil(w_rows/128), ceil(kdim/128)]
+  const float* a_scale;    // per-tensor activation scale [1] (unused in block mode)
+  const uint8_t* src;      // e4m3 rows: gate_up xq [T, H]; down aq [max_pairs, I] (by sorted position)
+  const float* src_scale;  // block mode: group scales of src [rows, ceil(kdim/128)]
+  __nv_bfloat16* dst;      // gate_up: act [max_pairs, I]; down: ybuf [max_pairs, H]
+  int topk, kdim, inter, w_rows, dst_cols;
+};
+
+template <int BM_, bool GATE_UP_, bool BLOCK_>
+struct WgTraits {
+  static constexpr int BM = BM_;               // token rows per tile (block_m)
+  static constexpr int WGS = BM > 64 ? 2 : 1;  // warpgroups: each takes WN of the tile's token rows
+  static constexpr int WN = BM / WGS;          // wgmma N
+  static constexpr int THREADS = 128 * WGS;
+  static constexpr int R = WN / 2;  // fp32 accumulator registers per half per thread
+  static constexpr bool GATE_UP = GATE_UP_;
+  static constexpr bool BLOCK = BLOCK_;
+  static constexpr int A_BYTES = kItemRows * kWgBK;  // 16 KB: two 64-row halves, 8 KB each (1024-aligned)
+  static constexpr int B_BYTES = BM * kWgBK;         // a multiple of 1024 for BM >= 8
+  static constexpr int SC_BYTES = BLOCK ? BM * 4 : 0;
+  static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + SC_BYTES + 1023) / 1024 * 1024;  // slots 1024-aligned
+  static constexpr int OUT_COLS = GATE_UP ? kHalfRows : kItemRows;  // bf16 outputs per token row of an item
+  static constexpr int OUT_STRIDE = OUT_COLS + 8;                   // bf16; rows stay 16-byte aligned
+  static constexpr int OUT_BYTES = BM * OUT_STRIDE * 2;
+  static constexpr int FIT = (kSmemBudget - 1024 - OUT_BYTES) / STAGE_BYTES;
+  static constexpr int STAGES = FIT > 8 ? 8 : FIT;
+  static constexpr int SMEM = 1024 + STAGES * STAGE_BYTES + OUT_BYTES;
+  static constexpr int A_PER_THREAD = kItemRows * 8 / THREADS;  // 16-byte chunks per thread per stage
+  static constexpr int B_PER_THREAD = BM * 8 / THREADS;
+  static_assert(STAGES >= 3, "prefetch distance STAGES - 2 >= 1");
+  static_assert(WN == 16 || WN == 32 || WN == 64, "wgmma N instantiated: 16, 32, 64");
+  static_assert(B_PER_THREAD >= 1 && BM * 8 % THREADS == 0, "every thread loads whole B chunks");
+  static_assert(SMEM <= 227 * 1024, "shared memory per block (sm_90)");
+};
+
+// Where an item's tile and rows come from (read from the plan once per item by each of its two users: the loader,
+// which runs STAGES - 2 stages ahead, and the compute / epilogue side).
+struct ItemInfo {
+  int e, start, rows, nt;
+};
+template <class T>
+__device__ __forceinline__ ItemInfo item_info(const PlanView& plan, int unit, int n_tiles) {
+  ItemInfo it;
+  const int tile = unit / n_tiles;
+  it.nt = unit - tile * n_tiles;
+  it.e = plan.tile_expert()[tile];
+  it.start = plan.tile_start()[tile];
+  it.rows = min(T::BM, plan.offsets()[it.e + 1] - it.start);
+  return it;
+}
+
+// Weight row of item row r (0..127) and whether it exists (down: rows past H of a last half n-tile do not).
+template <class T>
+__device__ __forceinline__ int item_weight_row(int r, int nt, int inter, int w_rows, bool& ok) {
+  if constexpr (T::GATE_UP) {
+    ok = true;
+    const int j0 = nt * kHalfRows;
+    return r < kHalfRows ? j0 + r : inter + j0 + (r - kHalfRows);
+  } else {
+    const int row = nt * kItemRows + r;
+    ok = row < w_rows;
+    return row;
+  }
+}
+
+// One stage into slot `st`: 128 weight rows x 128 bytes and BM token rows x 128 bytes (zero-filled past kdim, past
+// the tile's rows and for missing weight rows), 16-byte chunk q of row r at chunk q ^ (r % 8); in block mode each
+// token row's group scale of this stage after the B tile (0 for missing rows).
+template <class T>
+__device__ __forceinline__ void wg_load_stage(const WgArgs& a, uint8_t* st, const ItemInfo& it,
+                                              const int (&bsrc)[T::B_PER_THREAD], int ssrc, int kt) {
+  const int tid = threadIdx.x, q = tid & 7;
+  const int kk = kt * kWgBK + q * 16;
+  const bool k_ok = kk < a.kdim;
+  const uint8_t* w_e = a.w + (size_t)it.e * a.w_rows * a.kdim;
+#pragma unroll
+  for (int i = 0; i < T::A_PER_THREAD; ++i) {
+    const int r = (tid >> 3) + i * (T::THREADS / 8);
+    bool row_ok;
+    const int wr = item_weight_row<T>(r, it.nt, a.inter, a.w_rows, row_ok);
+    const bool ok = k_ok && row_ok;
+    cp_async16(st + r * kWgBK + ((q ^ (r & 7)) << 4), ok ? w_e + (size_t)wr * a.kdim + kk : a.w, ok);
+  }
+  uint8_t* sb = st + T::A_BYTES;
+#pragma unroll
+  for (int i = 0; i < T::B_PER_THREAD; ++i) {
+    const int n = (tid >> 3) + i * (T::THREADS / 8);
+    const int row = bsrc[i];
+    const bool ok = k_ok && row >= 0;
+    cp_async16(sb + n * kWgBK + ((q ^ (n & 7)) << 4), ok ? a.src + (size_t)row * a.kdim + kk : a.src, ok);
+  }
+  if constexpr (T::BLOCK) {
+    if (tid < T::BM) {
+      const int groups = (a.kdim + kWgBK - 1) / kWgBK;
+      float* xs = reinterpret_cast<float*>(sb + T::B_BYTES);
+      cp_async4(xs + tid, ssrc >= 0 ? a.src_scale + (size_t)ssrc * groups + kt : a.src_scale, ssrc >= 0);
+    }
+  }
+}
+
+// The source row (of xq / aq) of tile row n, -1 past the tile's rows: gate-up reads token p / K of pair p =
+// sorted[start + n]; down reads the act row of sorted position start + n.
+template <class T>
+__device__ __forceinline__ int src_row(const PlanView& plan, const ItemInfo& it, int n, int topk) {
+  if (n >= it.rows) return -1;
+  if constexpr (T::GATE_UP)
+    return plan.sorted()[it.start + n] / topk;
+  else
+    return it.start + n;
+}
+
+// The item's epilogue: fp32 accumulators (x the per-tensor scale) -> bf16 tile in shared memory -> 16-byte stores.
+template <class T>
+__device__ __forceinline__ void wg_epilogue(const WgArgs& a, const PlanView& plan, const ItemInfo& it,
+                                            const float (&acc0)[T::R], const float (&acc1)[T::R], float sc,
+                                            __nv_bfloat16* out_s) {
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wiw = (tid >> 5) & 3;
+#pragma unroll
+  for (int j = 0; j < T::R; ++j) {
+    const int r = hp::wg::acc_row(wiw, lane, j);
+    const int n = wg * T::WN + hp::wg::acc_col(lane, j);
+    const float v0 = T::BLOCK ? acc0[j] : acc0[j] * sc;
+    const float v1 = T::BLOCK ? acc1[j] : acc1[j] * sc;
+    if constexpr (T::GATE_UP) {
+      out_s[n * T::OUT_STRIDE + r] = __float2bfloat16_rn(silu_mul(v0, v1));
+    } else {
+      out_s[n * T::OUT_STRIDE + r] = __float2bfloat16_rn(v0);
+      out_s[n * T::OUT_STRIDE + kHalfRows + r] = __float2bfloat16_rn(v1);
+    }
+  }
+  __syncthreads();
+  constexpr int CPR = T::OUT_COLS * 2 / 16;  // 16-byte chunks per token row
+  for (int idx = tid; idx < T::BM * CPR; idx += T::THREADS) {
+    const int n = idx / CPR, c = idx - n * CPR;
+    if (n >= it.rows) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(out_s + n * T::OUT_STRIDE + c * 8);
+    if constexpr (T::GATE_UP) {
+      *reinterpret_cast<uint4*>(a.dst + (size_t)(it.start + n) * a.dst_cols + it.nt * kHalfRows + c * 8) = v;
+    } else {
+      const int col = it.nt * kItemRows + c * 8;
+      if (col < a.dst_cols) {
+        const int p = plan.sorted()[it.start + n];
+        *reinterpret_cast<uint4*>(a.dst + (size_t)p * a.dst_cols + col) = v;
+      }
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(WgArgs a) {
+  extern __shared__ uint8_t wg_smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(wg_smem_raw));
+  uint8_t* ring = wg_smem_raw + ((1024u - (raw & 1023u)) & 1023u);  // swizzle atoms need 1024-byte alignment
+  __nv_bfloat16* out_s = reinterpret_cast<__nv_bfloat16*>(ring + T::STAGES * T::STAGE_BYTES);
+  const PlanView plan{const_cast<int*>(a.ws), a.num_experts, a.max_pairs, a.block_m};
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7;
+
+  hp::pdl_wait();
+  hp::pdl_launch_dependents();
+
+  const int n_tiles = T::GATE_UP ? a.inter / kHalfRows : (a.w_rows + kItemRows - 1) / kItemRows;
+  const int num_items = plan.header()[1] * n_tiles;
+  const int kt_count = (a.kdim + kWgBK - 1) / kWgBK;
+  const int my_items = num_items > (int)blockIdx.x ? (num_items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  const int total = my_items * kt_count;  // (item, K stage) steps of this CTA, one pipeline
+  const int row_groups = (a.w_rows + 127) / 128;
+  const float a_s = T::BLOCK ? 1.0f : a.a_scale[0];
+
+  // Loader state: the item whose stages are being issued and the source rows of this thread's B chunks.
+  int ld_i = -1;
+  ItemInfo ld{};
+  int bsrc[T::B_PER_THREAD];
+  int ssrc = -1;
+  auto issue = [&](int step) {
+    if (step < total) {
+      const int i = step / kt_count, kt = step - i * kt_count;
+      if (i != ld_i) {
+        ld_i = i;
+        ld = item_info<T>(plan, (int)blockIdx.x + i * (int)gridDim.x, n_tiles);
+#pragma unroll
+        for (int b = 0; b < T::B_PER_THREAD; ++b)
+          bsrc[b] = src_row<T>(plan, ld, (tid >> 3) + b * (T::THREADS / 8), a.topk);
+        if (T::BLOCK) ssrc = tid < T::BM ? src_row<T>(plan, ld, tid, a.topk) : -1;
+      }
+      wg_load_stage<T>(a, ring + (step % T::STAGES) * T::STAGE_BYTES, ld, bsrc, ssrc, kt);
+    }
+    cp_commit();  // one group per step, empty past the end: the wait counts below stay exact
+  };
+
+  float acc0[T::R], acc1[T::R];
+  float p0[T::BLOCK ? T::R : 1], p1[T::BLOCK ? T::R : 1];  // block mode: this stage's partials
+#pragma unroll
+  for (int j = 0; j < T::R; ++j) acc0[j] = acc1[j] = 0.f;
+#pragma unroll
+  for (int j = 0; j < (T::BLOCK ? T::R : 1); ++j) p0[j] = p1[j] = 0.f;
+
+#pragma unroll 1
+  for (int s = 0; s < T::STAGES - 2; ++s) issue(s);
+
+  ItemInfo cur{};
+  int cur_i = -1;
+  float sc = 1.0f;
+#pragma unroll 1
+  for (int step = 0; step < total; ++step) {
+    const int i = step / kt_count, kt = step - i * kt_count;
+    if (i != cur_i) {
+      cur_i = i;
+      cur = item_info<T>(plan, (int)blockIdx.x + i * (int)gridDim.x, n_tiles);
+      sc = T::BLOCK ? 1.0f : a_s * a.w_scale[cur.e];
+    }
+    float ws0 = 0.f, ws1 = 0.f;  // block mode: the two halves' weight block scales of this stage
+    if constexpr (T::BLOCK) {
+      const float* wsc = a.w_scale + (size_t)cur.e * row_groups * kt_count;
+      bool ok0, ok1;
+      const int r0 = item_weight_row<T>(0, cur.nt, a.inter, a.w_rows, ok0);
+      const int r1 = item_weight_row<T>(kHalfRows, cur.nt, a.inter, a.w_rows, ok1);
+      ws0 = wsc[(r0 / 128) * kt_count + kt];
+      ws1 = ok1 ? wsc[(r1 / 128) * kt_count + kt] : 0.f;
+    }
+    cp_wait<T::STAGES - 3>();  // this thread's copies of `step` have landed
+    hp::wg::fence_proxy_async();
+    __syncthreads();  // everyone's copies visible; every warpgroup is done with step - 2's slot
+
+    // This stage's wgmma are issued first, then the refill of step - 2's slot: the loader's plan look-ups at an
+    // item change (dependent L2 reads) overlap the tensor cores instead of delaying them.
+    const uint8_t* st = ring + (step % T::STAGES) * T::STAGE_BYTES;
+    const uint64_t da0 = hp::wg::desc_sw128(st);
+    const uint64_t da1 = hp::wg::desc_sw128(st + kHalfRows * kWgBK);
+    const uint64_t db = hp::wg::desc_sw128(st + T::A_BYTES + wg * T::WN * kWgBK);
+    if constexpr (T::BLOCK) {
+      hp::wg::fence();
+#pragma unroll
+      for (int k = 0; k < kWgBK / 32; ++k) {
+        hp::wg::mma_e4m3<T::WN>(p0, da0 + 2 * k, db + 2 * k, k);
+        hp::wg::mma_e4m3<T::WN>(p1, da1 + 2 * k, db + 2 * k, k);
+      }
+      hp::wg::commit();
+      issue(step + T::STAGES - 2);
+      hp::wg::wait<0>();
+      hp::wg::pin(p0);
+      hp::wg::pin(p1);
+      const float* xs = reinterpret_cast<const float*>(st + T::A_BYTES + T::B_BYTES);
+#pragma unroll
+      for (int j = 0; j < T::R; ++j) {
+        const float x = xs[wg * T::WN + hp::wg::acc_col(lane, j)];
+        acc0[j] += p0[j] * (x * ws0);
+        acc1[j] += p1[j] * (x * ws1);
+      }
+    } else {
+      hp::wg::pin(acc0);
+      hp::wg::pin(acc1);
+      hp::wg::fence();
+#pragma unroll
+      for (int k = 0; k < kWgBK / 32; ++k) {
+        hp::wg::mma_e4m3<T::WN>(acc0, da0 + 2 * k, db + 2 * k, 1);
+        hp::wg::mma_e4m3<T::WN>(acc1, da1 + 2 * k, db + 2 * k, 1);
+      }
+      hp::wg::commit();
+      issue(step + T::STAGES - 2);
+      hp::wg::wait<1>();  // step - 1's products are done: its slot may be refilled after the next barrier
+      hp::wg::pin(acc0);
+      hp::wg::pin(acc1);
+    }
+    if (kt == kt_count - 1) {  // uniform: the item's last stage
+      hp::wg::wait<0>();
+      hp::wg::pin(acc0);
+      hp::wg::pin(acc1);
+      wg_epilogue<T>(a, plan, cur, acc0, acc1, sc, out_s);
+#pragma unroll
+      for (int j = 0; j < T::R; ++j) acc0[j] = acc1[j] = 0.f;
+      // out_s is rewritten only at the next item's end, after at least one more top-of-loop barrier.
+    }
+  }
+  hp::wg::wait<0>();
+  cp_wait<0>();  // no copy may still target this CTA's shared memory when it exits
+}
+
+template <class T>
+int wg_ctas_per_sm() {
+  static std::atomic<int> occ_slots[16];
+  return hp::per_device_cached(occ_slots, [](int) {
+    int n = 0;
+    cudaFuncSetAttribute(expert_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, expert_wgmma_kernel<T>, T::THREADS, T::SMEM) != cudaSuccess)
+      n = 1;
+    return n > 0 ? n : 1;
+  });
+}
+
+template <class T>
+int launch_wgmma(const WgArgs& a, int pdl, cudaStream_t stream) {
+  const int n_tiles = T::GATE_UP ? a.inter / kHalfRows : (a.w_rows + kItemRows - 1) / kItemRows;
+  const long long max_items = (long long)PlanView::max_tiles_of(a.num_experts, a.max_pairs, a.block_m) * n_tiles;
+  long long grid = (long long)hp::sm_count() * wg_ctas_per_sm<T>();
+  if (grid > max_items) grid = max_items;
+  if (grid < 1) return 0;
+  hp::LaunchOptions opt;
+  opt.pdl = pdl != 0;
+  return (int)hp::launch(expert_wgmma_kernel<T>, dim3((unsigned)grid), dim3(T::THREADS), T::SMEM, stream, opt, a);
+}
+
+template <bool GATE_UP, bool BLOCK>
+int wg_dispatch(const WgArgs& a, int pdl, cudaStream_t stream) {
+  switch (a.block_m) {
+    case 16:
+      return launch_wgmma<WgTraits<16, GATE_UP, BLOCK>>(a, pdl, stream);
+    case 32:
+      return launch_wgmma<WgTraits<32, GATE_UP, BLOCK>>(a, pdl, stream);
+    case 64:
+      return launch_wgmma<WgTraits<64, GATE_UP, BLOCK>>(a, pdl, stream);
+    case 128:
+      return launch_wgmma<WgTraits<128, GATE_UP, BLOCK>>(a, pdl, stream);
+    default:
+      return (int)cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+}  // namespace hp_moe
+
+extern "C" {
+
+// block_m values the wgmma GEMMs are instantiated for (1) or not (0).
+int hp_moe_wgmma_block_m_ok(int block_m) {
+  return block_m == 16 || block_m == 32 || block_m == 64 || block_m == 128;
+}
+
+// The wgmma gate-up GEMM: arguments as hp_moe_gate_up (splitk is not used: these tiles are many and long).
+int hp_moe_gate_up_wg(const int* ws, const void* xq, const float* x_scale, const void* w13, const float* w13_scale,
+                      const float* a1_scale, void* act, int topk, int num_experts, int hidden, int inter, int max_pairs,
+                      int block_m, int block, int pdl, void* /*splitk*/, cudaStream_t stream) {
+  if (inter % 64 != 0 || hidden % 64 != 0) return (int)cudaErrorInvalidValue;
+  hp_moe::WgArgs a{ws,
+                   num_experts,
+                   max_pairs,
+                   block_m,
+                   static_cast<const uint8_t*>(w13),
+                   w13_scale,
+                   a1_scale,
+                   static_cast<const uint8_t*>(xq),
+                   x_scale,
+                   static_cast<__nv_bfloat16*>(act),
+                   topk,
+                   hidden,
+                   inter,
+                   2 * inter,
+                   inter};
+  return block ? hp_moe::wg_dispatch<true, true>(a, pdl, stream) : hp_moe::wg_dispatch<true, false>(a, pdl, stream);
+}
+
+// The wgmma down GEMM: arguments as hp_moe_down.
+int hp_moe_down_wg(const int* ws, const void* aq, const float* act_scale, const void* w2, const float* w2_scale,
+                   const float* a2_scale, void* ybuf, int topk, int num_experts, int hidden, int inter, int max_pairs,
+                   int block_m, int block, int pdl, void* /*splitk*/, cudaStream_t stream) {
+  if (inter % 64 != 0 || hidden % 64 != 0) return (int)cudaErrorInvalidValue;
+  hp_moe::WgArgs a{ws,
+                   num_experts,
+                   max_pairs,
+                   block_m,
+                   static_cast<const uint8_t*>(w2),
+                   w2_scale,
+                   a2_scale,
+                   static_cast<const uint8_t*>(aq),
+                   act_scale,
+                   static_cast<__nv_bfloat16*>(ybuf),
+                   topk,
+                   inter,
+                   inter,
+                   hidden,
+                   hidden};
+  return block ? hp_moe::wg_dispatch<false, true>(a, pdl, stream) : hp_moe::wg_dispatch<false, false>(a, pdl, stream);
+}
+
+}  // extern "C"
