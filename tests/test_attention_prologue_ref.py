@@ -179,6 +179,59 @@ def test_sum_of_squares_order_is_the_kernels():
     assert torch.equal(got, lanes[:, 0])
 
 
+def _pair_chunk(sub: int, m: int) -> int:
+    """prologue.cu pair_chunk: the first chunk of lane `sub` in the pair layout (bit m squeezed out)."""
+    return (sub & (m - 1)) | ((sub & ~(m - 1)) << 1)
+
+
+def _pair_sum_model(x: torch.Tensor, m: int) -> torch.Tensor:
+    """prologue.cu pair_sum in torch: lanes of the pair layout each hold chunks ca and ca | m; chunk offsets above m
+    shuffle both partial sums (lane offset o/2), offset m adds the lane's two, offsets below m shuffle the merged one.
+    Returns every lane's result [..., P]."""
+    NC = x.shape[-1] // 8
+    P = NC // 2
+    chunks = torch.zeros(*x.shape[:-1], NC)
+    for e in range(8):
+        chunks = chunks + x.view(*x.shape[:-1], NC, 8)[..., e] ** 2
+    ca = torch.tensor([_pair_chunk(s, m) for s in range(P)])
+    a, b = chunks[..., ca], chunks[..., ca | m]
+    lanes = torch.arange(P)
+    o = NC // 2
+    while o >= 1:
+        if o > m:
+            a, b = a + a[..., lanes ^ (o // 2)], b + b[..., lanes ^ (o // 2)]
+        elif o == m:
+            a = a + b
+        else:
+            a = a + a[..., lanes ^ o]
+        o //= 2
+    return a
+
+
+@pytest.mark.parametrize("D,m", [(64, 1), (64, 2), (64, 4), (128, 1), (128, 4), (128, 8), (256, 1), (256, 16),
+                                 (256, 2)])
+def test_pair_layout_reduces_in_the_emulations_order(D, m):
+    """The pair variants' lane mapping covers every chunk once, pairs each neox chunk with its rotate-half partner
+    (rotary_dim = 16 m) and sums squares in exactly the emulation's tree (bit-equal on every lane), so they can
+    write the baseline's bytes."""
+    P = D // 16
+    ca = [_pair_chunk(s, m) for s in range(P)]
+    held = sorted(ca + [c | m for c in ca])
+    assert held == list(range(D // 8))  # every chunk once
+    assert all(c & m == 0 for c in ca)
+    rot = 16 * m
+    for c in ca:  # rotated chunks pair with the chunk rot/2 elements on; the others pass through in pairs
+        assert (c < m) == ((c | m) * 8 < rot) and ((c | m) * 8 - c * 8 == rot // 2 or c * 8 >= rot)
+    x = torch.randn(200, D, generator=torch.Generator().manual_seed(D + m))
+    want = ref._sum_squares_kernel_order(x)
+    got = _pair_sum_model(x, m)
+    assert torch.equal(got, want[..., None].expand_as(got))
+    seq = torch.zeros(200)
+    for e in range(D):  # not vacuous: another order (sequential) changes bits on some rows
+        seq = seq + x[:, e] ** 2
+    assert not torch.equal(seq, want)
+
+
 def test_bytes_and_flops():
     b = ref.bytes(64, 8, 1, 128, q_dtype="fp8", kv_dtype="fp8")
     assert b == 64 * (10 * 128 * 2 + 16 + 4 * 128) + 4 * 128 + 64 * (8 * 128 + 32) + 64 * 2 * 128
