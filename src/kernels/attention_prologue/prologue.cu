@@ -163,6 +163,15 @@ __device__ __forceinline__ Unit make_unit(const Params& p, int t, int h, bool ac
   return u;
 }
 
+// Unit number `unit` of the token-major numbering (token * heads + head); inactive past the last. 32-bit index
+// math (a 64-bit division is a long software sequence; the host keeps tokens * heads < 2^31).
+__device__ __forceinline__ Unit unit_at(const Params& p, unsigned unit, int heads) {
+  const unsigned units = unsigned(p.tokens) * unsigned(heads);
+  const unsigned v = unit < units ? unit : 0u;
+  const unsigned t = v / unsigned(heads);
+  return make_unit(p, int(t), int(v - t * unsigned(heads)), unit < units);
+}
+
 // What RoPE and the norm need for one unit: the norm weight (raw bf16) and the lane's cos/sin angles.
 struct RopeIn {
   uint4 w;
@@ -289,16 +298,8 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(const Params p) {
   constexpr int G = D / kElems;
   constexpr int kUnitsPerChunk = kThreads / G;
   const int heads = p.q_heads + 2 * p.kv_heads;
-  const unsigned units = unsigned(p.tokens) * unsigned(heads);  // < 2^31: the host checks
   const int sub = int(threadIdx.x % G);
-  Unit u;
-  {
-    // 32-bit index math (a 64-bit division is a long software sequence)
-    const unsigned unit = blockIdx.x * kUnitsPerChunk + threadIdx.x / G;
-    const unsigned v = unit < units ? unit : 0u;
-    const unsigned t = v / unsigned(heads);
-    u = make_unit(p, int(t), int(v - t * unsigned(heads)), unit < units);
-  }
+  const Unit u = unit_at(p, blockIdx.x * kUnitsPerChunk + threadIdx.x / G, heads);
 
   hp::pdl_wait();  // everything read below may be written by the previous kernel
   // every independent load first: qkv, position, slot
@@ -461,17 +462,10 @@ __global__ void __launch_bounds__(kThreads) pair_kernel(const Params p) {
   constexpr int P = D / (2 * kElems);
   constexpr int kUnitsPerCta = kThreads / P;
   const int heads = p.q_heads + 2 * p.kv_heads;
-  const unsigned units = unsigned(p.tokens) * unsigned(heads);  // < 2^31: the host checks
   const int sub = int(threadIdx.x % P);
   const int m = p.interleaved ? 1 : p.rot / 16;
   const int ca = pair_chunk(sub, m), cb = ca | m;
-  Unit u;
-  {
-    const unsigned unit = blockIdx.x * kUnitsPerCta + threadIdx.x / P;
-    const unsigned v = unit < units ? unit : 0u;
-    const unsigned t = v / unsigned(heads);
-    u = make_unit(p, int(t), int(v - t * unsigned(heads)), unit < units);
-  }
+  const Unit u = unit_at(p, blockIdx.x * kUnitsPerCta + threadIdx.x / P, heads);
 
   hp::pdl_wait();  // everything read below may be written by the previous kernel
   uint4 xr[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
