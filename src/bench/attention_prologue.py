@@ -540,6 +540,6 @@ def _run(args) -> int:
     return 0
 
 
-__all__ = ["IMPLS", "VARIANT_PREFIX", "fused_variants", "variant_of", "case_name", "mode_of", "request_layout", "make_bench_inputs",
-           "make_fused", "prologue_rows", "make_chain_inputs", "make_chain", "chain_rows", "register",
-           "unfused_traffic"]
+__all__ = ["IMPLS", "VARIANT_PREFIX", "fused_variants", "variant_of", "case_name", "mode_of", "request_layout",
+           "make_bench_inputs", "make_fused", "prologue_rows", "make_chain_inputs", "make_chain", "chain_rows",
+           "register", "unfused_traffic"]
