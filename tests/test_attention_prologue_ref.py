@@ -232,6 +232,39 @@ def test_pair_layout_reduces_in_the_emulations_order(D, m):
     assert not torch.equal(seq, want)
 
 
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("style", ref.ROPE_STYLES)
+def test_pair_layout_rope_is_the_emulations(D, style):
+    """RoPE as the pair kernels index it (lane chunks ca / ca | m, the lane's 8 angles at ca*8 (neox) or ca*4
+    (interleaved), rotated iff ca < m (neox) or ca*8 < rot) gives the emulation's bits at every rotary_dim the pair
+    layout takes (neox: rot/16 a power of two)."""
+    g = torch.Generator().manual_seed(D)
+    for rot in range(16, D + 1, 16):
+        m = 1 if style == "interleaved" else rot // 16
+        if m & (m - 1):
+            continue  # the host runs the baseline kernel there
+        x, cs = torch.randn(4, 3, D, generator=g), torch.randn(4, rot, generator=g)
+        want = ref._rope(x, cs[:, None, :rot // 2], cs[:, None, rot // 2:], rot, style, torch.mul, torch.add,
+                         torch.sub)
+        got = x.clone()
+        ia, ib = (list(range(0, 16, 2)), list(range(1, 16, 2))) if style == "interleaved" else \
+            (list(range(8)), list(range(8, 16)))
+        for sub in range(D // 16):
+            ca = _pair_chunk(sub, m)
+            cb = ca | m
+            if not (ca * 8 < rot if style == "interleaved" else ca < m):
+                continue
+            off = ca * 4 if style == "interleaved" else ca * 8
+            c, s = cs[:, None, off:off + 8], cs[:, None, rot // 2 + off:rot // 2 + off + 8]
+            xs = torch.cat([x[..., ca * 8:ca * 8 + 8], x[..., cb * 8:cb * 8 + 8]], -1)
+            a, b = xs[..., ia], xs[..., ib]
+            xs[..., ia] = torch.sub(torch.mul(a, c), torch.mul(b, s))
+            xs[..., ib] = torch.add(torch.mul(b, c), torch.mul(a, s))
+            got[..., ca * 8:ca * 8 + 8], got[..., cb * 8:cb * 8 + 8] = xs[..., :8], xs[..., 8:]
+        assert torch.equal(got, want), f"rot {rot}"
+        assert not torch.equal(got, x)  # not vacuous: something rotated
+
+
 def test_bytes_and_flops():
     b = ref.bytes(64, 8, 1, 128, q_dtype="fp8", kv_dtype="fp8")
     assert b == 64 * (10 * 128 * 2 + 16 + 4 * 128) + 4 * 128 + 64 * (8 * 128 + 32) + 64 * 2 * 128
