@@ -3,8 +3,9 @@
 # table with every impl (fused, HPC-Ops, FlashInfer 0.7.2, unfused torch eager / graph) with --check, the 64q/8kv
 # heads, and the chain into split-KV decode (with and without the prologue's PDL trigger).
 # Usage (repo root, package importable as hotpaths): bash studies/gpu_check_prologue.sh [PARTS]
-# PARTS: comma-separated among build,tests,tables,chain (default all), to split the check over calls of a limited
-# length.
+# PARTS: comma-separated among build,tests,tables,chain,variants (default build,tests,tables,chain), to split the
+# check over calls of a limited length. variants: every kernel variant (hotpaths.kernels.attention_prologue.VARIANTS)
+# beside the two peers, same inputs per token count, 8q/1kv and 64q/8kv FP8 and 8q/1kv BF16, with --check.
 # Peers: HOTPATHS_HPC_OPS_DIR (the unpacked hpc_ops/ folder, default .peers/hpc_ops), HOTPATHS_FLASHINFER_072_DIR
 # (the folder holding flashinfer/ 0.7.2, default .peers/flashinfer-0.7.2) and HOTPATHS_TVM_FFI_DIR; a missing peer is
 # a row with its reason. Writes under $OUT (default scratch/gpu_check_prologue/).
@@ -45,6 +46,16 @@ if want chain; then
 echo "== chain into decode (q_len 1 and 4)"
 timeout 240 "$PY" -m hotpaths prologue --chain 1x4K,64x0.5K,64x4K,32x4K --json > "$OUT/chain_q1.jsonl"; echo "exit $?"
 timeout 180 "$PY" -m hotpaths prologue --chain 64x0.5K,32x4K --q-len 4 --json > "$OUT/chain_q4.jsonl"; echo "exit $?"
+fi
+if want variants; then
+VARS="${VARIANTS:-baseline,pair,tokwarp2,tokwarp4}"
+echo "== variants $VARS: 8q/1kv fp8, 64q/8kv fp8, 8q/1kv bf16"
+timeout 200 "$PY" -m hotpaths prologue --tokens 1,7,64,256,1024,4096,16384 --variants "$VARS" \
+  --impl fused,flashinfer_fused,hpc_ops --check --json > "$OUT/variants_8q1kv.jsonl"; echo "exit $?"
+timeout 200 "$PY" -m hotpaths prologue --tokens 1,64,256,4096,16384 --q-heads 64 --kv-heads 8 --variants "$VARS" \
+  --impl fused,flashinfer_fused,hpc_ops --check --json > "$OUT/variants_64q8kv.jsonl"; echo "exit $?"
+timeout 120 "$PY" -m hotpaths prologue --tokens 1,64,4096,16384 --kv-dtype bf16 --variants "$VARS" \
+  --impl fused,flashinfer_fused,hpc_ops --check --json > "$OUT/variants_bf16.jsonl"; echo "exit $?"
 fi
 "$PY" - "$OUT" <<'PYEOF'
 import json, pathlib, sys

@@ -129,6 +129,7 @@ def test_cli_chain_without_gpu_says_why():
     (["--rotary-dim", "40", "--tokens", "1", "--impl", "fused"], "rotary_dim"),
     (["--chain", "64y4", "--tokens", "1"], "64y4"),
     (["--chain", "4x64", "--q-len", "9"], "--q-len"),
+    (["--variants", "baseline,fast", "--tokens", "1"], "--variants"),
 ])
 def test_cli_bad_flags_exit_2(args, word):
     p = _cli(*args)
@@ -145,6 +146,9 @@ def test_trigger_must_be_a_bool():
     with pytest.raises(TypeError, match="trigger"):
         ap.attention_prologue(*a, k_scale=inp["k_scale"], v_scale=inp["v_scale"], trigger="start")
     assert not hasattr(ap, "resolve_variant") and not hasattr(ap, "ITEMS")
+    with pytest.raises(ValueError, match="variant"):
+        ap.attention_prologue(*a, k_scale=inp["k_scale"], v_scale=inp["v_scale"], variant="i4")
+    assert ap.DEFAULT_VARIANT in ap.VARIANTS
 
 
 def test_fused_row_falls_back_to_emulation():
@@ -155,3 +159,27 @@ def test_fused_row_falls_back_to_emulation():
     assert rows[0]["rel_l2_err"] < 0.1
     with pytest.raises(ValueError, match="impl"):
         bap.prologue_rows([3], impls=("fused_i4",))  # the multi-item launch variants are gone
+
+
+def test_variant_rows_share_inputs_and_fall_back_to_emulation():
+    """Each kernel variant is a row of its own (fused_<variant>) on the same inputs; without SM90 each runs the one
+    emulation (the variants write the same bytes by design), untimed."""
+    from hotpaths.bench import attention_prologue as bap
+
+    names = tuple(bap.VARIANT_PREFIX + v for v in bap.fused_variants())
+    assert bap.variant_of("fused") in bap.fused_variants() and bap.variant_of("fused_pair") == "pair"
+    assert bap.variant_of("hpc_ops") is None and bap.variant_of("fused_nope") is None
+    rows = bap.prologue_rows([3], impls=names, iters=1)
+    if has_sm90():
+        assert all(r["median_us"] > 0 for r in rows)
+        return
+    assert [r["impl"] for r in rows] == [n + "_emulation" for n in names]
+    assert len({r["rel_l2_err"] for r in rows}) == 1 and rows[0]["rel_l2_err"] < 0.1
+
+
+@cpu_only
+def test_cli_variants_replace_fused():
+    p = _cli("--tokens", "2", "--impl", "fused,hpc_ops", "--variants", "baseline,tokwarp2", "--json")
+    assert p.returncode == 0, p.stderr
+    impls = [json.loads(line)["impl"] for line in p.stdout.splitlines() if line.startswith("{")]
+    assert impls == ["fused_baseline_emulation", "fused_tokwarp2_emulation", "hpc_ops"]

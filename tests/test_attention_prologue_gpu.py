@@ -5,7 +5,8 @@ not written keep their poison), Q bytes within 1 e4m3 ulp (bit-exact by design; 
 the message), q_scale equal; both norm orders, both RoPE styles, partial rotary, head_dim 64/128/256, GQA 1..16,
 pads, int32 positions, static Q scale, BF16 Q and cache; vs the exact reference within the tolerance rows; CUDA-graph
 capture; PDL after a producer kernel; the chain into split-KV decode (output equal to the two run separately); the
-torch.library op; bad input refused before launch; the benchmark rows.
+torch.library op; bad input refused before launch; the benchmark rows. Every kernel variant (VARIANTS) passes the
+emulation comparisons: each case's emulation is computed once and compared with every variant's output.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from hotpaths.harness.check import check
 from hotpaths.harness.env import requires_sm90
 from hotpaths.harness.shapes import load_shapes
 from hotpaths.harness.tolerances import tolerance
+from hotpaths.kernels.attention_prologue import VARIANTS
 from hotpaths.reference import attention_prologue as ref
 
 pytestmark = [pytest.mark.gpu, requires_sm90()]
@@ -82,13 +84,20 @@ def assert_matches_emulation(got, want, what=""):
     assert n <= max(1, q.numel() // 10000), f"{what}: Q differs by 1 ulp in {n} of {q.numel()} bytes"
 
 
+def assert_variants_match(ap, inp, want, what, **extra):
+    """Every kernel variant (ap.VARIANTS) on fresh copies of the inputs matches the emulation `want` (computed once:
+    the CPU emulation is the slow part)."""
+    for v in ap.VARIANTS:
+        assert_matches_emulation(run_kernel(ap, inp, variant=v, **extra), want, f"{what} [variant {v}]")
+
+
 @pytest.mark.parametrize("order", ref.NORM_ORDERS)
 @pytest.mark.parametrize("style", ref.ROPE_STYLES)
 @pytest.mark.parametrize("D,rot", [(64, 64), (64, 32), (128, 128), (128, 64), (256, 256), (256, 96)])
 def test_kernel_matches_emulation(ap, order, style, D, rot):
     inp = ref.make_prologue_inputs(77, q_heads=8, kv_heads=2, head_dim=D, rotary_dim=rot, page_size=16,
                                    norm_order=order, rope=style, pad_every=9, seed=D + rot)
-    assert_matches_emulation(run_kernel(ap, inp), emulate(inp), f"{order}/{style}/D{D}/rot{rot}")
+    assert_variants_match(ap, inp, emulate(inp), f"{order}/{style}/D{D}/rot{rot}")
 
 
 @pytest.mark.parametrize("hq,hk", [tuple(x) for x in SHAPES["gqa"]])
@@ -96,15 +105,14 @@ def test_kernel_matches_emulation(ap, order, style, D, rot):
 def test_gqa_and_dtypes(ap, hq, hk, kv_dtype, q_dtype):
     inp = ref.make_prologue_inputs(33, q_heads=hq, kv_heads=hk, head_dim=128, page_size=64, kv_dtype=kv_dtype,
                                    q_dtype=q_dtype, pad_every=5, seed=hq * 10 + hk)
-    assert_matches_emulation(run_kernel(ap, inp), emulate(inp), f"{hq}q{hk}kv {kv_dtype}/{q_dtype}")
+    assert_variants_match(ap, inp, emulate(inp), f"{hq}q{hk}kv {kv_dtype}/{q_dtype}")
 
 
 @pytest.mark.parametrize("T", SHAPES["tokens"] + [5000])
 def test_token_counts_and_exact_tolerance(ap, T):
     inp = ref.make_prologue_inputs(T, q_heads=8, kv_heads=1, head_dim=128, page_size=64, seed=T)
-    got = run_kernel(ap, inp)
-    assert_matches_emulation(got, emulate(inp), f"T={T}")
-    q, qs, kc, _ = got
+    assert_variants_match(ap, inp, emulate(inp), f"T={T}")
+    q, qs, kc, _ = run_kernel(ap, inp)
     qr, kr, _ = ref.attention_prologue_ref(*(inp[k] for k in ARGS[:5]), kv_heads=1, eps=inp["eps"])
     assert check(q.double() * qs.double()[..., None], qr, tol=tolerance("attention_prologue", "fp8_q_vs_exact")).passed
     kd = kc.view(-1, 1, 128)[inp["slot_mapping"]].double() * float(inp["k_scale"])
@@ -118,13 +126,14 @@ def test_launch_options_match_emulation(ap, pdl, trigger, T, D, style):
     the tail lane groups of the last CTA are inactive."""
     inp = ref.make_prologue_inputs(T, q_heads=8, kv_heads=1, head_dim=D, page_size=16, rope=style, pad_every=4,
                                    seed=T + D)
-    got = run_kernel(ap, inp, pdl=pdl, trigger=trigger)
-    assert_matches_emulation(got, emulate(inp), f"pdl={pdl} trigger={trigger} T={T} D={D}")
+    assert_variants_match(ap, inp, emulate(inp), f"pdl={pdl} trigger={trigger} T={T} D={D}", pdl=pdl,
+                          trigger=trigger)
 
 
-def test_pads_write_q_but_not_the_cache(ap):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pads_write_q_but_not_the_cache(ap, variant):
     inp = ref.make_prologue_inputs(24, q_heads=4, kv_heads=1, head_dim=64, page_size=16, pad_every=2, seed=4)
-    q, qs, kc, vc = run_kernel(ap, inp)
+    q, qs, kc, vc = run_kernel(ap, inp, variant=variant)
     pads = inp["slot_mapping"] < 0
     assert int(pads.sum()) == 12
     assert torch.isfinite(q[pads].float()).all() and torch.isfinite(qs[pads]).all()  # Q rows of pads are written
@@ -136,17 +145,17 @@ def test_pads_write_q_but_not_the_cache(ap):
 
 def test_int32_positions_static_scale_and_eps(ap):
     inp = ref.make_prologue_inputs(40, q_heads=8, kv_heads=1, head_dim=128, pos_dtype=torch.int32, seed=8)
-    assert_matches_emulation(run_kernel(ap, inp), emulate(inp), "int32 positions")
+    assert_variants_match(ap, inp, emulate(inp), "int32 positions")
     s = torch.tensor([0.02])
-    got = run_kernel(ap, inp, q_scale_static=s.cuda())
-    assert_matches_emulation(got, emulate(inp, q_scale_static=s), "static q scale")
-    assert torch.all(got[1] == 0.02)
+    assert_variants_match(ap, inp, emulate(inp, q_scale_static=s), "static q scale", q_scale_static=s.cuda())
+    assert torch.all(run_kernel(ap, inp, q_scale_static=s.cuda())[1] == 0.02)
     small = dict(inp, qkv=(inp["qkv"].float() * 1e-3).to(torch.bfloat16))
     for eps in (1e-5, 1e-6):
-        assert_matches_emulation(run_kernel(ap, dict(small, eps=eps)), emulate(dict(small, eps=eps)), f"eps {eps}")
+        assert_variants_match(ap, dict(small, eps=eps), emulate(dict(small, eps=eps)), f"eps {eps}")
 
 
-def test_graph_capture_and_pdl_after_a_producer(ap):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_graph_capture_and_pdl_after_a_producer(ap, variant):
     inp = _cuda(ref.make_prologue_inputs(64, q_heads=8, kv_heads=1, head_dim=128, seed=11))
     src = inp["qkv"].clone()
     qkv = torch.zeros_like(src)
@@ -157,7 +166,7 @@ def test_graph_capture_and_pdl_after_a_producer(ap):
     def step():
         qkv.copy_(src)  # the producer the prologue waits for (griddepcontrol.wait)
         ap.attention_prologue(*(g_inp[k] for k in ARGS), **{k: g_inp[k] for k in KW}, q_out=q_out,
-                              q_scale_out=qs_out, check_inputs=False)
+                              q_scale_out=qs_out, check_inputs=False, variant=variant)
     step()
     torch.cuda.synchronize()
     want = emulate({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in inp.items()})
@@ -261,12 +270,15 @@ def test_chain_decode_reads_the_prologue_outputs():
 def test_bench_rows_on_gpu():
     from hotpaths.bench import attention_prologue as bap
 
-    rows = bap.prologue_rows([1, 64], impls=("fused", "torch_unfused_graph", "hpc_ops", "flashinfer_fused"),
+    ours = ("fused",) + tuple(bap.VARIANT_PREFIX + v for v in bap.fused_variants())
+    rows = bap.prologue_rows([1, 64], impls=ours + ("torch_unfused_graph", "hpc_ops", "flashinfer_fused"),
                              check=True, iters=20)
     by = {(r["tokens"], r["impl"]): r for r in rows}
     for t in (1, 64):
+        for impl in ours:
+            f = by[(t, impl)]
+            assert f["median_us"] > 0 and f["q_mismatch"] == 0 and f["cache_mismatch"] == 0, impl
         f = by[(t, "fused")]
-        assert f["median_us"] > 0 and f["q_mismatch"] == 0 and f["cache_mismatch"] == 0
         assert f["pct_of_read_probe"] is not None and f["floor_us"] > 0
         assert f["rel_l2_err"] < tolerance("attention_prologue", "fp8_q_vs_exact").rel_l2
         assert by[(t, "torch_unfused_graph")]["median_us"] > 0

@@ -179,6 +179,92 @@ def test_sum_of_squares_order_is_the_kernels():
     assert torch.equal(got, lanes[:, 0])
 
 
+def _pair_chunk(sub: int, m: int) -> int:
+    """prologue.cu pair_chunk: the first chunk of lane `sub` in the pair layout (bit m squeezed out)."""
+    return (sub & (m - 1)) | ((sub & ~(m - 1)) << 1)
+
+
+def _pair_sum_model(x: torch.Tensor, m: int) -> torch.Tensor:
+    """prologue.cu pair_sum in torch: lanes of the pair layout each hold chunks ca and ca | m; chunk offsets above m
+    shuffle both partial sums (lane offset o/2), offset m adds the lane's two, offsets below m shuffle the merged one.
+    Returns every lane's result [..., P]."""
+    NC = x.shape[-1] // 8
+    P = NC // 2
+    chunks = torch.zeros(*x.shape[:-1], NC)
+    for e in range(8):
+        chunks = chunks + x.view(*x.shape[:-1], NC, 8)[..., e] ** 2
+    ca = torch.tensor([_pair_chunk(s, m) for s in range(P)])
+    a, b = chunks[..., ca], chunks[..., ca | m]
+    lanes = torch.arange(P)
+    o = NC // 2
+    while o >= 1:
+        if o > m:
+            a, b = a + a[..., lanes ^ (o // 2)], b + b[..., lanes ^ (o // 2)]
+        elif o == m:
+            a = a + b
+        else:
+            a = a + a[..., lanes ^ o]
+        o //= 2
+    return a
+
+
+@pytest.mark.parametrize("D,m", [(64, 1), (64, 2), (64, 4), (128, 1), (128, 4), (128, 8), (256, 1), (256, 16),
+                                 (256, 2)])
+def test_pair_layout_reduces_in_the_emulations_order(D, m):
+    """The pair variants' lane mapping covers every chunk once, pairs each neox chunk with its rotate-half partner
+    (rotary_dim = 16 m) and sums squares in exactly the emulation's tree (bit-equal on every lane), so they can
+    write the baseline's bytes."""
+    P = D // 16
+    ca = [_pair_chunk(s, m) for s in range(P)]
+    held = sorted(ca + [c | m for c in ca])
+    assert held == list(range(D // 8))  # every chunk once
+    assert all(c & m == 0 for c in ca)
+    rot = 16 * m
+    for c in ca:  # rotated chunks pair with the chunk rot/2 elements on; the others pass through in pairs
+        assert (c < m) == ((c | m) * 8 < rot) and ((c | m) * 8 - c * 8 == rot // 2 or c * 8 >= rot)
+    x = torch.randn(200, D, generator=torch.Generator().manual_seed(D + m))
+    want = ref._sum_squares_kernel_order(x)
+    got = _pair_sum_model(x, m)
+    assert torch.equal(got, want[..., None].expand_as(got))
+    seq = torch.zeros(200)
+    for e in range(D):  # not vacuous: another order (sequential) changes bits on some rows
+        seq = seq + x[:, e] ** 2
+    assert not torch.equal(seq, want)
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("style", ref.ROPE_STYLES)
+def test_pair_layout_rope_is_the_emulations(D, style):
+    """RoPE as the pair kernels index it (lane chunks ca / ca | m, the lane's 8 angles at ca*8 (neox) or ca*4
+    (interleaved), rotated iff ca < m (neox) or ca*8 < rot) gives the emulation's bits at every rotary_dim the pair
+    layout takes (neox: rot/16 a power of two)."""
+    g = torch.Generator().manual_seed(D)
+    for rot in range(16, D + 1, 16):
+        m = 1 if style == "interleaved" else rot // 16
+        if m & (m - 1):
+            continue  # the host runs the baseline kernel there
+        x, cs = torch.randn(4, 3, D, generator=g), torch.randn(4, rot, generator=g)
+        want = ref._rope(x, cs[:, None, :rot // 2], cs[:, None, rot // 2:], rot, style, torch.mul, torch.add,
+                         torch.sub)
+        got = x.clone()
+        ia, ib = (list(range(0, 16, 2)), list(range(1, 16, 2))) if style == "interleaved" else \
+            (list(range(8)), list(range(8, 16)))
+        for sub in range(D // 16):
+            ca = _pair_chunk(sub, m)
+            cb = ca | m
+            if not (ca * 8 < rot if style == "interleaved" else ca < m):
+                continue
+            off = ca * 4 if style == "interleaved" else ca * 8
+            c, s = cs[:, None, off:off + 8], cs[:, None, rot // 2 + off:rot // 2 + off + 8]
+            xs = torch.cat([x[..., ca * 8:ca * 8 + 8], x[..., cb * 8:cb * 8 + 8]], -1)
+            a, b = xs[..., ia], xs[..., ib]
+            xs[..., ia] = torch.sub(torch.mul(a, c), torch.mul(b, s))
+            xs[..., ib] = torch.add(torch.mul(b, c), torch.mul(a, s))
+            got[..., ca * 8:ca * 8 + 8], got[..., cb * 8:cb * 8 + 8] = xs[..., :8], xs[..., 8:]
+        assert torch.equal(got, want), f"rot {rot}"
+        assert not torch.equal(got, x)  # not vacuous: something rotated
+
+
 def test_bytes_and_flops():
     b = ref.bytes(64, 8, 1, 128, q_dtype="fp8", kv_dtype="fp8")
     assert b == 64 * (10 * 128 * 2 + 16 + 4 * 128) + 4 * 128 + 64 * (8 * 128 + 32) + 64 * 2 * 128

@@ -29,6 +29,9 @@ from hotpaths.reference import attention_prologue as ref
 
 OP = "attention_prologue"
 IMPLS = ("fused", "hpc_ops", "flashinfer_fused", "torch_unfused", "torch_unfused_graph")
+# Kernel variants for A/B rows: impl "fused_<variant>" runs our kernel with attention_prologue(variant=...) (the
+# names are hotpaths.kernels.attention_prologue.VARIANTS); "fused" runs the default variant.
+VARIANT_PREFIX = "fused_"
 DECODE_MAX = 256
 ERR_TOKENS = 256     # tokens compared with the exact reference (per-token op: a prefix is a fair sample)
 CHECK_TOKENS = 1024  # tokens compared bit for bit with the emulation under check=True
@@ -126,9 +129,27 @@ def op_args(inputs: dict) -> tuple[tuple, dict]:
     return tuple(inputs[k] for k in OP_ARGS), {k: inputs[k] for k in OP_KW}
 
 
-def make_fused(inputs, *, pdl: bool = True, trigger: bool = True):
-    """Our kernel with preallocated outputs: fn() -> (q, q_scale, k_cache, v_cache); capturable. pdl / trigger: as
-    attention_prologue()."""
+def fused_variants() -> tuple[str, ...]:
+    """The kernel's variant names (hotpaths.kernels.attention_prologue.VARIANTS)."""
+    from hotpaths.kernels.attention_prologue import VARIANTS
+
+    return VARIANTS
+
+
+def variant_of(impl: str) -> str | None:
+    """The kernel variant an impl name runs ("fused" -> the default, "fused_pair" -> "pair"), None for a peer."""
+    if impl == "fused":
+        from hotpaths.kernels.attention_prologue import DEFAULT_VARIANT
+
+        return DEFAULT_VARIANT
+    if impl.startswith(VARIANT_PREFIX) and impl[len(VARIANT_PREFIX):] in fused_variants():
+        return impl[len(VARIANT_PREFIX):]
+    return None
+
+
+def make_fused(inputs, *, pdl: bool = True, trigger: bool = True, variant: str | None = None):
+    """Our kernel with preallocated outputs: fn() -> (q, q_scale, k_cache, v_cache); capturable. pdl / trigger /
+    variant (None: the default): as attention_prologue()."""
     from hotpaths.kernels.attention_prologue import attention_prologue
 
     a, kw = op_args(inputs)
@@ -138,6 +159,8 @@ def make_fused(inputs, *, pdl: bool = True, trigger: bool = True):
     fp8q = inputs["q_dtype"] == "fp8"
     q_out = torch.empty((T, Hq, D), dtype=ref.FP8_DTYPE if fp8q else torch.bfloat16, device=dev)
     qs_out = torch.empty((T, Hq), dtype=torch.float32, device=dev) if fp8q else None
+    if variant is not None:
+        kw = dict(kw, variant=variant)
     attention_prologue(*a, **kw, q_out=q_out, q_scale_out=qs_out, pdl=pdl, trigger=trigger)  # validates
 
     def fn():
@@ -216,15 +239,17 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
                   norm_order: str = "norm_rope", rope: str = "neox", kv_dtype: str = "fp8", q_dtype: str = "fp8",
                   rotary_dim: int | None = None, eps: float = ref.DEFAULT_EPS, impls=IMPLS, mode: str = "auto",
                   check: bool = False, iters: int = 100, seed: int = 0) -> list[dict]:
-    """The attention_prologue table: one row per (tokens, impl); see the module docstring for the columns.
+    """The attention_prologue table: one row per (tokens, impl); see the module docstring for the columns. impls:
+    names of IMPLS, or ``fused_<variant>`` for a kernel variant (fused_variants()), all on the same inputs.
     Raises ValueError for an unknown impl or a bad configuration (before running anything)."""
     from hotpaths.bench import attention_prologue_peers as peers
     from hotpaths.harness import bench as hb
     from hotpaths.harness.env import device_tag, has_sm90
 
-    bad = [i for i in impls if i not in IMPLS]
+    bad = [i for i in impls if i not in IMPLS and variant_of(i) is None]
     if bad:
-        raise ValueError(f"impl: unknown {bad}; expected some of {IMPLS}")
+        raise ValueError(f"impl: unknown {bad}; expected some of {IMPLS} or "
+                         f"{tuple(VARIANT_PREFIX + v for v in fused_variants())}")
     if head_dim not in ref.HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} unsupported (supported: {ref.HEAD_DIMS})")
     if q_heads < 1 or kv_heads < 1 or q_heads % kv_heads:
@@ -251,9 +276,10 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
                    "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "repro": _repro(t, cfg, impl),
                    "floor_us": None if floor is None else floor.median_us}
             fn, reason, graph = None, None, True
-            if impl == "fused":
+            ours = variant_of(impl) is not None
+            if ours:
                 if gpu:
-                    fn = make_fused(inputs)
+                    fn = make_fused(inputs, variant=variant_of(impl))
                 else:
                     a, kw = op_args(inputs)
                     out = ref.attention_prologue_emulation(*a, **kw)
@@ -285,7 +311,7 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
                 row.update(_errors(out, inputs, ERR_TOKENS))
                 if check:
                     row.update(_mismatch(out, inputs, CHECK_TOKENS, memo))
-                    if impl != "fused":
+                    if not ours:
                         row["note"] = ("mismatch columns count bytes that differ from our reference's; compare "
                                        "rel_l2_err / k_rel_l2_err (vs the exact reference)")
             except Exception as e:  # a peer whose output we cannot read still gets its timing
@@ -295,7 +321,7 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
             try:
                 tm = hb.bench(fn, graph=graph, iters=iters)
             except Exception as e:  # e.g. a peer that cannot be captured in a graph: a reason, not a crash
-                if impl == "fused":
+                if ours:
                     raise
                 row["note"] = (row.get("note") or "") + f" timing failed: {type(e).__name__}: {str(e)[:200]}"
                 rows.append(row)
@@ -474,6 +500,9 @@ def register(subparsers) -> None:
                    help=f"token layout (auto: decode up to {DECODE_MAX} tokens)")
     p.add_argument("--impl", default=",".join(IMPLS),
                    help=f"comma-separated impls among {', '.join(IMPLS)}")
+    p.add_argument("--variants", default=None, metavar="NAMES",
+                   help="comma-separated kernel variants (baseline, pair, tokwarp2, tokwarp4): 'fused' in --impl "
+                   "becomes one row per variant (fused_<name>), all on the same inputs")
     p.add_argument("--check", action="store_true", help="bit-exact comparison with the emulation")
     p.add_argument("--chain", type=case_list_arg, default=None, metavar="CASES",
                    help="time prologue + decode attention for these decode cases (e.g. 64x0.5K,32x4K)")
@@ -491,6 +520,13 @@ def _run(args) -> int:
                           kv_dtype=args.kv_dtype, iters=args.iters, seed=args.seed)
     else:
         impls = [s.strip() for s in args.impl.split(",") if s.strip()]
+        if args.variants:
+            names = [v.strip() for v in args.variants.split(",") if v.strip()]
+            bad = [v for v in names if v not in fused_variants()]
+            if bad:
+                raise ValueError(f"--variants: unknown {bad}; expected some of {fused_variants()}")
+            at = impls.index("fused") if "fused" in impls else 0
+            impls = impls[:at] + [VARIANT_PREFIX + v for v in names] + [i for i in impls[at:] if i != "fused"]
         rows = prologue_rows(args.tokens, q_heads=args.q_heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
                              page_size=args.page_size, norm_order=args.norm_order, rope=args.rope,
                              kv_dtype=args.kv_dtype, q_dtype=args.q_dtype or args.kv_dtype,
@@ -504,6 +540,6 @@ def _run(args) -> int:
     return 0
 
 
-__all__ = ["IMPLS", "case_name", "mode_of", "request_layout", "make_bench_inputs",
-           "make_fused", "prologue_rows", "make_chain_inputs", "make_chain", "chain_rows", "register",
-           "unfused_traffic"]
+__all__ = ["IMPLS", "VARIANT_PREFIX", "fused_variants", "variant_of", "case_name", "mode_of", "request_layout",
+           "make_bench_inputs", "make_fused", "prologue_rows", "make_chain_inputs", "make_chain", "chain_rows",
+           "register", "unfused_traffic"]

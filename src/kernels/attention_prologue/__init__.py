@@ -26,6 +26,13 @@ from hotpaths.reference.common import sm90_skip_reason
 OP = "attention_prologue"
 HEAD_DIMS = ref.HEAD_DIMS
 _Q_MODE = {"dynamic": 0, "static": 1, "bf16": 2}
+# Kernel variants, selectable per launch for A/B runs (docs/ops/attention_prologue.md): "baseline" one (token, head)
+# per D/8 lanes; "pair" one per D/16 lanes with a lane holding a neox element and its rotate-half partner (no
+# shuffles, half the cos/sin loads); "tokwarp2" / "tokwarp4" one warp per token in that layout, cos/sin, position,
+# slot and norm weights read once per token, the qkv loads 2 / 4 head passes ahead. Every variant writes the same
+# bytes (the pair variants run the baseline for neox when rotary_dim / 16 is not a power of two).
+VARIANTS = ("baseline", "pair", "tokwarp2", "tokwarp4")
+DEFAULT_VARIANT = "baseline"
 # tensors the kernel reads or writes with 16-byte accesses (the others need only their element alignment)
 _VECTOR_ARGS = ("qkv", "q_norm_weight", "k_norm_weight", "cos_sin", "k_cache", "v_cache", "q_out")
 
@@ -37,7 +44,7 @@ def _lib() -> ctypes.CDLL:
     lib = _build.load(OP)
     vp, i, ll, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
     lib.hp_attention_prologue.argtypes = [vp, vp, vp, vp, vp, i, vp, vp, vp, vp, vp, vp, vp, vp, ll, i, i, i, i, ll,
-                                          i, f, i, i, i, i, i, i, vp]
+                                          i, f, i, i, i, i, i, i, i, vp]
     lib.hp_attention_prologue.restype = i
     return lib
 
@@ -73,7 +80,7 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
                        eps: float = ref.DEFAULT_EPS, norm_order: str = "norm_rope", rope: str = "neox",
                        rotary_dim: int | None = None, q_dtype: str = "fp8", q_scale_static=None, k_scale=None,
                        v_scale=None, q_out=None, q_scale_out=None, pdl: bool = True, trigger: bool = True,
-                       check_inputs: bool | None = None):
+                       check_inputs: bool | None = None, variant: str = DEFAULT_VARIANT):
     """QK-Norm -> RoPE (or RoPE -> norm) -> Q in FP8/BF16 + K/V into the paged cache, in one kernel.
 
     Shape/Dtype: qkv [tokens, (q_heads + 2*kv_heads) * head_dim] bf16 (Q heads, then K, then V); q_norm_weight,
@@ -86,7 +93,7 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
     FP8 Q, else None): the layout hotpaths.kernels.split_kv_decode.run() reads. q_out / q_scale_out: preallocated
     outputs (CUDA-graph capture).
     pdl: launch with programmatic stream serialization; trigger: let the next PDL kernel be scheduled right after
-    this kernel's loads (False: never).
+    this kernel's loads (False: never). variant: one of VARIANTS (the same bytes; launch shape only).
     check_inputs (default: True unless a CUDA graph is being captured) reads slot_mapping and positions on the
     host to reject out-of-range values; without it the kernel skips out-of-range slots and clamps positions.
     Raises TypeError/ValueError naming the argument (dtype, shape, unsupported head_dim / rotary_dim / option,
@@ -97,6 +104,8 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
         check_inputs = not _is_capturing()
     if not isinstance(trigger, bool):
         raise TypeError(f"trigger: expected a bool, got {trigger!r}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
     cfg = ref.validate_inputs(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, slot_mapping, k_cache, v_cache,
                               eps=eps, norm_order=norm_order, rope=rope, rotary_dim=rotary_dim, q_dtype=q_dtype,
                               q_scale_static=q_scale_static, k_scale=k_scale, v_scale=v_scale,
@@ -132,9 +141,10 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
             ptr(q_scale_out), ptr(q_scale_static), ptr(k_scale), ptr(v_scale), T, cfg.q_heads, cfg.kv_heads, D,
             cfg.rotary_dim, cfg.num_pages * cfg.page_size, int(cos_sin.shape[0]), float(eps),
             int(cfg.norm_order == "rope_norm"), int(cfg.rope == "interleaved"), _Q_MODE[cfg.q_mode],
-            int(cfg.kv_fp8), int(bool(pdl)), int(trigger), stream_ptr(dev))
+            int(cfg.kv_fp8), int(bool(pdl)), int(trigger), VARIANTS.index(variant), stream_ptr(dev))
         check_status(code, f"attention_prologue (tokens={T}, q_heads={cfg.q_heads}, kv_heads={cfg.kv_heads}, "
-                            f"head_dim={D}, rotary_dim={cfg.rotary_dim}, q_mode={cfg.q_mode}, kv_fp8={cfg.kv_fp8})")
+                            f"head_dim={D}, rotary_dim={cfg.rotary_dim}, q_mode={cfg.q_mode}, kv_fp8={cfg.kv_fp8}, "
+                            f"variant={variant})")
     return q_out, q_scale_out
 
 
