@@ -48,7 +48,7 @@ timeout 240 "$PY" -m hotpaths prologue --chain 1x4K,64x0.5K,64x4K,32x4K --json >
 timeout 180 "$PY" -m hotpaths prologue --chain 64x0.5K,32x4K --q-len 4 --json > "$OUT/chain_q4.jsonl"; echo "exit $?"
 fi
 if want variants; then
-VARS="${VARIANTS:-baseline,pair,tokwarp2,tokwarp4}"
+VARS="${VARIANTS:-baseline,pair,tokwarp2}"
 echo "== variants $VARS: 8q/1kv fp8, 64q/8kv fp8, 8q/1kv bf16"
 timeout 200 "$PY" -m hotpaths prologue --tokens 1,7,64,256,1024,4096,16384 --variants "$VARS" \
   --impl fused,flashinfer_fused,hpc_ops --check --json > "$OUT/variants_8q1kv.jsonl"; echo "exit $?"

@@ -183,3 +183,14 @@ def test_cli_variants_replace_fused():
     assert p.returncode == 0, p.stderr
     impls = [json.loads(line)["impl"] for line in p.stdout.splitlines() if line.startswith("{")]
     assert impls == ["fused_baseline_emulation", "fused_tokwarp2_emulation", "hpc_ops"]
+
+
+@pytest.mark.parametrize("tokens,q_heads,kv_heads,want", [
+    (1, 8, 1, "baseline"), (256, 8, 1, "baseline"), (1024, 8, 1, "pair"), (16384, 8, 1, "pair"),
+    (1, 64, 8, "baseline"), (256, 64, 8, "pair"), (4096, 64, 8, "tokwarp2"), (16384, 64, 8, "tokwarp2")])
+def test_auto_variant_follows_the_measured_crossovers(tokens, q_heads, kv_heads, want):
+    # each point is a measured case where `want` was the fastest (or level with the fastest) of the three kernels
+    from hotpaths.kernels import attention_prologue as ap
+
+    assert ap.choose_variant(tokens, q_heads, kv_heads) == want
+    assert ap.DEFAULT_VARIANT == "auto" and set(ap.VARIANTS) == {"auto", "baseline", "pair", "tokwarp2"}

@@ -68,12 +68,15 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
     # 0.9989, 4.5e-2; two e4m3 roundings, x's and the activation's). The published 0.99974 / 0.024 is the form
     # measured from the FP8 x (fused_moe_ref(fp8_input=True): 0.99965 / 0.026). *_vs_exact = ~2x the worst.
     # *_vs_emulation: the kernel's FP32 accumulation order against the emulation's exact-then-rounded sums flips a
-    # bf16 rounding of act now and then, which its FP8 requant can turn into one e4m3 ulp (6%) of one element:
-    # rel_l2 1e-2 and the target cosine >= 0.9999.
+    # bf16 rounding of act now and then, which its FP8 requant can turn into one e4m3 ulp (6%) of one element. The
+    # mma path sums in the emulation's order (rel_l2 <= 3e-5 measured); the wgmma path's warpgroup MMA sums a k32
+    # slice in its own order, so more act roundings flip: rel_l2 1.25-1.26e-2 and cosine 0.99992 at Hy3 TP8
+    # 16-4096 tokens on the H200 (HPC-Ops' kernel: 1.5-1.8e-2, 0.99984), with the error vs exact unchanged
+    # (cosine 0.99892 vs 0.99890). Bound: rel_l2 2e-2 and the target cosine >= 0.9999.
     ("fused_moe", "pertensor_vs_exact"): Tolerance(rel_l2=1e-1, min_cosine=0.995),
     ("fused_moe", "block_vs_exact"): Tolerance(rel_l2=1e-1, min_cosine=0.995),
-    ("fused_moe", "pertensor_vs_emulation"): Tolerance(rel_l2=1e-2, min_cosine=0.9999),
-    ("fused_moe", "block_vs_emulation"): Tolerance(rel_l2=1e-2, min_cosine=0.9999),
+    ("fused_moe", "pertensor_vs_emulation"): Tolerance(rel_l2=2e-2, min_cosine=0.9999),
+    ("fused_moe", "block_vs_emulation"): Tolerance(rel_l2=2e-2, min_cosine=0.9999),
 }
 
 

@@ -26,13 +26,31 @@ from hotpaths.reference.common import sm90_skip_reason
 OP = "attention_prologue"
 HEAD_DIMS = ref.HEAD_DIMS
 _Q_MODE = {"dynamic": 0, "static": 1, "bf16": 2}
-# Kernel variants, selectable per launch for A/B runs (docs/ops/attention_prologue.md): "baseline" one (token, head)
-# per D/8 lanes; "pair" one per D/16 lanes with a lane holding a neox element and its rotate-half partner (no
-# shuffles, half the cos/sin loads); "tokwarp2" / "tokwarp4" one warp per token in that layout, cos/sin, position,
-# slot and norm weights read once per token, the qkv loads 2 / 4 head passes ahead. Every variant writes the same
-# bytes (the pair variants run the baseline for neox when rotary_dim / 16 is not a power of two).
-VARIANTS = ("baseline", "pair", "tokwarp2", "tokwarp4")
-DEFAULT_VARIANT = "baseline"
+# Kernel variants (docs/ops/attention_prologue.md, "Kernel variants"): "baseline" one (token, head) unit per D/8
+# lanes; "pair" one unit per D/16 lanes, a lane holding a neox element and its rotate-half partner (no shuffles,
+# half the cos/sin loads, more bytes in flight per thread); "tokwarp2" one warp per token in that layout, cos/sin,
+# position, slot and norm weights read once per token, the qkv loads two head passes ahead. Every variant writes
+# the same bytes (the pair variants run the baseline for neox when rotary_dim / 16 is not a power of two). "auto"
+# picks per launch by the measured crossovers (choose_variant).
+VARIANTS = ("auto", "baseline", "pair", "tokwarp2")
+DEFAULT_VARIANT = "auto"
+_KERNEL_CODE = {"baseline": 0, "pair": 1, "tokwarp2": 2}
+# Crossovers measured on the H200 (same run, 8q/1kv and 64q/8kv, d128): the baseline's smaller units fill more SMs
+# while units (tokens x heads) stay below ~4K (1-7 tokens: 5.1 vs 5.3 us; level at 64-256 tokens of 8q/1kv), the
+# pair layout wins above (8q/1kv 4096 tokens 14.5 vs 18.0 us), and one warp per token wins once a token has many
+# heads to share its cos/sin row and enough tokens to fill the GPU (64q/8kv 4096 / 16384 tokens: 60.2 / 214.7 vs
+# 65.7 / 240.3 us) but loses at 256 tokens (23.2 vs 9.9 us) and with 10 heads per token (16.5 vs 14.5 us).
+_PAIR_MIN_UNITS = 4096
+_TOKWARP_MIN_HEADS = 40
+_TOKWARP_MIN_TOKENS = 2048
+
+
+def choose_variant(tokens: int, q_heads: int, kv_heads: int) -> str:
+    """The variant "auto" runs for this launch size (the same bytes whichever runs; see the crossovers above)."""
+    heads = q_heads + 2 * kv_heads
+    if heads >= _TOKWARP_MIN_HEADS and tokens >= _TOKWARP_MIN_TOKENS:
+        return "tokwarp2"
+    return "pair" if tokens * heads >= _PAIR_MIN_UNITS else "baseline"
 # tensors the kernel reads or writes with 16-byte accesses (the others need only their element alignment)
 _VECTOR_ARGS = ("qkv", "q_norm_weight", "k_norm_weight", "cos_sin", "k_cache", "v_cache", "q_out")
 
@@ -93,7 +111,8 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
     FP8 Q, else None): the layout hotpaths.kernels.split_kv_decode.run() reads. q_out / q_scale_out: preallocated
     outputs (CUDA-graph capture).
     pdl: launch with programmatic stream serialization; trigger: let the next PDL kernel be scheduled right after
-    this kernel's loads (False: never). variant: one of VARIANTS (the same bytes; launch shape only).
+    this kernel's loads (False: never). variant: one of VARIANTS (the same bytes; launch shape only;
+    "auto": choose_variant).
     check_inputs (default: True unless a CUDA graph is being captured) reads slot_mapping and positions on the
     host to reject out-of-range values; without it the kernel skips out-of-range slots and clamps positions.
     Raises TypeError/ValueError naming the argument (dtype, shape, unsupported head_dim / rotary_dim / option,
@@ -111,6 +130,7 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
                               q_scale_static=q_scale_static, k_scale=k_scale, v_scale=v_scale,
                               check_values=check_inputs)
     T, Hq, D = cfg.tokens, cfg.q_heads, cfg.head_dim
+    kernel = choose_variant(T, cfg.q_heads, cfg.kv_heads) if variant == "auto" else variant
     if T * (cfg.q_heads + 2 * cfg.kv_heads) >= 2 ** 31:
         raise ValueError(f"qkv: {T} tokens x {cfg.q_heads + 2 * cfg.kv_heads} heads >= 2^31 (head units are indexed "
                          "in 32 bits); split the batch")
@@ -141,10 +161,10 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
             ptr(q_scale_out), ptr(q_scale_static), ptr(k_scale), ptr(v_scale), T, cfg.q_heads, cfg.kv_heads, D,
             cfg.rotary_dim, cfg.num_pages * cfg.page_size, int(cos_sin.shape[0]), float(eps),
             int(cfg.norm_order == "rope_norm"), int(cfg.rope == "interleaved"), _Q_MODE[cfg.q_mode],
-            int(cfg.kv_fp8), int(bool(pdl)), int(trigger), VARIANTS.index(variant), stream_ptr(dev))
+            int(cfg.kv_fp8), int(bool(pdl)), int(trigger), _KERNEL_CODE[kernel], stream_ptr(dev))
         check_status(code, f"attention_prologue (tokens={T}, q_heads={cfg.q_heads}, kv_heads={cfg.kv_heads}, "
                             f"head_dim={D}, rotary_dim={cfg.rotary_dim}, q_mode={cfg.q_mode}, kv_fp8={cfg.kv_fp8}, "
-                            f"variant={variant})")
+                            f"variant={kernel})")
     return q_out, q_scale_out
 
 

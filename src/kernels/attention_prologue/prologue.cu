@@ -558,8 +558,7 @@ int launch_d(const Params& p, int variant, int pdl, cudaStream_t stream) {
   opt.pdl = pdl != 0;
   if (variant >= 2) {
     const dim3 grid(unsigned((p.tokens + kThreads / 32 - 1) / (kThreads / 32)));
-    if (variant == 2) return int(hp::launch(token_warp_kernel<D, 2>, grid, dim3(kThreads), 0, stream, opt, p));
-    return int(hp::launch(token_warp_kernel<D, 4>, grid, dim3(kThreads), 0, stream, opt, p));
+    return int(hp::launch(token_warp_kernel<D, 2>, grid, dim3(kThreads), 0, stream, opt, p));
   }
   const long long per_cta = variant == 1 ? kThreads / (D / (2 * kElems)) : kThreads / (D / kElems);
   const long long blocks = (units + per_cta - 1) / per_cta;
@@ -570,8 +569,8 @@ int launch_d(const Params& p, int variant, int pdl, cudaStream_t stream) {
 }  // namespace
 
 // variant: 0 baseline (one unit per D/8 lanes), 1 pair (one unit per D/16 lanes, rotate-half pairs in a lane),
-// 2 / 3 tokwarp2 / tokwarp4 (one warp per token, pair layout, qkv loads 2 / 4 passes ahead); 1-3 run the baseline
-// for neox with rotary_dim/16 not a power of two.
+// 2 tokwarp2 (one warp per token, pair layout, qkv loads 2 passes ahead; 4 passes ahead was never faster: 3 CTAs
+// per SM at 149 registers); 1-2 run the baseline for neox with rotary_dim/16 not a power of two.
 extern "C" int hp_attention_prologue(const void* qkv, const void* q_norm_w, const void* k_norm_w, const void* cos_sin,
                                      const void* positions, int pos64, const void* slots, void* k_cache, void* v_cache,
                                      void* q_out, void* q_scale, const void* q_scale_static, const void* k_scale,
@@ -580,7 +579,7 @@ extern "C" int hp_attention_prologue(const void* qkv, const void* q_norm_w, cons
                                      int interleaved, int q_mode, int kv_fp8, int pdl, int trigger, int variant,
                                      void* stream) {
   if (tokens <= 0) return 0;
-  if (variant < 0 || variant > 3) return int(cudaErrorInvalidValue);
+  if (variant < 0 || variant > 2) return int(cudaErrorInvalidValue);
   // one aggregate in the struct's field order
   const Params p{static_cast<const __nv_bfloat16*>(qkv),
                  static_cast<const __nv_bfloat16*>(q_norm_w),
