@@ -61,7 +61,13 @@ def test_router_hpc_ops_peer_matches_fp64():
     r64 = x.double() @ w.double().T
     emu = rref.bf16x2_from_parts(x, *RP.hpc_ops_split(w))
     err = float((out.double() - r64).abs().max())
-    assert err <= 2.0 * float((emu.double() - r64).abs().max()) + 1e-6
+    # The adapter is right when the peer lands in the bf16x2 precision class of its own split: on the H200 its
+    # kernel measured 2.3e-5 against 1.0e-5 for the exact-fp32 sum of that split (its accumulation order costs
+    # ~2x), while a wrong split or layout gives BF16-weight error or worse (~100x and up).
+    emu_err = float((emu.double() - r64).abs().max())
+    bf16_err = float((x.double() @ w.bfloat16().double().T - r64).abs().max())
+    assert err <= 8.0 * emu_err + 1e-6, (err, emu_err)
+    assert err <= bf16_err / 20, (err, bf16_err)
 
 
 def test_router_tune_on_first_use_unseen_shape(tmp_path, monkeypatch):
