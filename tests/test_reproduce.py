@@ -42,3 +42,23 @@ def test_failing_notebook_leaves_tables_untouched(tmp_path, monkeypatch):
     assert old.read_text() == "previous\n"
     assert not (tmp_path / "papermill_runs" / "cpu").exists()
     assert (tmp_path / "scratch" / "failed" / "98_fails.ipynb").exists()
+
+
+def test_staging_paths_are_normalised_in_linear_time():
+    # an executed notebook holds inline PNGs: long runs without white space, where a backtracking pattern took
+    # minutes per notebook on the H200 (`hotpaths reproduce` stalled after the notebook had finished)
+    import re
+    import time
+
+    from hotpaths.harness import reproduce as rp
+
+    blob = b"iVBOR" + b"A" * 2_000_000
+    data = b'{"png": "' + blob + b'", "text": "saved to /x/y/papermill_runs/.staging-RUN/results"}'
+    t0 = time.perf_counter()
+    got = rp._sub_staging(data)
+    assert time.perf_counter() - t0 < 2.0
+    assert got == b'{"png": "' + blob + b'", "text": "saved to <root>/papermill_runs/.staging-RUN/results"}'
+    slow = re.compile(rb"[^\s\"'\\]*/papermill_runs/\.staging-")  # the definition it replaces, on small inputs
+    for s in (b"a/papermill_runs/.staging-1 'b/c/papermill_runs/.staging-2\"", b"/papermill_runs/.staging-",
+              b"x\\y/papermill_runs/.staging-z w/papermill_runs/.staging-v", b"no key here"):
+        assert rp._sub_staging(s) == slow.sub(b"<root>/papermill_runs/.staging-", s), s
