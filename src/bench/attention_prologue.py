@@ -563,6 +563,7 @@ def auto_vs_fastest(df):
     return pd.DataFrame(out)
 
 
-__all__ = ["IMPLS", "VARIANT_PREFIX", "auto_vs_fastest", "fused_variants", "variant_of", "case_name", "mode_of", "request_layout",
+__all__ = ["IMPLS", "VARIANT_PREFIX", "auto_vs_fastest", "fused_variants", "variant_of", "case_name", "mode_of",
+           "request_layout",
            "make_bench_inputs", "make_fused", "prologue_rows", "make_chain_inputs", "make_chain", "chain_rows",
            "register", "unfused_traffic"]
