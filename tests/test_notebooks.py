@@ -35,6 +35,20 @@ def test_stripped_with_parameters_cell(nb):
         assert keys <= names, f"{f.name} sets unknown parameters {keys - names}"
 
 
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_papermill_reads_every_parameter(nb, caplog):
+    # papermill infers each parameter's name, type and help from its line; a line it cannot parse (a comment
+    # holding "=" or ":" of its own) prints "Unable to parse line" on every run and drops the parameter's help
+    import logging
+
+    from papermill.inspection import inspect_notebook
+
+    with caplog.at_level(logging.WARNING):
+        params = inspect_notebook(str(nb))
+    assert not [r.getMessage() for r in caplog.records if "Unable to parse" in r.getMessage()]
+    assert params, f"{nb.name}: papermill found no parameters"
+
+
 @pytest.mark.notebook
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_runs_headless_quick_profile(nb, tmp_path, monkeypatch):
