@@ -226,6 +226,8 @@ ROUTE_CASES = [  # (T, K, E, expert_offset, id range, max_tokens, block_m)
     (200, 8, 24, 24, (-5, 200), None, 64),   # EP8 rank 1: remote ids, negative ids
     (300, 4, 4, 0, (0, 4), None, 32),        # multiple chunks of 1024 pairs, heavy experts
     (1000, 16, 512, 0, (0, 512), None, 8),
+    (100, 8, 384, 0, (0, 384), None, 16),     # 48 KB of counters + the kernel's static arrays: needs the opt-in
+    (100, 8, 370, 0, (0, 370), None, 16),     # below 48 KB of dynamic memory, above it with the static arrays
     (0, 8, 192, 0, (0, 192), 16, 8),
     (5, 3, 7, 0, (0, 1), None, 8),            # all to one expert
 ]

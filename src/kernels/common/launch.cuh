@@ -43,7 +43,13 @@ class FuncAttributeCache {
     const Key k{reinterpret_cast<const void*>(kernel), dev};
     std::lock_guard<std::mutex> lock(mu_);
     Entry& e = map_[k];
-    if (smem_bytes > 48 * 1024 && e.smem < smem_bytes) {
+    // Without the opt-in a CTA gets 48 KB of shared memory, static and dynamic together: a kernel with static
+    // arrays needs the attribute for less than 48 KB of dynamic memory (the route kernel at 370-384 experts).
+    if (e.static_smem < 0) {
+      cudaFuncAttributes fa{};
+      e.static_smem = cudaFuncGetAttributes(&fa, kernel) == cudaSuccess ? static_cast<int>(fa.sharedSizeBytes) : 0;
+    }
+    if (smem_bytes + e.static_smem > 48 * 1024 && e.smem < smem_bytes) {
       cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
       if (err != cudaSuccess) return err;
       e.smem = smem_bytes;
@@ -67,6 +73,7 @@ class FuncAttributeCache {
   };
   struct Entry {
     int smem = 0;
+    int static_smem = -1;  // the kernel's static shared memory, bytes (-1: not read yet)
     bool nonportable = false;
   };
   std::mutex mu_;
