@@ -143,12 +143,11 @@ def sanitizer_table(log_dir: str, *, device: str | None = None) -> list[dict]:
                          "config": fuzzing.config_json(fuzz_module(op).SANITIZE_CASES[i])})
         tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or [""]
         ours = None if r["summary"] is None else max(r["summary"] - r["library"], 0)
-        lib_first = next((ln[10:].strip()[:200] for ln in text.splitlines() if ln.startswith("========= ")
-                          and any(k in ln for k in fuzzing.LIBRARY_KERNELS)), "")
         rows.append({"op": op, "tool": tool, "case": "all", "device": device, "errors": ours,
                      "library_reports": r["library"],
                      "checks": "" if r["summary"] is not None else f"no summary (tool refused or died): "
-                     f"{tail[0][:200]}", "first_report": r["first"], "first_library_report": lib_first})
+                     f"{tail[0][:200]}", "first_report": r["first"],
+                     "first_library_report": r["first_library"][:200]})
     return rows
 
 

@@ -206,8 +206,8 @@ def parse_sanitizer_log(text: str) -> dict:
     printed no summary: it refused or died), ``per_case`` {case index: reports in our kernels} and
     ``per_case_library`` {case index: reports in library kernels (PyTorch)}, attributed to the last case marker
     before them (a report = a '========= X...' line not indented plus its indented lines), ``library`` (their
-    total), ``first`` (the first report line in our kernels, '' when none) and ``case_status`` {case index: the
-    driver's ok/FAIL line}."""
+    total), ``first`` / ``first_library`` (the first report line in our / library kernels, '' when none) and
+    ``case_status`` {case index: the driver's ok/FAIL line}."""
     m = _SUMMARY.findall(text)
     summary = int(next(g for g in m[-1] if g)) if m else None
     per_case: dict = {}
@@ -227,14 +227,16 @@ def parse_sanitizer_log(text: str) -> dict:
             reports[-1][1].append(line)
         elif line.startswith("========= ") and not any(k in line for k in _NOT_REPORTS):
             reports.append([case, [line]])
-    first, library = "", 0
+    first, first_library, library = "", "", 0
     for c, lines in reports:
         body = "\n".join(lines)
         lib = any(k in body for k in LIBRARY_KERNELS)
         library += lib
         if c is not None:
             (per_lib if lib else per_case)[c] = (per_lib if lib else per_case).get(c, 0) + 1
-        if not lib:
+        if lib:
+            first_library = first_library or lines[0][10:].strip()
+        else:
             first = first or lines[0][10:].strip()
     return {"summary": summary, "per_case": per_case, "per_case_library": per_lib, "library": library,
-            "first": first, "case_status": status}
+            "first": first, "first_library": first_library, "case_status": status}
