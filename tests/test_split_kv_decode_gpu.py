@@ -20,9 +20,11 @@ from hotpaths.harness.env import requires_sm90
 pytestmark = [pytest.mark.gpu, requires_sm90()]
 
 OP = "split_kv_decode"
-# v3m: the MTP configuration (one row group of up to 32 rows per pass, NT = 4); the other v3 configurations run in
-# the *_agree tests.
-VARIANTS = ["v2", "v3", "v3m"]
+# v3m: the MTP configuration (one row group of up to 32 rows per pass, NT = 4); v3b / v3bs3 / v3bc3: the BF16
+# transposed layout at 2/2, 3/2 (merge buffer in a stage) and 2/3 stages / CTAs per SM (FP8 KV runs v3 / v3s3c3
+# under those names: the dispatch is covered too); the other v3 configurations run in the *_agree tests.
+VARIANTS = ["v2", "v3", "v3m", "v3b", "v3bs3", "v3bc3"]
+BF16_VARIANTS = ["v3b", "v3bs3", "v3bc3"]
 
 
 def _mods():
@@ -361,6 +363,14 @@ def test_library_queries_match_host():
     for v, cfg in K.CONFIGS.items():
         assert lib.hp_decode_smem_bytes(cfg, 1) > 0 and lib.hp_decode_smem_bytes(cfg, 0) > 0, v
     assert lib.hp_decode_smem_bytes(len(K.CONFIGS), 1) == -1 and lib.hp_decode_ctas_per_sm(-1) == -1
+    # which layout runs: BF16 transposed only for its configurations at <= 8 rows; FP8 transposed but for v2
+    for v in K.VARIANTS:
+        assert K.runs_transposed(v, fp8=True) == (v != "v2"), v
+        assert K.runs_transposed(v, fp8=False) == (v in BF16_VARIANTS), v
+        assert not K.runs_transposed(v, fp8=False, rows=16), v
+    # the BF16 configurations that keep their merge buffer in a stage use less than two separate-buffer stages need
+    assert lib.hp_decode_smem_bytes(K.CONFIGS["v3bs3"], 0) < lib.hp_decode_smem_bytes(K.CONFIGS["v3b"], 0) + 40000
+    assert lib.hp_decode_transposed(len(K.CONFIGS), 1, 8) == -1
 
 
 def test_v3_grid_sized_per_config():
@@ -368,7 +378,8 @@ def test_v3_grid_sized_per_config():
     K, _ = _mods()
     kv = torch.tensor([100, 65], dtype=torch.int32, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for v, cps in (("v2", 2), ("v3", 2), ("v3s3c3", 3), ("v3s5", 2), ("v3s2c4", 4), ("v3m", 2)):
+    for v, cps in (("v2", 2), ("v3", 2), ("v3s3c3", 3), ("v3s5", 2), ("v3s2c4", 4), ("v3m", 2), ("v3b", 2),
+                   ("v3bs3", 2), ("v3bc3", 3)):
         assert K.ctas_per_sm(v) == cps
         assert K.plan(kv, num_kv_heads=1, q_heads=8, variant=v).num_ctas == cps * sms
 
@@ -526,3 +537,113 @@ def test_new_configs_on_the_nine_cases(case, q_len):
             assert not torch.isnan(out.float()).any(), v
             assert_close(out, ref, op=OP, path=f"{kv_dtype}_vs_exact")
         del inp, ref
+
+
+# BF16 cases for the transposed layout: R <= 8 (GQA 8:1, 4:1 with 4 padded rows, 2:1 at q_len 2 and 4:1 at q_len 2),
+# page sizes below a tile (per-token block-table lookups) and above, every mode; AGREE_CASES adds R > 8 (row layout).
+BF16_TR_CASES = [
+    ([700, 65, 2500, 1, 0], 8, 2, 16, 1, "dynamic", dict(num_ctas=7)),
+    (EDGE_LENS, 4, 1, 32, 2, "batch_invariant", dict(chunk_tiles=2)),
+    ([700, 65, 2500, 1], 2, 1, 128, 1, "static_count", dict(num_splits=3)),
+    (EDGE_LENS + [2, 3], 4, 1, 64, 2, "dynamic", dict(num_ctas=5, min_tiles=1)),
+    ([64] * 40 + [4097], 8, 1, 64, 1, "static_chunk", dict(chunk_tiles=4)),
+]
+
+
+@pytest.mark.parametrize("variant", BF16_VARIANTS)
+@pytest.mark.parametrize("case", range(len(AGREE_CASES) + len(BF16_TR_CASES)))
+def test_bf16_transposed_agree(case, variant):
+    """The BF16 transposed configurations (bf16 MMAs on S^T and O^T; merge buffer in a stage for v3bs3 / v3bc3) match
+    v2 and the emulation on the same inputs, from a NaN-poisoned output; kv_len 0 gives exact zeros. Cases above 8
+    rows per group run the row layout under the same name and must agree too."""
+    K, _ = _mods()
+    lens, qh, kvh, ps, ql, mode, kw = (AGREE_CASES + BF16_TR_CASES)[case]
+    inp = _inputs(lens, "bf16", q_heads=qh, kv_heads=kvh, page_size=ps, q_len=ql, seed=31 + case)
+    _, o2 = _run(inp, mode=mode, variant="v2", **kw)
+    p3, o3 = _run(inp, mode=mode, variant=variant, **kw)
+    assert not torch.isnan(o3.float()).any()
+    assert_close(o3, o2, op=OP, path="bf16_vs_emulation")
+    _check_both(inp, o3, p3, "bf16")
+    for r in [i for i, L in enumerate(lens) if L == 0]:
+        rows = slice(r * ql, (r + 1) * ql)
+        assert torch.equal(o3[rows].float(), torch.zeros_like(o3[rows].float()))
+
+
+@pytest.mark.parametrize("variant", BF16_VARIANTS)
+def test_bf16_transposed_fuse_all_no_combine(variant):
+    """BF16 KV on a transposed configuration with fuse_max=FUSE_ALL: every split pair (up to 130000 tokens) merged by
+    the attention kernel, the kv_len-0 request's rows written as zeros there, no combine launched (stages='combine'
+    leaves a poisoned output untouched), counters back to zero, and a CUDA graph replayed with lengths changed in
+    place. A mixed fuse_max (2..8 chunks fused, longer by the combine) matches too."""
+    K, _ = _mods()
+    lens = [4096] * 6 + [130000, 0, 1, 700, 65, 200]
+    inp = _inputs(lens, "bf16", seed=19)
+    args = (inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"])
+    for fuse in (8, K.FUSE_ALL):
+        p = K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, variant=variant, fuse_max=fuse)
+        for _ in range(2):
+            out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            K.run(p, *args, out=out)
+            torch.cuda.synchronize()
+            assert not torch.isnan(out.float()).any()
+            _check_both(inp, out, p, "bf16")
+            assert torch.equal(out[7].float(), torch.zeros_like(out[7].float()))
+            assert int(p.counters.abs().sum()) == 0
+    poisoned = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    K.run(p, *args, out=poisoned, stages="combine")
+    torch.cuda.synchronize()
+    assert torch.isnan(poisoned.float()).all()  # fuse-all: nothing launched
+    out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        with torch.cuda.graph(g, stream=st):
+            p.update(inp["kv_lens"])
+            K.run(p, *args, out=out, check_inputs=False)
+    torch.cuda.current_stream().wait_stream(st)
+    for new in ([0] + lens[1:], lens):
+        inp["kv_lens"].copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert_close(out, _emulate(inp, p), op=OP, path="bf16_vs_emulation")
+        assert int(p.counters.abs().sum()) == 0
+
+
+def test_bf16_uniform_batch_whole_pairs_write_directly():
+    """min_tiles equal to a uniform batch's pair length gives one chunk per pair (the task map says so), and with
+    fuse-all the attention kernel then writes every row itself: correct from a poisoned output, no combine launch."""
+    K, _ = _mods()
+    lens = [512] * 64
+    inp = _inputs(lens, "bf16", seed=23)
+    p = K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, variant="v3b", fuse_max=K.FUSE_ALL, min_tiles=8)
+    assert int(np.asarray(K.host_task_map(p, lens).num_chunks).max()) == 1
+    out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    K.run(p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"], out=out)
+    torch.cuda.synchronize()
+    _check_both(inp, out, p, "bf16")
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "bf16"])
+@pytest.mark.parametrize("variant,mode,kw", [("v2", "dynamic", {}), ("v3s2c4", "dynamic", {}),
+                                             ("v3b", "dynamic", dict(fuse_max=8)), ("v2", "static_count", {}),
+                                             ("v3", "batch_invariant", dict(chunk_tiles=1)),
+                                             ("v3m", "dynamic", dict(q_len=4))])
+def test_combine_32_warps(kv_dtype, variant, mode, kw):
+    """combine_warps=32 (the online combine, 32 warps per (row, pair): 128 chunks per L2 round trip) matches the
+    emulation on a batch whose 130000-token request is cut into hundreds of chunks, beside 1-chunk and empty pairs,
+    with the fused merge taking the short pairs where asked; 16 is refused."""
+    K, _ = _mods()
+    kw = dict(kw)
+    q_len = kw.pop("q_len", 1)
+    lens = [130000, 4096, 4096, 0, 1, 700]
+    inp = _inputs(lens, kv_dtype, seed=29, q_len=q_len)
+    p, out = _run(inp, mode=mode, variant=variant, combine_warps=32, **kw)
+    assert p.combine_warps == 32
+    if mode == "dynamic":
+        assert int(np.asarray(K.host_task_map(p, lens).num_chunks).max()) > 128
+    assert not torch.isnan(out.float()).any()
+    _check_both(inp, out, p, kv_dtype)
+    with pytest.raises(ValueError, match="combine_warps"):
+        K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, combine_warps=16)
