@@ -336,18 +336,34 @@ def test_variant_from_environment(monkeypatch):
         K.plan(kv, num_kv_heads=1, q_heads=8)
 
 
-@pytest.mark.parametrize("variant", ["v3", "v3s3c3", "v3s5", "v3s2c4", "v3m"])
-@pytest.mark.parametrize("case", range(len(AGREE_CASES) + len(MTP_AGREE_CASES)))
-def test_v3_configs_agree(case, variant):
-    """Every v3 configuration (stages x CTAs per SM; FP8: the v3 kernel, incl. NT = 2 row groups of 9-16 rows) matches
+# BF16 cases for the transposed layout: R <= 8 (GQA 8:1, 4:1 with 4 padded rows, 2:1 at q_len 2 and 4:1 at q_len 2),
+# page sizes below a tile (per-token block-table lookups) and above, every mode; AGREE_CASES adds R > 8 (row layout).
+BF16_TR_CASES = [
+    ([700, 65, 2500, 1, 0], 8, 2, 16, 1, "dynamic", dict(num_ctas=7)),
+    (EDGE_LENS, 4, 1, 32, 2, "batch_invariant", dict(chunk_tiles=2)),
+    ([700, 65, 2500, 1], 2, 1, 128, 1, "static_count", dict(num_splits=3)),
+    (EDGE_LENS + [2, 3], 4, 1, 64, 2, "dynamic", dict(num_ctas=5, min_tiles=1)),
+    ([64] * 40 + [4097], 8, 1, 64, 1, "static_chunk", dict(chunk_tiles=4)),
+]
+# (variant, kv dtype, case): every FP8 v3 configuration over AGREE_CASES + MTP_AGREE_CASES, every BF16 transposed one
+# over AGREE_CASES + BF16_TR_CASES
+CONFIG_AGREE = ([(v, "fp8", c) for v in ("v3", "v3s3c3", "v3s5", "v3s2c4", "v3m")
+                 for c in AGREE_CASES + MTP_AGREE_CASES]
+                + [(v, "bf16", c) for v in BF16_VARIANTS for c in AGREE_CASES + BF16_TR_CASES])
+
+
+@pytest.mark.parametrize("i", range(len(CONFIG_AGREE)), ids=lambda i: f"{CONFIG_AGREE[i][0]}-{CONFIG_AGREE[i][1]}-{i}")
+def test_v3_configs_agree(i):
+    """Every v3 configuration (stages x CTAs per SM; FP8: the v3 kernel, incl. NT = 2 row groups of 9-16 rows; BF16:
+    the bf16-MMA transposed kernel, merge buffer in a stage for v3bs3 / v3bc3, the row layout above 8 rows) matches
     v2 and the emulation on the same inputs; kv_len 0 gives exact zeros and no NaN reaches the poisoned output."""
-    lens, qh, kvh, ps, ql, mode, kw = (AGREE_CASES + MTP_AGREE_CASES)[case]
-    inp = _inputs(lens, "fp8", q_heads=qh, kv_heads=kvh, page_size=ps, q_len=ql, seed=11 + case)
+    variant, kv, (lens, qh, kvh, ps, ql, mode, kw) = CONFIG_AGREE[i]
+    inp = _inputs(lens, kv, q_heads=qh, kv_heads=kvh, page_size=ps, q_len=ql, seed=11 + i)
     _, o2 = _run(inp, mode=mode, variant="v2", **kw)
     p3, o3 = _run(inp, mode=mode, variant=variant, **kw)
     assert not torch.isnan(o3.float()).any()
-    assert_close(o3, o2, op=OP, path="fp8_vs_emulation")
-    assert_close(o3, _emulate(inp, p3), op=OP, path="fp8_vs_emulation")
+    assert_close(o3, o2, op=OP, path=f"{kv}_vs_emulation")
+    assert_close(o3, _emulate(inp, p3), op=OP, path=f"{kv}_vs_emulation")
     for r in [i for i, L in enumerate(lens) if L == 0]:
         rows = slice(r * ql, (r + 1) * ql)
         assert torch.equal(o3[rows].float(), torch.zeros_like(o3[rows].float()))
@@ -387,14 +403,16 @@ def test_v3_grid_sized_per_config():
 @pytest.mark.parametrize("fuse_max", [0, 2, 8, 64])
 @pytest.mark.parametrize("mode,kw", [("dynamic", dict(num_ctas=16)), ("dynamic", {}),
                                      ("static_count", dict(num_splits=5)), ("batch_invariant", dict(chunk_tiles=3))])
-def test_v3_fused_merge(fuse_max, mode, kw):
-    """v3's fused merge (pairs of 2..fuse_max chunks merged by their last-arriving CTA; longer ones by the combine)
-    matches the emulation for every split of the work between the two, the arrival counters are zero again after
-    every launch, and a second launch on the same plan is as correct as the first (the counters reset themselves)."""
+@pytest.mark.parametrize("variant,kv", [("v3", "fp8"), ("v3bs3", "bf16")])
+def test_v3_fused_merge(fuse_max, mode, kw, variant, kv):
+    """The transposed layout's fused merge (pairs of 2..fuse_max chunks merged by their last-arriving CTA; longer ones
+    by the combine), FP8 and BF16, matches the emulation for every split of the work between the two, the arrival
+    counters are zero again after every launch, and a second launch on the same plan is as correct as the first (the
+    counters reset themselves)."""
     K, _ = _mods()
     lens = [4096] * 6 + [130000, 0, 1, 700, 65, 200]
-    inp = _inputs(lens, "fp8", seed=5)
-    p = K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, mode=mode, variant="v3", fuse_max=fuse_max, **kw)
+    inp = _inputs(lens, kv, seed=5)
+    p = K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, mode=mode, variant=variant, fuse_max=fuse_max, **kw)
     assert p.fuse_max == fuse_max and (p.counters is None) == (fuse_max == 0)
     chunks = np.asarray(K.host_task_map(p, lens).num_chunks) if mode == "dynamic" else None
     if chunks is not None and fuse_max == 8:  # the cases really mix fused and combined pairs
@@ -406,7 +424,7 @@ def test_v3_fused_merge(fuse_max, mode, kw):
               k_scale=inp["k_scale"], v_scale=inp["v_scale"], out=out)
         torch.cuda.synchronize()
         assert not torch.isnan(out.float()).any()
-        assert_close(out, emu, op=OP, path="fp8_vs_emulation")
+        assert_close(out, emu, op=OP, path=f"{kv}_vs_emulation")
         if p.counters is not None:
             assert int(p.counters.abs().sum()) == 0
 
@@ -414,17 +432,22 @@ def test_v3_fused_merge(fuse_max, mode, kw):
 @pytest.mark.parametrize("variant,kw", [("v3", dict(num_ctas=16)), ("v3s2c4", {}), ("v3", dict(q_len=2)),
                                         ("v3s2c4", dict(page_size=16, kv_heads=2, q_heads=8)),
                                         ("v3m", dict(q_len=4)), ("v3m", dict(q_len=4, q_heads=16)),
-                                        ("v3m", dict(q_len=3, num_ctas=16))])
+                                        ("v3m", dict(q_len=3, num_ctas=16)),
+                                        ("v3b", dict(kv="bf16", num_ctas=16)), ("v3bs3", dict(kv="bf16")),
+                                        ("v3bc3", dict(kv="bf16", page_size=16, kv_heads=2, q_heads=8)),
+                                        ("v3bs3", dict(kv="bf16", q_len=2, q_heads=4))])
 def test_v3_fuse_all_no_combine(variant, kw):
-    """fuse_max=FUSE_ALL: every split pair (up to the 130000-token one) is merged by the attention kernel, which also
-    writes the zero rows of kv_len-0 requests, and no combine kernel runs (stages='combine' leaves a poisoned output
-    untouched). Matches the emulation twice on one plan (self-resetting counters), replays from a CUDA graph with
-    lengths changed between replays (a request going to 0 and back), and static modes refuse it."""
+    """fuse_max=FUSE_ALL (FP8, and BF16 on its transposed configurations at <= 8 rows): every split pair (up to the
+    130000-token one) is merged by the attention kernel, which also writes the zero rows of kv_len-0 requests, and no
+    combine kernel runs (stages='combine' leaves a poisoned output untouched). Matches the emulation twice on one plan
+    (self-resetting counters), replays from a CUDA graph with lengths changed between replays (a request going to 0
+    and back), and static modes refuse it."""
     K, _ = _mods()
-    q_len = kw.pop("q_len", 1)
+    kw = dict(kw)
+    q_len, kv = kw.pop("q_len", 1), kw.pop("kv", "fp8")
     ps, kvh, qh = kw.pop("page_size", 64), kw.pop("kv_heads", 1), kw.pop("q_heads", 8)
     lens = [4096] * 6 + [130000, 0, 1, 700, 65, 200]
-    inp = _inputs(lens, "fp8", seed=9, q_len=q_len, page_size=ps, kv_heads=kvh, q_heads=qh)
+    inp = _inputs(lens, kv, seed=9, q_len=q_len, page_size=ps, kv_heads=kvh, q_heads=qh)
     p = K.plan(inp["kv_lens"], num_kv_heads=kvh, q_heads=qh, q_len=q_len, variant=variant, fuse_max=K.FUSE_ALL,
                **kw)
     assert p.fuse_max == K.FUSE_ALL
@@ -435,7 +458,7 @@ def test_v3_fuse_all_no_combine(variant, kw):
         K.run(*args, out=out, **sc)
         torch.cuda.synchronize()
         assert not torch.isnan(out.float()).any()
-        assert_close(out, _emulate(inp, p), op=OP, path="fp8_vs_emulation")
+        assert_close(out, _emulate(inp, p), op=OP, path=f"{kv}_vs_emulation")
         assert torch.equal(out[7 * q_len:8 * q_len].float(), torch.zeros_like(out[7 * q_len:8 * q_len].float()))
         assert int(p.counters.abs().sum()) == 0
     poisoned = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -457,7 +480,7 @@ def test_v3_fuse_all_no_combine(variant, kw):
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        assert_close(out, _emulate(inp, p), op=OP, path="fp8_vs_emulation")
+        assert_close(out, _emulate(inp, p), op=OP, path=f"{kv}_vs_emulation")
         assert int(p.counters.abs().sum()) == 0
     with pytest.raises(ValueError, match="dynamic"):
         K.plan(inp["kv_lens"], num_kv_heads=kvh, q_heads=qh, mode="static_count", variant=variant,
@@ -537,78 +560,6 @@ def test_new_configs_on_the_nine_cases(case, q_len):
             assert not torch.isnan(out.float()).any(), v
             assert_close(out, ref, op=OP, path=f"{kv_dtype}_vs_exact")
         del inp, ref
-
-
-# BF16 cases for the transposed layout: R <= 8 (GQA 8:1, 4:1 with 4 padded rows, 2:1 at q_len 2 and 4:1 at q_len 2),
-# page sizes below a tile (per-token block-table lookups) and above, every mode; AGREE_CASES adds R > 8 (row layout).
-BF16_TR_CASES = [
-    ([700, 65, 2500, 1, 0], 8, 2, 16, 1, "dynamic", dict(num_ctas=7)),
-    (EDGE_LENS, 4, 1, 32, 2, "batch_invariant", dict(chunk_tiles=2)),
-    ([700, 65, 2500, 1], 2, 1, 128, 1, "static_count", dict(num_splits=3)),
-    (EDGE_LENS + [2, 3], 4, 1, 64, 2, "dynamic", dict(num_ctas=5, min_tiles=1)),
-    ([64] * 40 + [4097], 8, 1, 64, 1, "static_chunk", dict(chunk_tiles=4)),
-]
-
-
-@pytest.mark.parametrize("variant", BF16_VARIANTS)
-@pytest.mark.parametrize("case", range(len(AGREE_CASES) + len(BF16_TR_CASES)))
-def test_bf16_transposed_agree(case, variant):
-    """The BF16 transposed configurations (bf16 MMAs on S^T and O^T; merge buffer in a stage for v3bs3 / v3bc3) match
-    v2 and the emulation on the same inputs, from a NaN-poisoned output; kv_len 0 gives exact zeros. Cases above 8
-    rows per group run the row layout under the same name and must agree too."""
-    K, _ = _mods()
-    lens, qh, kvh, ps, ql, mode, kw = (AGREE_CASES + BF16_TR_CASES)[case]
-    inp = _inputs(lens, "bf16", q_heads=qh, kv_heads=kvh, page_size=ps, q_len=ql, seed=31 + case)
-    _, o2 = _run(inp, mode=mode, variant="v2", **kw)
-    p3, o3 = _run(inp, mode=mode, variant=variant, **kw)
-    assert not torch.isnan(o3.float()).any()
-    assert_close(o3, o2, op=OP, path="bf16_vs_emulation")
-    _check_both(inp, o3, p3, "bf16")
-    for r in [i for i, L in enumerate(lens) if L == 0]:
-        rows = slice(r * ql, (r + 1) * ql)
-        assert torch.equal(o3[rows].float(), torch.zeros_like(o3[rows].float()))
-
-
-@pytest.mark.parametrize("variant", BF16_VARIANTS)
-def test_bf16_transposed_fuse_all_no_combine(variant):
-    """BF16 KV on a transposed configuration with fuse_max=FUSE_ALL: every split pair (up to 130000 tokens) merged by
-    the attention kernel, the kv_len-0 request's rows written as zeros there, no combine launched (stages='combine'
-    leaves a poisoned output untouched), counters back to zero, and a CUDA graph replayed with lengths changed in
-    place. A mixed fuse_max (2..8 chunks fused, longer by the combine) matches too."""
-    K, _ = _mods()
-    lens = [4096] * 6 + [130000, 0, 1, 700, 65, 200]
-    inp = _inputs(lens, "bf16", seed=19)
-    args = (inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"])
-    for fuse in (8, K.FUSE_ALL):
-        p = K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, variant=variant, fuse_max=fuse)
-        for _ in range(2):
-            out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-            K.run(p, *args, out=out)
-            torch.cuda.synchronize()
-            assert not torch.isnan(out.float()).any()
-            _check_both(inp, out, p, "bf16")
-            assert torch.equal(out[7].float(), torch.zeros_like(out[7].float()))
-            assert int(p.counters.abs().sum()) == 0
-    poisoned = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-    K.run(p, *args, out=poisoned, stages="combine")
-    torch.cuda.synchronize()
-    assert torch.isnan(poisoned.float()).all()  # fuse-all: nothing launched
-    out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-    g = torch.cuda.CUDAGraph()
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        with torch.cuda.graph(g, stream=st):
-            p.update(inp["kv_lens"])
-            K.run(p, *args, out=out, check_inputs=False)
-    torch.cuda.current_stream().wait_stream(st)
-    for new in ([0] + lens[1:], lens):
-        inp["kv_lens"].copy_(torch.tensor(new, dtype=torch.int32))
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert_close(out, _emulate(inp, p), op=OP, path="bf16_vs_emulation")
-        assert int(p.counters.abs().sum()) == 0
 
 
 def test_bf16_uniform_batch_whole_pairs_write_directly():
