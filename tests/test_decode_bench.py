@@ -206,6 +206,8 @@ def test_impl_specs_carry_plan_settings():
         "dynamic", dict(variant="v3b", fuse_max=K.FUSE_ALL, combine_warps=32, min_tiles=4))
     assert D.split_impl("static_count:v2:fuse8") == ("static_count", dict(variant="v2", fuse_max=8))
     assert D.split_impl("dynamic:auto:cw8") == ("dynamic", dict(variant="auto", combine_warps=8))
+    assert D.split_impl("dynamic:v3bs3:fuseauto:cwauto") == (
+        "dynamic", dict(variant="v3bs3", fuse_max="auto", combine_warps="auto"))
     for bad, why in (("dynamic:v9", "unknown token"), ("dynamic:cw16", "unknown token"), ("dynamic:mt0", "unknown"),
                      ("dynamic:v2:v3", "twice"), ("dynamic:fuse2:fuseall", "twice"), ("flashinfer_xqa:v3", "not one")):
         with pytest.raises(ValueError, match=why):
@@ -234,6 +236,22 @@ def test_cpu_spec_rows_use_the_spec_min_tiles():
     assert max(whole.num_chunks) == 1
     assert max(D.emulation_task_map(lens, "dynamic", kv_heads=1, min_tiles=16).num_chunks) == 2
     assert max(D.emulation_task_map(lens, "dynamic", kv_heads=1, min_tiles=2).num_chunks) > 1
+
+
+def test_longest_chunk_estimate_bounds_the_host_map():
+    """The chunk estimate behind plan(fuse_max="auto" / combine_warps="auto") and auto's variant choice is an upper
+    bound of the host task map's longest pair, within one chunk, on the published cases and edge batches."""
+    from hotpaths.harness.shapes import expand_lengths
+    from hotpaths.kernels import split_kv_decode as K
+
+    for case in list(D.ISSUE_CASES) + ["3x1+1x0", "7x64", "1x130000+5x700"]:
+        lens = expand_lengths(case)
+        tiles = [-(-L // 64) for L in lens]
+        for C, F in ((264, 2), (528, 2), (264, 8), (16, 1)):
+            est = K._longest_chunks(tiles, 1, C, F)
+            got = int(max(D.emulation_task_map(lens, "dynamic", kv_heads=1, num_ctas=C, min_tiles=F).num_chunks))
+            assert got <= est <= got + 1, (case, C, F, got, est)
+    assert K._longest_chunks([0, 0], 1, 8, 2) == 0
 
 
 def test_ncu_snippet_plans_with_the_kv_dtype():

@@ -598,3 +598,21 @@ def test_combine_32_warps(kv_dtype, variant, mode, kw):
     _check_both(inp, out, p, kv_dtype)
     with pytest.raises(ValueError, match="combine_warps"):
         K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, combine_warps=16)
+
+
+def test_auto_fuse_and_combine_width():
+    """plan(fuse_max="auto", combine_warps="auto") on any variant: fuse-all where the longest pair has few chunks
+    (64x0.5K), the combine kernel otherwise; 32 combine warps only for a pair of more than AUTO_COMBINE_WIDE_CHUNKS
+    chunks; a variant running the row layout never fuses; each plan's output matches the emulation."""
+    K, _ = _mods()
+    short, long_ = [512] * 64, [131072] + [4096] * 7
+    for lens, kv, variant, want_fuse, want_cw in ((short, "bf16", "v3bs3", K.FUSE_ALL, 8),
+                                                  (long_, "bf16", "v3bs3", 0, 32), (short, "bf16", "v2", 0, 8),
+                                                  (long_, "fp8", "v3s2c4", 0, 32), (short, "fp8", "v3", K.FUSE_ALL, 8)):
+        inp = _inputs(lens, kv, seed=37)
+        p, out = _run(inp, variant=variant, fuse_max="auto", combine_warps="auto")
+        assert (p.fuse_max, p.combine_warps) == (want_fuse, want_cw), (kv, variant, len(lens))
+        assert not torch.isnan(out.float()).any()
+        assert_close(out, _emulate(inp, p), op=OP, path=f"{kv}_vs_emulation")
+    with pytest.raises(ValueError, match="fuse_max"):
+        K.plan(torch.tensor([64], dtype=torch.int32, device="cuda"), num_kv_heads=1, q_heads=8, fuse_max="all")

@@ -10,7 +10,8 @@ Tables (all rows: tables.COLUMNS first, then the extra columns listed in EXTRA_C
   combine is not timed alone; the row says so).
 - ``decode_ncu`` (ncu_rows): Nsight Compute of the dynamic kernel on two cases.
 Our impls are a mode (OUR_IMPLS) optionally followed by plan settings, ``mode:token:...`` (split_impl): a variant
-(``dynamic:v3b``), ``fuseall`` / ``fuse<N>`` (fuse_max), ``cw32`` (combine warps), ``mt<N>`` (min_tiles), so one
+(``dynamic:v3b``), ``fuseall`` / ``fuseauto`` / ``fuse<N>`` (fuse_max), ``cw32`` / ``cwauto`` (combine warps),
+``mt<N>`` (min_tiles), so one
 run A/Bs kernel configurations beside the peers; the row's impl is the whole spec.
 Without an SM90 GPU the kernel impls become ``<impl>_emulation`` rows (hotpaths.reference's same-precision
 emulation over the same task map) with correctness and no timing; peers record why they did not run.
@@ -78,8 +79,9 @@ def _base_impl(impl: str) -> str:
 def split_impl(spec: str) -> tuple[str, dict]:
     """``"dynamic:v3b:fuseall:cw32:mt4"`` -> ("dynamic", {variant: "v3b", fuse_max: FUSE_ALL, combine_warps: 32,
     min_tiles: 4}): one of our impls (a mode of OUR_IMPLS) with plan() settings. Tokens: a variant of
-    hotpaths.kernels.split_kv_decode.VARIANTS or "auto"; ``fuseall`` (fuse_max = FUSE_ALL) or ``fuse<N>``; ``cw8`` /
-    ``cw32`` (combine_warps); ``mt<N>`` (min_tiles, N >= 1).
+    hotpaths.kernels.split_kv_decode.VARIANTS or "auto"; ``fuseall`` (fuse_max = FUSE_ALL), ``fuseauto`` (fuse_max
+    "auto": fuse-all at few chunks) or ``fuse<N>``; ``cw8`` / ``cw32`` / ``cwauto`` (combine_warps); ``mt<N>``
+    (min_tiles, N >= 1).
 
     Raises ValueError naming the spec for an unknown mode or token, or a token given twice.
     """
@@ -98,6 +100,10 @@ def split_impl(spec: str) -> tuple[str, dict]:
             put("variant", tok, tok)
         elif tok == "fuseall":
             put("fuse_max", K.FUSE_ALL, tok)
+        elif tok == "fuseauto":
+            put("fuse_max", "auto", tok)
+        elif tok == "cwauto":
+            put("combine_warps", "auto", tok)
         elif tok.startswith("fuse") and tok[4:].isdigit():
             put("fuse_max", int(tok[4:]), tok)
         elif tok.startswith("cw") and tok[2:].isdigit() and int(tok[2:]) in K.COMBINE_WARPS:
@@ -106,7 +112,7 @@ def split_impl(spec: str) -> tuple[str, dict]:
             put("min_tiles", int(tok[2:]), tok)
         else:
             raise ValueError(f"impl {spec!r}: unknown token {tok!r} (a variant of {K.VARIANTS + (K.AUTO,)}, fuseall, "
-                             f"fuse<N>, cw{'/cw'.join(map(str, K.COMBINE_WARPS))}, mt<N>)")
+                             f"fuseauto, fuse<N>, cw{'/cw'.join(map(str, K.COMBINE_WARPS))}, cwauto, mt<N>)")
     return mode, kw
 
 
@@ -690,8 +696,8 @@ def register(subparsers) -> None:
     p.add_argument("--impl", default=DEFAULT_IMPLS,
                    help=f"comma-separated among {', '.join(OUR_IMPLS)}, static (= both static flavours), "
                    f"assign (the task-map kernel alone), {', '.join(P.PEER_NAMES)} (default {DEFAULT_IMPLS}); "
-                   "ours take plan settings as mode:token:..., tokens a variant, fuseall / fuse<N>, cw32, mt<N> "
-                   "(e.g. dynamic:v3b:fuseall)")
+                   "ours take plan settings as mode:token:..., tokens a variant, fuseall / fuseauto / fuse<N>, "
+                   "cw32 / cwauto, mt<N> (e.g. dynamic:v3bs3:fuseauto:cwauto)")
     p.add_argument("--num-ctas", type=int, default=None, help="persistent CTAs (default: the kernel's default)")
     p.add_argument("--min-tiles", type=int, default=DEFAULT_MIN_TILES,
                    help=f"minimum-work floor in 64-token tiles (default {DEFAULT_MIN_TILES})")
@@ -722,7 +728,7 @@ def parse_impls(spec: str) -> tuple[list[str], bool]:
         else:
             known = OUR_IMPLS + tuple(ALIASES) + ("assign",) + P.PEER_NAMES
             raise ValueError(f"--impl: unknown {name!r}; choose among {', '.join(known)} (ours also as "
-                             "mode:variant[:fuseall|fuse<N>][:cw32][:mt<N>], e.g. dynamic:v3b:fuseall)")
+                             "mode:variant[:fuseall|fuseauto|fuse<N>][:cw32|cwauto][:mt<N>], e.g. dynamic:v3b:fuseauto)")
     if assign and "dynamic" not in impls:
         impls.insert(0, "dynamic")  # assign is timed on the dynamic plan
     return impls, assign

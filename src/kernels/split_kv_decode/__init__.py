@@ -71,6 +71,11 @@ BF16_TRANSPOSED_CONFIGS = ("v3b", "v3bs3", "v3bc3")
 # chunks behind the whole attention kernel (docs/ops/split_kv_decode.md, "Fixed-cost cases").
 COMBINE_WARPS = (8, 32)
 DEFAULT_COMBINE_WARPS = 8
+# plan(combine_warps="auto"): 32 when the longest pair has more chunks than AUTO_COMBINE_WIDE_CHUNKS (the 8-warp form
+# then needs more than one L2 round trip for it), else 8 (many short pairs: the wide CTAs would only be idle warps).
+# plan(fuse_max="auto"): FUSE_ALL when the longest pair has at most AUTO_FUSE_ALL_MAX_CHUNKS chunks (auto's FP8 rule,
+# for any variant that runs the transposed layout), else 0. Both read kv_lens on the host once, as "auto" does.
+AUTO_COMBINE_WIDE_CHUNKS = 32
 # Variants whose combine is the online form (one L2 round trip per 32 chunks): every transposed configuration (the
 # two-pass form stays v2's so v2 is unchanged).
 ONLINE_COMBINE = tuple(V3_CONFIGS)
@@ -209,8 +214,7 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
         num_sms = (torch.cuda.get_device_properties(kv_lens.device).multi_processor_count
                    if kv_lens.device.type == "cuda" else 132)
     fine, cps = (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4)  # CTAs per SM of the fine variant's grid
-    budget = max(_cdiv(total, cps * int(num_sms)), int(min_tiles))
-    longest = _cdiv(max(tiles), budget) + 1
+    longest = _longest_chunks(tiles, int(num_kv_heads), cps * int(num_sms), min_tiles)
     if rows > AUTO_MTP_ALWAYS_ROWS:
         return AUTO_MTP, longest
     return (fine if longest <= AUTO_MAX_CHUNKS else AUTO_FALLBACK), longest
@@ -224,6 +228,16 @@ def ctas_per_sm(variant: str) -> int:
     if variant not in CONFIGS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     return int(_load().hp_decode_ctas_per_sm(CONFIGS[variant]))
+
+
+def _longest_chunks(tiles: list[int], num_kv_heads: int, num_ctas: int, min_tiles: int) -> int:
+    """Chunks of the longest (head, request) in a dynamic map of C = num_ctas bins: its tiles over the per-CTA budget
+    max(ceil(total / C), min_tiles), plus one for a bin boundary (an upper bound, exact for the plan's rules)."""
+    total = sum(tiles) * num_kv_heads
+    if total == 0:
+        return 0
+    budget = max(_cdiv(total, num_ctas), int(min_tiles))
+    return _cdiv(max(tiles), budget) + 1
 
 
 def runs_transposed(variant: str, *, fp8: bool, rows: int = 8) -> bool:
@@ -317,8 +331,8 @@ def _check_lens(kv_lens, device=None) -> None:
 def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_batch: int | None = None,
          num_ctas: int | None = None, min_tiles: int = DEFAULT_MIN_TILES, mode: str = "dynamic", num_splits: int | None = None,
          chunk_tiles: int | None = None, q_len: int = 1, max_kv_len: int | None = None,
-         variant: str | None = None, fuse_max: int | None = None, kv_dtype=None,
-         combine_warps: int = DEFAULT_COMBINE_WARPS) -> DecodePlan:
+         variant: str | None = None, fuse_max: int | str | None = None, kv_dtype=None,
+         combine_warps: int | str = DEFAULT_COMBINE_WARPS) -> DecodePlan:
     """Allocate the step's buffers and build its schedule (dynamic: device assign kernel, no host sync).
 
     Shape/Dtype: kv_lens [batch] int32 on the GPU. num_ctas: see variant below; max_batch defaults to batch (sizes
@@ -335,7 +349,10 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
     may pick FUSE_ALL); FUSE_ALL (dynamic mode only) merges every pair there and launches no combine (a map whose
     pairs are all single chunks then needs no merge at all: each CTA writes its pairs' bf16 rows directly); ignored
     by v2 and by a run whose kernel is the row layout.
-    combine_warps: one of COMBINE_WARPS (default 8); 32 runs the online combine with 32 warps per (row, pair).
+    fuse_max="auto": FUSE_ALL when the longest pair has at most AUTO_FUSE_ALL_MAX_CHUNKS chunks at the plan's grid,
+    else 0 (reads kv_lens on the host).
+    combine_warps: one of COMBINE_WARPS (default 8); 32 runs the online combine with 32 warps per (row, pair);
+    "auto": 32 when the longest pair has more than AUTO_COMBINE_WIDE_CHUNKS chunks (reads kv_lens on the host).
     Raises ValueError/TypeError for an unknown mode or variant, unsupported head_dim / GQA ratio / q_len,
     batch > max_batch, combine_warps not in COMBINE_WARPS, or non-positive sizes.
     """
@@ -344,6 +361,13 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     variant = resolve_variant(variant)
     _check_lens(kv_lens)
+    fuse_auto = isinstance(fuse_max, str)
+    if fuse_auto and fuse_max != "auto":
+        raise ValueError(f"fuse_max must be an int >= 0, None or 'auto', got {fuse_max!r}")
+    if combine_warps not in COMBINE_WARPS and combine_warps != "auto":
+        raise ValueError(f"combine_warps must be one of {COMBINE_WARPS} or 'auto', got {combine_warps!r}")
+    if fuse_auto:
+        fuse_max = None
     if variant == AUTO:
         rows_auto = (q_heads // num_kv_heads) * q_len if num_kv_heads >= 1 and q_heads >= 1 else 8
         variant, longest = _auto_choice(kv_lens, num_kv_heads=num_kv_heads, kv_dtype=kv_dtype, mode=mode,
@@ -361,8 +385,6 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
         raise ValueError(f"q_len must be in 1..{MAX_Q_LEN}, got {q_len}")
     if min_tiles < 1:
         raise ValueError(f"min_tiles must be >= 1, got {min_tiles}")
-    if combine_warps not in COMBINE_WARPS:
-        raise ValueError(f"combine_warps must be one of {COMBINE_WARPS}, got {combine_warps!r}")
     batch = kv_lens.shape[0]
     if batch == 0:
         raise ValueError("kv_lens is empty (batch 0): nothing to plan")
@@ -388,6 +410,16 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
         mx = int(kv_lens.max().item()) if max_kv_len is None else int(max_kv_len)  # static grids: host sizing
         splits = max(1, _cdiv(_cdiv(mx, TILE), ct))
     max_pairs = max_batch * H
+    if (fuse_auto and fuse_max is None) or combine_warps == "auto":
+        if mode == "dynamic":
+            tiles = [_cdiv(max(int(x), 0), TILE) for x in kv_lens.tolist()]
+            longest = _longest_chunks(tiles, H, int(num_ctas), min_tiles)
+        else:
+            longest = splits  # the static grids' chunks per pair
+        if fuse_auto and fuse_max is None:
+            fuse_max = FUSE_ALL if (mode == "dynamic" and longest <= AUTO_FUSE_ALL_MAX_CHUNKS) else 0
+        if combine_warps == "auto":
+            combine_warps = 32 if longest > AUTO_COMBINE_WIDE_CHUNKS else DEFAULT_COMBINE_WARPS
     if fuse_max is None:
         fuse_max = DEFAULT_FUSE_MAX
     if fuse_max < 0:
