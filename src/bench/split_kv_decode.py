@@ -728,7 +728,8 @@ def parse_impls(spec: str) -> tuple[list[str], bool]:
         else:
             known = OUR_IMPLS + tuple(ALIASES) + ("assign",) + P.PEER_NAMES
             raise ValueError(f"--impl: unknown {name!r}; choose among {', '.join(known)} (ours also as "
-                             "mode:variant[:fuseall|fuseauto|fuse<N>][:cw32|cwauto][:mt<N>], e.g. dynamic:v3b:fuseauto)")
+                             "mode:variant[:fuseall|fuseauto|fuse<N>][:cw32|cwauto][:mt<N>], "
+                             "e.g. dynamic:v3b:fuseauto)")
     if assign and "dynamic" not in impls:
         impls.insert(0, "dynamic")  # assign is timed on the dynamic plan
     return impls, assign
