@@ -163,23 +163,24 @@ def test_vs_hpc_ops_is_the_same_run_ratio_per_q_len():
 def test_ncu_regex_names_the_timed_instantiation():
     import re
 
-    names = {
-        "v3s2c4": "void (anonymous namespace)::attention_kernel<(anonymous namespace)::Traits<true, true, 2, 4, 1>>"
-                  "((anonymous namespace)::Params)",
-        "v2": "void attention_kernel<Traits<(bool)1, (bool)0, (int)4, (int)2, (int)1>>(Params)",
-        "v3": "void attention_kernel<Traits<true, true, 4, 2, 1>>(Params)",
-        "v3s5": "void attention_kernel<Traits<true, true, 5, 2, 1>>(Params)",
-    }
+    ns = "_ZN45_GLOBAL__N__03c7c135_12_attention_cu_3164857a16"  # the anonymous namespace, as nvcc mangles it
+    names = {v: f"{ns}attention_kernelINS_6TraitsILb{a}ELb{b}ELi{c}ELi{d}ELi{e}EEEEEvNS_6ParamsE"
+             for v, (a, b, c, d, e) in {"v3s2c4": (1, 1, 2, 4, 1), "v2": (1, 0, 4, 2, 1), "v3": (1, 1, 4, 2, 1),
+                                        "v3s5": (1, 1, 5, 2, 1)}.items()}
     for variant, name in names.items():
         rx = D.attention_kernel_regex(variant)
         assert re.search(rx, name), (variant, rx)
         assert [v for v, n in names.items() if re.search(rx, n)] == [variant]  # only its own instantiation
+        assert set(rx) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.*")  # plain dialect
+    # the kernel and the host stub of the same instantiation both contain the pattern: ncu sees only the kernel
+    assert re.search(D.attention_kernel_regex("v3s2c4"), "_ZGVZL130__device_stub__" + names["v3s2c4"])
     assert D.attention_traits("v3s2c4", fp8=False) == (False, False, 2, 2, 1)  # BF16 runs the row layout
     assert D.attention_traits("v3s2c4", rows=16) == (True, True, 4, 2, 2)
     assert D.attention_traits("v3m", rows=32) == (True, True, 2, 2, 4)
     assert D.attention_traits("v3m", rows=16) == (True, True, 4, 2, 2)
     assert D.attention_traits("v3m", rows=8) == (True, True, 4, 2, 1)
-    assert re.search(D.attention_kernel_regex("v3s2c4", rows=16), "attention_kernel<Traits<true, true, 4, 2, 2>>")
+    nt2 = f"{ns}attention_kernelINS_6TraitsILb1ELb1ELi4ELi2ELi2EEEEEvNS_6ParamsE"
+    assert re.search(D.attention_kernel_regex("v3s2c4", rows=16), nt2)
     assert not re.search(D.attention_kernel_regex("v3s2c4", rows=16), names["v3s2c4"])
     with pytest.raises(ValueError, match="variant"):
         D.attention_traits("v2f")  # measured and removed
@@ -252,6 +253,22 @@ def test_longest_chunk_estimate_bounds_the_host_map():
             got = int(max(D.emulation_task_map(lens, "dynamic", kv_heads=1, num_ctas=C, min_tiles=F).num_chunks))
             assert got <= est <= got + 1, (case, C, F, got, est)
     assert K._longest_chunks([0, 0], 1, 8, 2) == 0
+
+
+def test_ncu_regex_matches_the_built_library():
+    # every instantiation the regex can name exists in the compiled library under that mangled pattern
+    import re
+
+    from hotpaths.kernels import _build
+
+    lib = _build.library_path("split_kv_decode")
+    if not lib.exists():
+        pytest.skip(f"kernels not built here ({lib}); the sm_90a compile test builds them")
+    syms = set(re.findall(rb"_ZN[A-Za-z0-9_]*attention_kernelI[A-Za-z0-9_]*", lib.read_bytes()))
+    for variant in ("v2", "v3", "v3s2c4", "v3s3c3", "v3s5", "v3m"):
+        for fp8, rows in ((True, 8), (True, 16), (False, 8)):
+            rx = D.attention_kernel_regex(variant, fp8=fp8, rows=rows).encode()
+            assert any(re.search(rx, s) for s in syms), (variant, fp8, rows, rx)
 
 
 def test_ncu_snippet_plans_with_the_kv_dtype():

@@ -34,6 +34,7 @@
 #include <atomic>
 
 #include "common/launch.cuh"
+#include "gemm_args.cuh"
 #include "moe_ptx.cuh"
 #include "plan_layout.cuh"
 
@@ -42,23 +43,6 @@ namespace hp_moe {
 constexpr int kThreads = 128;
 constexpr int kBK = 128;            // K elements per pipeline stage = one block-scale group
 constexpr int kAStride = kBK + 16;  // bytes per weight row in smem: ldmatrix rows hit distinct bank quads
-
-struct GemmArgs {
-  const int* ws;
-  int num_experts, max_pairs, block_m;
-  const uint8_t* w;        // [E, w_rows, kdim] e4m3
-  const float* w_scale;    // per-tensor [E]; block [E, ceil(w_rows/128), ceil(kdim/128)]
-  const float* a_scale;    // per-tensor activation scale [1] (unused in block mode)
-  const uint8_t* src;      // e4m3 rows: gate_up xq [T, H]; down aq [max_pairs, I] (by sorted position)
-  const float* src_scale;  // block mode: group scales of src [rows, ceil(kdim/128)]; unused per-tensor
-  __nv_bfloat16* dst;      // gate_up: act [max_pairs, I]; down: ybuf [max_pairs, H]
-  int topk;                // K (pair p -> token p / topk)
-  int kdim;                // reduction length: H (gate_up) or I (down)
-  int inter;               // I
-  int w_rows;              // 2I (gate_up) or H (down)
-  int dst_cols;            // I (gate_up) or H (down)
-  int* splitk;             // split-K workspace (splitk_layout) or nullptr: never split
-};
 
 // Split-K across CTAs (decode sizes, where the items of a launch do not fill its CTA slots): every item's K stages
 // are cut into S contiguous ranges, one per work unit; a unit writes its (ROWS x BM) fp32 partial, the LAST unit
@@ -466,13 +450,7 @@ __global__ void __launch_bounds__(kReduceThreads)
 template <class T>
 int ctas_per_sm() {
   static std::atomic<int> occ_slots[16];
-  return hp::per_device_cached(occ_slots, [](int) {
-    int n = 0;
-    cudaFuncSetAttribute(expert_gemm_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM);
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, expert_gemm_kernel<T>, kThreads, T::SMEM) != cudaSuccess)
-      n = 1;
-    return n > 0 ? n : 1;
-  });
+  return hp::ctas_per_sm(occ_slots, expert_gemm_kernel<T>, kThreads, T::SMEM);
 }
 
 // Split-K workspace of an instantiation in int32 units: counters for every CTA slot, then a partial per slot.
@@ -596,49 +574,10 @@ int hp_moe_quant(const void* src, void* dst, float* gscale, const float* a_scale
                          gscale, a_scale, nrows_dev, max_rows, cols, wait_first);
 }
 
-int hp_moe_gate_up(const int* ws, const void* xq, const float* x_scale, const void* w13, const float* w13_scale,
-                   const float* a1_scale, void* act, int topk, int num_experts, int hidden, int inter, int max_pairs,
-                   int block_m, int block, int pdl, void* splitk, cudaStream_t stream) {
-  hp_moe::GemmArgs a{ws,
-                     num_experts,
-                     max_pairs,
-                     block_m,
-                     static_cast<const uint8_t*>(w13),
-                     w13_scale,
-                     a1_scale,
-                     static_cast<const uint8_t*>(xq),
-                     x_scale,
-                     static_cast<__nv_bfloat16*>(act),
-                     topk,
-                     hidden,
-                     inter,
-                     2 * inter,
-                     inter,
-                     static_cast<int*>(splitk)};
-  return block ? hp_moe::dispatch<true, true>(a, pdl, stream) : hp_moe::dispatch<true, false>(a, pdl, stream);
-}
-
-int hp_moe_down(const int* ws, const void* aq, const float* act_scale, const void* w2, const float* w2_scale,
-                const float* a2_scale, void* ybuf, int topk, int num_experts, int hidden, int inter, int max_pairs,
-                int block_m, int block, int pdl, void* splitk, cudaStream_t stream) {
-  hp_moe::GemmArgs a{ws,
-                     num_experts,
-                     max_pairs,
-                     block_m,
-                     static_cast<const uint8_t*>(w2),
-                     w2_scale,
-                     a2_scale,
-                     static_cast<const uint8_t*>(aq),
-                     act_scale,
-                     static_cast<__nv_bfloat16*>(ybuf),
-                     topk,
-                     inter,
-                     inter,
-                     hidden,
-                     hidden,
-                     static_cast<int*>(splitk)};
-  return block ? hp_moe::dispatch<false, true>(a, pdl, stream) : hp_moe::dispatch<false, false>(a, pdl, stream);
-}
+// The gate-up GEMM (src = xq, src_scale = x_scale, w = w13, a_scale = a1_scale, dst = act) and the down GEMM (src =
+// aq, src_scale = act_scale, w = w2, a_scale = a2_scale, dst = ybuf); arguments: hp_moe::gemm_args.
+HP_MOE_GEMM_ENTRY(hp_moe_gate_up, true, hp_moe::dispatch)
+HP_MOE_GEMM_ENTRY(hp_moe_down, false, hp_moe::dispatch)
 
 int hp_moe_reduce(const int* topk_ids, const float* topk_weights, const void* ybuf, const void* shared_out, void* out,
                   int num_tokens, int topk, int num_experts, int expert_offset, int hidden, int pdl,

@@ -41,6 +41,7 @@
 
 #include "common/launch.cuh"
 #include "common/wgmma.cuh"
+#include "gemm_args.cuh"
 #include "moe_ptx.cuh"
 #include "plan_layout.cuh"
 
@@ -51,18 +52,6 @@ constexpr int kWgBK = 128;  // K elements (bytes) per stage = one swizzle row = 
 constexpr int kHalfRows = 64;
 constexpr int kItemRows = 2 * kHalfRows;  // weight rows per item
 constexpr int kSmemBudget = 200 * 1024;   // pipeline + epilogue tile (+ 1 KB alignment slack) per CTA
-
-struct WgArgs {
-  const int* ws;
-  int num_experts, max_pairs, block_m;
-  const uint8_t* w;        // [E, w_rows, kdim] e4m3
-  const float* w_scale;    // per-tensor [E]; block [E, ceil(w_rows/128), ceil(kdim/128)]
-  const float* a_scale;    // per-tensor activation scale [1] (unused in block mode)
-  const uint8_t* src;      // e4m3 rows: gate_up xq [T, H]; down aq [max_pairs, I] (by sorted position)
-  const float* src_scale;  // block mode: group scales of src [rows, ceil(kdim/128)]
-  __nv_bfloat16* dst;      // gate_up: act [max_pairs, I]; down: ybuf [max_pairs, H]
-  int topk, kdim, inter, w_rows, dst_cols;
-};
 
 template <int BM_, bool GATE_UP_, bool BLOCK_>
 struct WgTraits {
@@ -125,7 +114,7 @@ __device__ __forceinline__ int item_weight_row(int r, int nt, int inter, int w_r
 // the tile's rows and for missing weight rows), 16-byte chunk q of row r at chunk q ^ (r % 8); in block mode each
 // token row's group scale of this stage after the B tile (0 for missing rows).
 template <class T>
-__device__ __forceinline__ void wg_load_stage(const WgArgs& a, uint8_t* st, const ItemInfo& it,
+__device__ __forceinline__ void wg_load_stage(const GemmArgs& a, uint8_t* st, const ItemInfo& it,
                                               const int (&bsrc)[T::B_PER_THREAD], int ssrc, int kt) {
   const int tid = threadIdx.x, q = tid & 7;
   const int kk = kt * kWgBK + q * 16;
@@ -169,7 +158,7 @@ __device__ __forceinline__ int src_row(const PlanView& plan, const ItemInfo& it,
 
 // The item's epilogue: fp32 accumulators (x the per-tensor scale) -> bf16 tile in shared memory -> 16-byte stores.
 template <class T>
-__device__ __forceinline__ void wg_epilogue(const WgArgs& a, const PlanView& plan, const ItemInfo& it,
+__device__ __forceinline__ void wg_epilogue(const GemmArgs& a, const PlanView& plan, const ItemInfo& it,
                                             const float (&acc0)[T::R], const float (&acc1)[T::R], float sc,
                                             __nv_bfloat16* out_s) {
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wiw = (tid >> 5) & 3;
@@ -205,7 +194,7 @@ __device__ __forceinline__ void wg_epilogue(const WgArgs& a, const PlanView& pla
 }
 
 template <class T>
-__global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(WgArgs a) {
+__global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a) {
   extern __shared__ uint8_t wg_smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(wg_smem_raw));
   uint8_t* ring = wg_smem_raw + ((1024u - (raw & 1023u)) & 1023u);  // swizzle atoms need 1024-byte alignment
@@ -336,17 +325,11 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(WgArgs a) {
 template <class T>
 int wg_ctas_per_sm() {
   static std::atomic<int> occ_slots[16];
-  return hp::per_device_cached(occ_slots, [](int) {
-    int n = 0;
-    cudaFuncSetAttribute(expert_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM);
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, expert_wgmma_kernel<T>, T::THREADS, T::SMEM) != cudaSuccess)
-      n = 1;
-    return n > 0 ? n : 1;
-  });
+  return hp::ctas_per_sm(occ_slots, expert_wgmma_kernel<T>, T::THREADS, T::SMEM);
 }
 
 template <class T>
-int launch_wgmma(const WgArgs& a, int pdl, cudaStream_t stream) {
+int launch_wgmma(const GemmArgs& a, int pdl, cudaStream_t stream) {
   const int n_tiles = T::GATE_UP ? a.inter / kHalfRows : (a.w_rows + kItemRows - 1) / kItemRows;
   const long long max_items = (long long)PlanView::max_tiles_of(a.num_experts, a.max_pairs, a.block_m) * n_tiles;
   long long grid = (long long)hp::sm_count() * wg_ctas_per_sm<T>();
@@ -357,8 +340,11 @@ int launch_wgmma(const WgArgs& a, int pdl, cudaStream_t stream) {
   return (int)hp::launch(expert_wgmma_kernel<T>, dim3((unsigned)grid), dim3(T::THREADS), T::SMEM, stream, opt, a);
 }
 
+// a.splitk is not used: these tiles are many and long. The tiles are 64-row halves of the weights and k32 steps of
+// 128-wide stages: H and I (kdim and dst_cols, in either order) must be multiples of 64.
 template <bool GATE_UP, bool BLOCK>
-int wg_dispatch(const WgArgs& a, int pdl, cudaStream_t stream) {
+int wg_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
+  if (a.kdim % 64 != 0 || a.dst_cols % 64 != 0) return (int)cudaErrorInvalidValue;
   switch (a.block_m) {
     case 16:
       return launch_wgmma<WgTraits<16, GATE_UP, BLOCK>>(a, pdl, stream);
@@ -383,50 +369,8 @@ int hp_moe_wgmma_block_m_ok(int block_m) {
   return block_m == 16 || block_m == 32 || block_m == 64 || block_m == 128;
 }
 
-// The wgmma gate-up GEMM: arguments as hp_moe_gate_up (splitk is not used: these tiles are many and long).
-int hp_moe_gate_up_wg(const int* ws, const void* xq, const float* x_scale, const void* w13, const float* w13_scale,
-                      const float* a1_scale, void* act, int topk, int num_experts, int hidden, int inter, int max_pairs,
-                      int block_m, int block, int pdl, void* /*splitk*/, cudaStream_t stream) {
-  if (inter % 64 != 0 || hidden % 64 != 0) return (int)cudaErrorInvalidValue;
-  hp_moe::WgArgs a{ws,
-                   num_experts,
-                   max_pairs,
-                   block_m,
-                   static_cast<const uint8_t*>(w13),
-                   w13_scale,
-                   a1_scale,
-                   static_cast<const uint8_t*>(xq),
-                   x_scale,
-                   static_cast<__nv_bfloat16*>(act),
-                   topk,
-                   hidden,
-                   inter,
-                   2 * inter,
-                   inter};
-  return block ? hp_moe::wg_dispatch<true, true>(a, pdl, stream) : hp_moe::wg_dispatch<true, false>(a, pdl, stream);
-}
-
-// The wgmma down GEMM: arguments as hp_moe_down.
-int hp_moe_down_wg(const int* ws, const void* aq, const float* act_scale, const void* w2, const float* w2_scale,
-                   const float* a2_scale, void* ybuf, int topk, int num_experts, int hidden, int inter, int max_pairs,
-                   int block_m, int block, int pdl, void* /*splitk*/, cudaStream_t stream) {
-  if (inter % 64 != 0 || hidden % 64 != 0) return (int)cudaErrorInvalidValue;
-  hp_moe::WgArgs a{ws,
-                   num_experts,
-                   max_pairs,
-                   block_m,
-                   static_cast<const uint8_t*>(w2),
-                   w2_scale,
-                   a2_scale,
-                   static_cast<const uint8_t*>(aq),
-                   act_scale,
-                   static_cast<__nv_bfloat16*>(ybuf),
-                   topk,
-                   inter,
-                   inter,
-                   hidden,
-                   hidden};
-  return block ? hp_moe::wg_dispatch<false, true>(a, pdl, stream) : hp_moe::wg_dispatch<false, false>(a, pdl, stream);
-}
+// The wgmma gate-up and down GEMMs: arguments as hp_moe_gate_up and hp_moe_down.
+HP_MOE_GEMM_ENTRY(hp_moe_gate_up_wg, true, hp_moe::wg_dispatch)
+HP_MOE_GEMM_ENTRY(hp_moe_down_wg, false, hp_moe::wg_dispatch)
 
 }  // extern "C"
