@@ -66,32 +66,46 @@ def merge_unit(r: int, u: int) -> int:
     return u ^ ((r >> 1) & 3)
 
 
-def check_v3_maps() -> dict:
-    """Assert the v3 fragment maps are consistent; returns a few facts for display. Raises AssertionError."""
+def check_qk(slots, steps: int, k_len: int) -> set:
+    """Assert that in every k step of S^T = K Q^T (slots(ks) -> (A, B) maps) the A and B k slots meet on one head dim
+    with m = token and n = query row, and that the steps cover every head dim once; returns the dims."""
     dims = set()
-    for ks in range(4):
-        A, B = qk_slots(ks)
+    for ks in range(steps):
+        A, B = slots(ks)
         for m in range(16):
             for n in range(8):
-                for k in range(32):
+                for k in range(k_len):
                     (tok, da), (row, db) = A[(m, k)], B[(k, n)]
                     assert tok == m and row == n and da == db, (ks, m, n, k)
-        dims |= {A[(0, k)][1] for k in range(32)}
+        dims |= {A[(0, k)][1] for k in range(k_len)}
     assert dims == set(range(128)), "QK k slots must cover every head dim once"
-    for lane, (lo, hi) in p_transpose().items():
-        g, t = lane >> 2, lane & 3
-        assert lo == (2 * t, g) and hi == (2 * t + 1, g)  # = PV's B fragment b0 (k = 2t, 2t+1; n = g)
+    return dims
+
+
+def check_pv(slots, dim_of) -> set:
+    """Assert that every A row m of each m-tile j of O^T += V^T P^T (slots(j): (m, k) -> (dim, token)) is one head dim,
+    dim_of(j, m), with k slot k = token k, and that the rows cover every head dim once; returns the dims."""
     pv_dims = set()
     for j in range(8):
-        A = pv_a_slots(j)
+        A = slots(j)
         for m in range(16):
             row_dims = {A[(m, k)][0] for k in range(16)}
             assert len(row_dims) == 1, "one head dim per A row"
             assert [A[(m, k)][1] for k in range(16)] == list(range(16)), "k slot k = token k (P^T's k)"
             d = row_dims.pop()
-            assert d == (16 * (m % 8) + j if m < 8 else 16 * (m % 8) + 8 + j)
+            assert d == dim_of(j, m), (j, m, d)
             pv_dims.add(d)
     assert pv_dims == set(range(128)), "PV rows must cover every head dim once"
+    return pv_dims
+
+
+def check_v3_maps() -> dict:
+    """Assert the v3 fragment maps are consistent; returns a few facts for display. Raises AssertionError."""
+    dims = check_qk(qk_slots, 4, 32)
+    for lane, (lo, hi) in p_transpose().items():
+        g, t = lane >> 2, lane & 3
+        assert lo == (2 * t, g) and hi == (2 * t + 1, g)  # = PV's B fragment b0 (k = 2t, 2t+1; n = g)
+    pv_dims = check_pv(pv_a_slots, lambda j, m: 16 * (m % 8) + j if m < 8 else 16 * (m % 8) + 8 + j)
     # merge writes: lane (g, t), column c, quarter q stores dims 16g + 4q' .. as unit 4g + q of row 2t + c;
     # within one store instruction the 8 lanes of a quarter warp hit 8 distinct bank groups
     for c in range(2):
@@ -169,27 +183,9 @@ def check_v3_bf16_maps() -> dict:
     """Assert the BF16 transposed-layout fragment maps are consistent (QK k slots meet on one dim, PV rows are one
     dim each with k = token, the merge writes every dim once) and the swizzled shared-memory reads conflict-free;
     returns a few facts. Raises AssertionError."""
-    dims = set()
-    for ks in range(8):
-        A, B = qk_slots_bf16(ks)
-        for m in range(16):
-            for n in range(8):
-                for k in range(16):
-                    (tok, da), (row, db) = A[(m, k)], B[(k, n)]
-                    assert tok == m and row == n and da == db, (ks, m, n, k)
-        dims |= {A[(0, k)][1] for k in range(16)}
-    assert dims == set(range(128)), "QK k slots must cover every head dim once"
-    pv_dims = set()
-    for j in range(8):
-        A = pv_a_slots_bf16(j)
-        for m in range(16):
-            row_dims = {A[(m, k)][0] for k in range(16)}
-            assert len(row_dims) == 1, "one head dim per A row"
-            assert [A[(m, k)][1] for k in range(16)] == list(range(16)), "k slot k = token k (P^T's k)"
-            d = row_dims.pop()
-            assert d == merge_store_bf16(j, m // 8, m % 8), "the merge stores m-tile j row m as its real dim"
-            pv_dims.add(d)
-    assert pv_dims == set(range(128)), "PV rows must cover every head dim once"
+    dims = check_qk(qk_slots_bf16, 8, 16)
+    # the merge stores m-tile j row m as merge_store_bf16's dim: it must be the row's real dim
+    pv_dims = check_pv(pv_a_slots_bf16, lambda j, m: merge_store_bf16(j, m // 8, m % 8))
     # swizzled 256 B rows (unit u of token row r at u ^ (r & 7)); a bank group is the physical unit & 7
     for i in range(4):  # K / Q LDS.128 i: quarter warps (lanes 8q..8q+7: rows g = 2q, 2q + 1, tig 0..3)
         for quarter in range(4):
