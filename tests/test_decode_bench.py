@@ -184,6 +184,75 @@ def test_ncu_regex_names_the_timed_instantiation():
     assert not re.search(D.attention_kernel_regex("v3s2c4", rows=16), names["v3s2c4"])
     with pytest.raises(ValueError, match="variant"):
         D.attention_traits("v2f")  # measured and removed
+    # the BF16 transposed configurations: their own kernel at <= 8 rows, the row layout above; FP8 runs v3 / v3s3c3
+    assert D.attention_traits("v3b", fp8=False) == (False, True, 2, 2, 1)
+    assert D.attention_traits("v3bs3", fp8=False) == (False, True, 3, 2, 1)
+    assert D.attention_traits("v3bc3", fp8=False) == (False, True, 2, 3, 1)
+    assert D.attention_traits("v3bs3", fp8=False, rows=16) == (False, False, 2, 2, 1)
+    assert D.attention_traits("v3b") == D.attention_traits("v3bs3") == D.attention_traits("v3")
+    assert D.attention_traits("v3bc3") == D.attention_traits("v3s3c3")
+    rx = D.attention_kernel_regex("v3bs3", fp8=False)
+    mangled = lambda a, b, c, d: f"{ns}attention_kernelINS_6TraitsILb{a}ELb{b}ELi{c}ELi{d}ELi1EEEEEvNS_6ParamsE"  # noqa: E731
+    assert re.search(rx, mangled(0, 1, 3, 2))
+    assert not re.search(rx, mangled(0, 1, 2, 2)) and not re.search(rx, mangled(1, 1, 3, 2))
+
+
+def test_impl_specs_carry_plan_settings():
+    """``mode:token:...`` impls (the A/B of kernel configurations in one run) parse to plan() settings; a bad token,
+    a repeated setting or a mode that is not ours is refused naming the spec, by decode_rows and by the CLI parser."""
+    from hotpaths.kernels import split_kv_decode as K
+
+    assert D.split_impl("dynamic") == ("dynamic", {})
+    assert D.split_impl("dynamic:v3b:fuseall:cw32:mt4") == (
+        "dynamic", dict(variant="v3b", fuse_max=K.FUSE_ALL, combine_warps=32, min_tiles=4))
+    assert D.split_impl("static_count:v2:fuse8") == ("static_count", dict(variant="v2", fuse_max=8))
+    assert D.split_impl("dynamic:auto:cw8") == ("dynamic", dict(variant="auto", combine_warps=8))
+    assert D.split_impl("dynamic:v3bs3:fuseauto:cwauto") == (
+        "dynamic", dict(variant="v3bs3", fuse_max="auto", combine_warps="auto"))
+    for bad, why in (("dynamic:v9", "unknown token"), ("dynamic:cw16", "unknown token"), ("dynamic:mt0", "unknown"),
+                     ("dynamic:v2:v3", "twice"), ("dynamic:fuse2:fuseall", "twice"), ("flashinfer_xqa:v3", "not one")):
+        with pytest.raises(ValueError, match=why):
+            D.split_impl(bad)
+    impls, assign = D.parse_impls("dynamic:v3b:fuseall,dynamic,flashinfer_xqa,dynamic:v3b:fuseall")
+    assert impls == ["dynamic:v3b:fuseall", "dynamic", "flashinfer_xqa"] and not assign
+    with pytest.raises(ValueError, match="unknown token"):
+        D.parse_impls("dynamic:v3b:fusall")
+    with pytest.raises(ValueError, match="unknown token"):
+        D.decode_rows(["1x64"], impls=("dynamic:nope",), log=None)
+    assert D._base_impl("dynamic:v3b:mt4_emulation") == "dynamic"
+    assert "--impl dynamic:v3b:mt4 " in D.repro("1x64", "dynamic:v3b:mt4_emulation", "bf16")
+
+
+def test_cpu_spec_rows_use_the_spec_min_tiles():
+    """Without SM90 a spec row is the emulation over the task map its settings give (mt<N> changes the chunking),
+    and stays correct against the exact reference."""
+    rows = D.decode_rows(["2x700"], kv_dtypes=("bf16",), impls=("dynamic:v3b:fuseall:mt11", "dynamic"), log=None)
+    if not CPU_ONLY:
+        pytest.skip("GPU present: the rows are timed kernels, covered by the GPU tests")
+    assert [r["impl"] for r in rows] == ["dynamic:v3b:fuseall:mt11_emulation", "dynamic_emulation"]
+    assert all(r["check_passed"] for r in rows)
+    lens = [700, 700]
+    # a budget of exactly one pair's 11 tiles keeps every pair whole; 16 does not (pair 1 straddles bins 0 and 1)
+    whole = D.emulation_task_map(lens, "dynamic", kv_heads=1, min_tiles=11)
+    assert max(whole.num_chunks) == 1
+    assert max(D.emulation_task_map(lens, "dynamic", kv_heads=1, min_tiles=16).num_chunks) == 2
+    assert max(D.emulation_task_map(lens, "dynamic", kv_heads=1, min_tiles=2).num_chunks) > 1
+
+
+def test_longest_chunk_estimate_bounds_the_host_map():
+    """The chunk estimate behind plan(fuse_max="auto" / combine_warps="auto") and auto's variant choice is an upper
+    bound of the host task map's longest pair, within one chunk, on the published cases and edge batches."""
+    from hotpaths.harness.shapes import expand_lengths
+    from hotpaths.kernels import split_kv_decode as K
+
+    for case in list(D.ISSUE_CASES) + ["3x1+1x0", "7x64", "1x130000+5x700"]:
+        lens = expand_lengths(case)
+        tiles = [-(-L // 64) for L in lens]
+        for C, F in ((264, 2), (528, 2), (264, 8), (16, 1)):
+            est = K._longest_chunks(tiles, 1, C, F)
+            got = int(max(D.emulation_task_map(lens, "dynamic", kv_heads=1, num_ctas=C, min_tiles=F).num_chunks))
+            assert got <= est <= got + 1, (case, C, F, got, est)
+    assert K._longest_chunks([0, 0], 1, 8, 2) == 0
 
 
 def test_ncu_regex_matches_the_built_library():

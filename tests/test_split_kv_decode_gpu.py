@@ -20,9 +20,11 @@ from hotpaths.harness.env import requires_sm90
 pytestmark = [pytest.mark.gpu, requires_sm90()]
 
 OP = "split_kv_decode"
-# v3m: the MTP configuration (one row group of up to 32 rows per pass, NT = 4); the other v3 configurations run in
-# the *_agree tests.
-VARIANTS = ["v2", "v3", "v3m"]
+# v3m: the MTP configuration (one row group of up to 32 rows per pass, NT = 4); v3b / v3bs3 / v3bc3: the BF16
+# transposed layout at 2/2, 3/2 (merge buffer in a stage) and 2/3 stages / CTAs per SM (FP8 KV runs v3 / v3s3c3
+# under those names: the dispatch is covered too); the other v3 configurations run in the *_agree tests.
+VARIANTS = ["v2", "v3", "v3m", "v3b", "v3bs3", "v3bc3"]
+BF16_VARIANTS = ["v3b", "v3bs3", "v3bc3"]
 
 
 def _mods():
@@ -334,18 +336,34 @@ def test_variant_from_environment(monkeypatch):
         K.plan(kv, num_kv_heads=1, q_heads=8)
 
 
-@pytest.mark.parametrize("variant", ["v3", "v3s3c3", "v3s5", "v3s2c4", "v3m"])
-@pytest.mark.parametrize("case", range(len(AGREE_CASES) + len(MTP_AGREE_CASES)))
-def test_v3_configs_agree(case, variant):
-    """Every v3 configuration (stages x CTAs per SM; FP8: the v3 kernel, incl. NT = 2 row groups of 9-16 rows) matches
+# BF16 cases for the transposed layout: R <= 8 (GQA 8:1, 4:1 with 4 padded rows, 2:1 at q_len 2 and 4:1 at q_len 2),
+# page sizes below a tile (per-token block-table lookups) and above, every mode; AGREE_CASES adds R > 8 (row layout).
+BF16_TR_CASES = [
+    ([700, 65, 2500, 1, 0], 8, 2, 16, 1, "dynamic", dict(num_ctas=7)),
+    (EDGE_LENS, 4, 1, 32, 2, "batch_invariant", dict(chunk_tiles=2)),
+    ([700, 65, 2500, 1], 2, 1, 128, 1, "static_count", dict(num_splits=3)),
+    (EDGE_LENS + [2, 3], 4, 1, 64, 2, "dynamic", dict(num_ctas=5, min_tiles=1)),
+    ([64] * 40 + [4097], 8, 1, 64, 1, "static_chunk", dict(chunk_tiles=4)),
+]
+# (variant, kv dtype, case): every FP8 v3 configuration over AGREE_CASES + MTP_AGREE_CASES, every BF16 transposed one
+# over AGREE_CASES + BF16_TR_CASES
+CONFIG_AGREE = ([(v, "fp8", c) for v in ("v3", "v3s3c3", "v3s5", "v3s2c4", "v3m")
+                 for c in AGREE_CASES + MTP_AGREE_CASES]
+                + [(v, "bf16", c) for v in BF16_VARIANTS for c in AGREE_CASES + BF16_TR_CASES])
+
+
+@pytest.mark.parametrize("i", range(len(CONFIG_AGREE)), ids=lambda i: f"{CONFIG_AGREE[i][0]}-{CONFIG_AGREE[i][1]}-{i}")
+def test_v3_configs_agree(i):
+    """Every v3 configuration (stages x CTAs per SM; FP8: the v3 kernel, incl. NT = 2 row groups of 9-16 rows; BF16:
+    the bf16-MMA transposed kernel, merge buffer in a stage for v3bs3 / v3bc3, the row layout above 8 rows) matches
     v2 and the emulation on the same inputs; kv_len 0 gives exact zeros and no NaN reaches the poisoned output."""
-    lens, qh, kvh, ps, ql, mode, kw = (AGREE_CASES + MTP_AGREE_CASES)[case]
-    inp = _inputs(lens, "fp8", q_heads=qh, kv_heads=kvh, page_size=ps, q_len=ql, seed=11 + case)
+    variant, kv, (lens, qh, kvh, ps, ql, mode, kw) = CONFIG_AGREE[i]
+    inp = _inputs(lens, kv, q_heads=qh, kv_heads=kvh, page_size=ps, q_len=ql, seed=11 + i)
     _, o2 = _run(inp, mode=mode, variant="v2", **kw)
     p3, o3 = _run(inp, mode=mode, variant=variant, **kw)
     assert not torch.isnan(o3.float()).any()
-    assert_close(o3, o2, op=OP, path="fp8_vs_emulation")
-    assert_close(o3, _emulate(inp, p3), op=OP, path="fp8_vs_emulation")
+    assert_close(o3, o2, op=OP, path=f"{kv}_vs_emulation")
+    assert_close(o3, _emulate(inp, p3), op=OP, path=f"{kv}_vs_emulation")
     for r in [i for i, L in enumerate(lens) if L == 0]:
         rows = slice(r * ql, (r + 1) * ql)
         assert torch.equal(o3[rows].float(), torch.zeros_like(o3[rows].float()))
@@ -361,6 +379,14 @@ def test_library_queries_match_host():
     for v, cfg in K.CONFIGS.items():
         assert lib.hp_decode_smem_bytes(cfg, 1) > 0 and lib.hp_decode_smem_bytes(cfg, 0) > 0, v
     assert lib.hp_decode_smem_bytes(len(K.CONFIGS), 1) == -1 and lib.hp_decode_ctas_per_sm(-1) == -1
+    # which layout runs: BF16 transposed only for its configurations at <= 8 rows; FP8 transposed but for v2
+    for v in K.VARIANTS:
+        assert K.runs_transposed(v, fp8=True) == (v != "v2"), v
+        assert K.runs_transposed(v, fp8=False) == (v in BF16_VARIANTS), v
+        assert not K.runs_transposed(v, fp8=False, rows=16), v
+    # the BF16 configurations that keep their merge buffer in a stage use less than two separate-buffer stages need
+    assert lib.hp_decode_smem_bytes(K.CONFIGS["v3bs3"], 0) < lib.hp_decode_smem_bytes(K.CONFIGS["v3b"], 0) + 40000
+    assert lib.hp_decode_transposed(len(K.CONFIGS), 1, 8) == -1
 
 
 def test_v3_grid_sized_per_config():
@@ -368,7 +394,8 @@ def test_v3_grid_sized_per_config():
     K, _ = _mods()
     kv = torch.tensor([100, 65], dtype=torch.int32, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for v, cps in (("v2", 2), ("v3", 2), ("v3s3c3", 3), ("v3s5", 2), ("v3s2c4", 4), ("v3m", 2)):
+    for v, cps in (("v2", 2), ("v3", 2), ("v3s3c3", 3), ("v3s5", 2), ("v3s2c4", 4), ("v3m", 2), ("v3b", 2),
+                   ("v3bs3", 2), ("v3bc3", 3)):
         assert K.ctas_per_sm(v) == cps
         assert K.plan(kv, num_kv_heads=1, q_heads=8, variant=v).num_ctas == cps * sms
 
@@ -376,14 +403,16 @@ def test_v3_grid_sized_per_config():
 @pytest.mark.parametrize("fuse_max", [0, 2, 8, 64])
 @pytest.mark.parametrize("mode,kw", [("dynamic", dict(num_ctas=16)), ("dynamic", {}),
                                      ("static_count", dict(num_splits=5)), ("batch_invariant", dict(chunk_tiles=3))])
-def test_v3_fused_merge(fuse_max, mode, kw):
-    """v3's fused merge (pairs of 2..fuse_max chunks merged by their last-arriving CTA; longer ones by the combine)
-    matches the emulation for every split of the work between the two, the arrival counters are zero again after
-    every launch, and a second launch on the same plan is as correct as the first (the counters reset themselves)."""
+@pytest.mark.parametrize("variant,kv", [("v3", "fp8"), ("v3bs3", "bf16")])
+def test_v3_fused_merge(fuse_max, mode, kw, variant, kv):
+    """The transposed layout's fused merge (pairs of 2..fuse_max chunks merged by their last-arriving CTA; longer ones
+    by the combine), FP8 and BF16, matches the emulation for every split of the work between the two, the arrival
+    counters are zero again after every launch, and a second launch on the same plan is as correct as the first (the
+    counters reset themselves)."""
     K, _ = _mods()
     lens = [4096] * 6 + [130000, 0, 1, 700, 65, 200]
-    inp = _inputs(lens, "fp8", seed=5)
-    p = K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, mode=mode, variant="v3", fuse_max=fuse_max, **kw)
+    inp = _inputs(lens, kv, seed=5)
+    p = K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, mode=mode, variant=variant, fuse_max=fuse_max, **kw)
     assert p.fuse_max == fuse_max and (p.counters is None) == (fuse_max == 0)
     chunks = np.asarray(K.host_task_map(p, lens).num_chunks) if mode == "dynamic" else None
     if chunks is not None and fuse_max == 8:  # the cases really mix fused and combined pairs
@@ -395,7 +424,7 @@ def test_v3_fused_merge(fuse_max, mode, kw):
               k_scale=inp["k_scale"], v_scale=inp["v_scale"], out=out)
         torch.cuda.synchronize()
         assert not torch.isnan(out.float()).any()
-        assert_close(out, emu, op=OP, path="fp8_vs_emulation")
+        assert_close(out, emu, op=OP, path=f"{kv}_vs_emulation")
         if p.counters is not None:
             assert int(p.counters.abs().sum()) == 0
 
@@ -403,17 +432,22 @@ def test_v3_fused_merge(fuse_max, mode, kw):
 @pytest.mark.parametrize("variant,kw", [("v3", dict(num_ctas=16)), ("v3s2c4", {}), ("v3", dict(q_len=2)),
                                         ("v3s2c4", dict(page_size=16, kv_heads=2, q_heads=8)),
                                         ("v3m", dict(q_len=4)), ("v3m", dict(q_len=4, q_heads=16)),
-                                        ("v3m", dict(q_len=3, num_ctas=16))])
+                                        ("v3m", dict(q_len=3, num_ctas=16)),
+                                        ("v3b", dict(kv="bf16", num_ctas=16)), ("v3bs3", dict(kv="bf16")),
+                                        ("v3bc3", dict(kv="bf16", page_size=16, kv_heads=2, q_heads=8)),
+                                        ("v3bs3", dict(kv="bf16", q_len=2, q_heads=4))])
 def test_v3_fuse_all_no_combine(variant, kw):
-    """fuse_max=FUSE_ALL: every split pair (up to the 130000-token one) is merged by the attention kernel, which also
-    writes the zero rows of kv_len-0 requests, and no combine kernel runs (stages='combine' leaves a poisoned output
-    untouched). Matches the emulation twice on one plan (self-resetting counters), replays from a CUDA graph with
-    lengths changed between replays (a request going to 0 and back), and static modes refuse it."""
+    """fuse_max=FUSE_ALL (FP8, and BF16 on its transposed configurations at <= 8 rows): every split pair (up to the
+    130000-token one) is merged by the attention kernel, which also writes the zero rows of kv_len-0 requests, and no
+    combine kernel runs (stages='combine' leaves a poisoned output untouched). Matches the emulation twice on one plan
+    (self-resetting counters), replays from a CUDA graph with lengths changed between replays (a request going to 0
+    and back), and static modes refuse it."""
     K, _ = _mods()
-    q_len = kw.pop("q_len", 1)
+    kw = dict(kw)
+    q_len, kv = kw.pop("q_len", 1), kw.pop("kv", "fp8")
     ps, kvh, qh = kw.pop("page_size", 64), kw.pop("kv_heads", 1), kw.pop("q_heads", 8)
     lens = [4096] * 6 + [130000, 0, 1, 700, 65, 200]
-    inp = _inputs(lens, "fp8", seed=9, q_len=q_len, page_size=ps, kv_heads=kvh, q_heads=qh)
+    inp = _inputs(lens, kv, seed=9, q_len=q_len, page_size=ps, kv_heads=kvh, q_heads=qh)
     p = K.plan(inp["kv_lens"], num_kv_heads=kvh, q_heads=qh, q_len=q_len, variant=variant, fuse_max=K.FUSE_ALL,
                **kw)
     assert p.fuse_max == K.FUSE_ALL
@@ -424,7 +458,7 @@ def test_v3_fuse_all_no_combine(variant, kw):
         K.run(*args, out=out, **sc)
         torch.cuda.synchronize()
         assert not torch.isnan(out.float()).any()
-        assert_close(out, _emulate(inp, p), op=OP, path="fp8_vs_emulation")
+        assert_close(out, _emulate(inp, p), op=OP, path=f"{kv}_vs_emulation")
         assert torch.equal(out[7 * q_len:8 * q_len].float(), torch.zeros_like(out[7 * q_len:8 * q_len].float()))
         assert int(p.counters.abs().sum()) == 0
     poisoned = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -446,7 +480,7 @@ def test_v3_fuse_all_no_combine(variant, kw):
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        assert_close(out, _emulate(inp, p), op=OP, path="fp8_vs_emulation")
+        assert_close(out, _emulate(inp, p), op=OP, path=f"{kv}_vs_emulation")
         assert int(p.counters.abs().sum()) == 0
     with pytest.raises(ValueError, match="dynamic"):
         K.plan(inp["kv_lens"], num_kv_heads=kvh, q_heads=qh, mode="static_count", variant=variant,
@@ -526,3 +560,59 @@ def test_new_configs_on_the_nine_cases(case, q_len):
             assert not torch.isnan(out.float()).any(), v
             assert_close(out, ref, op=OP, path=f"{kv_dtype}_vs_exact")
         del inp, ref
+
+
+def test_bf16_uniform_batch_whole_pairs_write_directly():
+    """min_tiles equal to a uniform batch's pair length gives one chunk per pair (the task map says so), and with
+    fuse-all the attention kernel then writes every row itself: correct from a poisoned output, no combine launch."""
+    K, _ = _mods()
+    lens = [512] * 64
+    inp = _inputs(lens, "bf16", seed=23)
+    p = K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, variant="v3b", fuse_max=K.FUSE_ALL, min_tiles=8)
+    assert int(np.asarray(K.host_task_map(p, lens).num_chunks).max()) == 1
+    out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    K.run(p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"], out=out)
+    torch.cuda.synchronize()
+    _check_both(inp, out, p, "bf16")
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "bf16"])
+@pytest.mark.parametrize("variant,mode,kw", [("v2", "dynamic", {}), ("v3s2c4", "dynamic", {}),
+                                             ("v3b", "dynamic", dict(fuse_max=8)), ("v2", "static_count", {}),
+                                             ("v3", "batch_invariant", dict(chunk_tiles=1)),
+                                             ("v3m", "dynamic", dict(q_len=4))])
+def test_combine_32_warps(kv_dtype, variant, mode, kw):
+    """combine_warps=32 (the online combine, 32 warps per (row, pair): 128 chunks per L2 round trip) matches the
+    emulation on a batch whose 130000-token request is cut into hundreds of chunks, beside 1-chunk and empty pairs,
+    with the fused merge taking the short pairs where asked; 16 is refused."""
+    K, _ = _mods()
+    kw = dict(kw)
+    q_len = kw.pop("q_len", 1)
+    lens = [130000, 4096, 4096, 0, 1, 700]
+    inp = _inputs(lens, kv_dtype, seed=29, q_len=q_len)
+    p, out = _run(inp, mode=mode, variant=variant, combine_warps=32, **kw)
+    assert p.combine_warps == 32
+    if mode == "dynamic":
+        assert int(np.asarray(K.host_task_map(p, lens).num_chunks).max()) > 128
+    assert not torch.isnan(out.float()).any()
+    _check_both(inp, out, p, kv_dtype)
+    with pytest.raises(ValueError, match="combine_warps"):
+        K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, combine_warps=16)
+
+
+def test_auto_fuse_and_combine_width():
+    """plan(fuse_max="auto", combine_warps="auto") on any variant: fuse-all where the longest pair has few chunks
+    (64x0.5K), the combine kernel otherwise; 32 combine warps only for a pair of more than AUTO_COMBINE_WIDE_CHUNKS
+    chunks; a variant running the row layout never fuses; each plan's output matches the emulation."""
+    K, _ = _mods()
+    short, long_ = [512] * 64, [131072] + [4096] * 7
+    for lens, kv, variant, want_fuse, want_cw in ((short, "bf16", "v3bs3", K.FUSE_ALL, 8),
+                                                  (long_, "bf16", "v3bs3", 0, 32), (short, "bf16", "v2", 0, 8),
+                                                  (long_, "fp8", "v3s2c4", 0, 32), (short, "fp8", "v3", K.FUSE_ALL, 8)):
+        inp = _inputs(lens, kv, seed=37)
+        p, out = _run(inp, variant=variant, fuse_max="auto", combine_warps="auto")
+        assert (p.fuse_max, p.combine_warps) == (want_fuse, want_cw), (kv, variant, len(lens))
+        assert not torch.isnan(out.float()).any()
+        assert_close(out, _emulate(inp, p), op=OP, path=f"{kv}_vs_emulation")
+    with pytest.raises(ValueError, match="fuse_max"):
+        K.plan(torch.tensor([64], dtype=torch.int32, device="cuda"), num_kv_heads=1, q_heads=8, fuse_max="all")

@@ -37,3 +37,32 @@ def test_check_catches_a_wrong_map(monkeypatch, broken):
         monkeypatch.setattr(F, "pv_a_slots", wrong)
     with pytest.raises(AssertionError):
         F.check_v3_maps()
+
+
+def test_v3_bf16_maps_consistent():
+    """The BF16 transposed layout's fragments: QK k slots meet on one head dim and cover all 128, ldmatrix.trans of V
+    gives m-tile j row m the dim the merge stores it as, the swizzled reads are conflict-free."""
+    facts = F.check_v3_bf16_maps()
+    assert facts["qk_dims_covered"] == 128 and facts["pv_dims_covered"] == 128 and facts["merge_store_ways"] <= 2
+    assert F.ldmatrix_v_address(0, 0) == (0, 0) and F.ldmatrix_v_address(9, 3) == (1, 7)
+    assert F.ldmatrix_v_address(31, 7) == (15, 15)
+
+
+@pytest.mark.parametrize("broken", ["merge_dim", "ldmatrix_half", "q_units", "repeated_units"])
+def test_bf16_check_catches_a_wrong_map(monkeypatch, broken):
+    """Each BF16 map broken on purpose makes check_v3_bf16_maps fail."""
+    if broken == "merge_dim":  # storing m-tile j's rows as dims 16 g + j (the FP8 map) instead of 16 j + g
+        monkeypatch.setattr(F, "merge_store_bf16", lambda j, hh, g: 16 * g + 8 * hh + j if g < 8 else 0)
+    elif broken == "ldmatrix_half":  # lanes 8..15 addressing the low 8 dims: a1 repeats a0's dims
+        monkeypatch.setattr(F, "ldmatrix_v_address", lambda lane, j: ((lane & 7) + 8 * (lane >> 4), 2 * j))
+    elif broken == "q_units":  # the B side (Q) reading units 4t..4t+3 while A (K) reads 2t, 2t+1, 2t+8, 2t+9
+        real = F.qk_slots_bf16
+
+        def other(ks):
+            A, B = real(ks)
+            return A, {(k, n): (row, (d + 16) % 128) for (k, n), (row, d) in B.items()}
+        monkeypatch.setattr(F, "qk_slots_bf16", other)
+    else:  # a lane loading one unit twice: half the head dims never meet in QK
+        monkeypatch.setattr(F, "bf16_units", lambda t: [2 * t, 2 * t, 2 * t + 8, 2 * t + 8])
+    with pytest.raises(AssertionError):
+        F.check_v3_bf16_maps()

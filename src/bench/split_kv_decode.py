@@ -9,6 +9,10 @@ Tables (all rows: tables.COLUMNS first, then the extra columns listed in EXTRA_C
 - ``decode_fixed_costs`` (overhead_rows): assign alone by batch size (the kernel API has no combine-only entry, so
   combine is not timed alone; the row says so).
 - ``decode_ncu`` (ncu_rows): Nsight Compute of the dynamic kernel on two cases.
+Our impls are a mode (OUR_IMPLS) optionally followed by plan settings, ``mode:token:...`` (split_impl): a variant
+(``dynamic:v3b``), ``fuseall`` / ``fuseauto`` / ``fuse<N>`` (fuse_max), ``cw32`` / ``cwauto`` (combine warps),
+``mt<N>`` (min_tiles), so one
+run A/Bs kernel configurations beside the peers; the row's impl is the whole spec.
 Without an SM90 GPU the kernel impls become ``<impl>_emulation`` rows (hotpaths.reference's same-precision
 emulation over the same task map) with correctness and no timing; peers record why they did not run.
 
@@ -63,8 +67,57 @@ _PUBLISHED_COL = {"dynamic": "hpc_dynamic_ms", "static_count": "hpc_static_ms", 
                   "flashattention": "flashattention_ms"}
 
 
-def _base_impl(impl: str) -> str:
+def _strip_emulation(impl: str) -> str:
     return impl[: -len("_emulation")] if impl.endswith("_emulation") else impl
+
+
+def _base_impl(impl: str) -> str:
+    """The mode or peer name of a row's impl (without ``_emulation`` and without a spec's plan settings)."""
+    return _strip_emulation(impl).split(":")[0]
+
+
+def split_impl(spec: str) -> tuple[str, dict]:
+    """``"dynamic:v3b:fuseall:cw32:mt4"`` -> ("dynamic", {variant: "v3b", fuse_max: FUSE_ALL, combine_warps: 32,
+    min_tiles: 4}): one of our impls (a mode of OUR_IMPLS) with plan() settings. Tokens: a variant of
+    hotpaths.kernels.split_kv_decode.VARIANTS or "auto"; ``fuseall`` (fuse_max = FUSE_ALL), ``fuseauto`` (fuse_max
+    "auto": fuse-all at few chunks) or ``fuse<N>``; ``cw8`` / ``cw32`` / ``cwauto`` (combine_warps); ``mt<N>``
+    (min_tiles, N >= 1).
+
+    Raises ValueError naming the spec for an unknown mode or token, or a token given twice.
+    """
+    mode, *tokens = spec.split(":")
+    if mode not in OUR_IMPLS:
+        raise ValueError(f"impl {spec!r}: {mode!r} is not one of our impls {OUR_IMPLS}")
+    kw: dict = {}
+
+    def put(key, val, tok):
+        if key in kw:
+            raise ValueError(f"impl {spec!r}: {key} given twice ({tok!r})")
+        kw[key] = val
+
+    for tok in tokens:
+        if tok in K.VARIANTS or tok == K.AUTO:
+            put("variant", tok, tok)
+        elif tok == "fuseall":
+            put("fuse_max", K.FUSE_ALL, tok)
+        elif tok == "fuseauto":
+            put("fuse_max", "auto", tok)
+        elif tok == "cwauto":
+            put("combine_warps", "auto", tok)
+        elif tok.startswith("fuse") and tok[4:].isdigit():
+            put("fuse_max", int(tok[4:]), tok)
+        elif tok.startswith("cw") and tok[2:].isdigit() and int(tok[2:]) in K.COMBINE_WARPS:
+            put("combine_warps", int(tok[2:]), tok)
+        elif tok.startswith("mt") and tok[2:].isdigit() and int(tok[2:]) >= 1:
+            put("min_tiles", int(tok[2:]), tok)
+        else:
+            raise ValueError(f"impl {spec!r}: unknown token {tok!r} (a variant of {K.VARIANTS + (K.AUTO,)}, fuseall, "
+                             f"fuseauto, fuse<N>, cw{'/cw'.join(map(str, K.COMBINE_WARPS))}, cwauto, mt<N>)")
+    return mode, kw
+
+
+def _is_ours(impl: str) -> bool:
+    return impl.split(":")[0] in OUR_IMPLS
 
 
 def _same_case(a: str, b: str) -> bool:
@@ -107,7 +160,7 @@ def repro(case: str, impl: str, kv_dtype: str, *, q_heads=8, kv_heads=1, head_di
     """The `hotpaths decode ...` command reproducing one row."""
     return (f"hotpaths decode --cases {shlex.quote(case)} --kv-dtype {kv_dtype} --q-heads {q_heads} "
             f"--kv-heads {kv_heads} --head-dim {head_dim} --page-size {page_size} --q-len {q_len} "
-            f"--impl {_base_impl(impl)} --check --json")
+            f"--impl {_strip_emulation(impl)} --check --json")
 
 
 def kernel_unavailable_reason() -> str | None:
@@ -230,9 +283,12 @@ def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS
     """
     for c in cases:
         parse_cases(c)
-    bad = [i for i in impls if i not in OUR_IMPLS and i not in P.PEER_NAMES]
+    bad = [i for i in impls if not _is_ours(i) and i not in P.PEER_NAMES]
     if bad:
-        raise ValueError(f"impls: unknown {bad}; known: {OUR_IMPLS + P.PEER_NAMES}")
+        raise ValueError(f"impls: unknown {bad}; known: {OUR_IMPLS + P.PEER_NAMES} (ours as mode[:token...])")
+    for i in impls:
+        if _is_ours(i):
+            split_impl(i)  # a bad spec fails here, before any input is made
     bad = [k for k in kv_dtypes if k not in DTYPE_LABEL]
     if bad:
         raise ValueError(f"kv_dtypes: expected 'fp8' and/or 'bf16', got {bad}")
@@ -257,14 +313,16 @@ def decode_rows(cases=ISSUE_CASES, *, kv_dtypes=("fp8", "bf16"), impls=OUR_IMPLS
             common = dict(device=device, bytes_=nbytes, kv_bytes=kvb, ceilings=ceilings, cfg=cfg)
             kargs = {k: inputs[k] for k in ("q_scale", "k_scale", "v_scale")}
             for impl in impls:
-                if impl in OUR_IMPLS and kreason is not None:
-                    tm = emulation_task_map(lens, impl, kv_heads=kv_heads, num_ctas=num_ctas or H200_SMS,
-                                            min_tiles=min_tiles, num_splits=num_splits, chunk_tiles=chunk_tiles)
+                if _is_ours(impl) and kreason is not None:
+                    mode, pkw = split_impl(impl)
+                    tm = emulation_task_map(lens, mode, kv_heads=kv_heads, num_ctas=num_ctas or H200_SMS,
+                                            min_tiles=pkw.get("min_tiles", min_tiles), num_splits=num_splits,
+                                            chunk_tiles=chunk_tiles)
                     o = ref.split_kv_decode_emulation(**inputs, task_map=tm, p_dtype=K.p_dtype_for(kv == "fp8"))
                     rows.append(_row(case, impl + "_emulation", kv, chk=check(o, refo, op=OP, path=path),
                                      note=f"emulation (no timing): {kreason}", **common))
                     continue
-                if impl in OUR_IMPLS:
+                if _is_ours(impl):
                     rows += _time_ours(impl, case, kv, inputs, refo, path, common, kargs, iters=iters,
                                        warmup=warmup, num_ctas=num_ctas, min_tiles=min_tiles, num_splits=num_splits,
                                        chunk_tiles=chunk_tiles, assign=assign)
@@ -316,12 +374,14 @@ def _time_ours(impl, case, kv, inputs, refo, path, common, kargs, *, iters, warm
 
 
     rows = []
+    mode, spec_kw = split_impl(impl)
     kw = dict(num_kv_heads=inputs["k_cache"].shape[2], q_heads=inputs["q"].shape[1],
-              head_dim=inputs["q"].shape[2], num_ctas=num_ctas, min_tiles=min_tiles, mode=impl,
+              head_dim=inputs["q"].shape[2], num_ctas=num_ctas, min_tiles=min_tiles, mode=mode,
               q_len=inputs["q_len"], kv_dtype=inputs["k_cache"].dtype)
-    if impl == "static_count":
+    kw.update(spec_kw)
+    if mode == "static_count":
         kw["num_splits"] = num_splits
-    if impl in ("static_chunk", "batch_invariant"):
+    if mode in ("static_chunk", "batch_invariant"):
         kw["chunk_tiles"] = chunk_tiles
     try:
         p = K.plan(inputs["kv_lens"], **kw)
@@ -333,7 +393,7 @@ def _time_ours(impl, case, kv, inputs, refo, path, common, kargs, *, iters, warm
         t = bench(lambda: K.run(*args, q_len=inputs["q_len"], out=out, check_inputs=False, **kargs),
                   iters=iters, warmup=warmup)
         note = (f"num_ctas={p.num_ctas}, splits={p.splits}, chunk_tiles={p.chunk_tiles}, min_tiles={p.min_tiles}, "
-                f"variant={p.variant}")
+                f"variant={p.variant}, fuse_max={p.fuse_max}, combine_warps={p.combine_warps}")
         rows.append(_row(case, impl, kv, timing=t, chk=chk, note=note, **common))
         if assign and impl == "dynamic":
             ta = bench(lambda: K.assign_only(p), iters=iters, warmup=warmup)
@@ -492,7 +552,8 @@ NCU_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_susta
 # attention.cu's launch switch, mirrored: which attention_kernel<Traits<FP8, TRANSPOSED, STAGES, CPS, NT>>
 # instantiation a variant launches (tests/test_decode_bench.py pins it; a kernel change that adds a configuration
 # must extend this too, or the profile row says its regex matched nothing).
-_V3_NT1 = {"v3s3c3": (3, 3), "v3s5": (5, 2), "v3s2c4": (2, 4)}
+_V3_NT1 = {"v3s3c3": (3, 3), "v3s5": (5, 2), "v3s2c4": (2, 4), "v3bc3": (3, 3)}
+_BF16_TR = {"v3b": (2, 2), "v3bs3": (3, 2), "v3bc3": (2, 3)}  # BF16 KV, <= 8 rows: (STAGES, CPS)
 _V3_MTP_NT4 = {"v3m": (2, 2)}
 
 
@@ -502,7 +563,9 @@ def attention_traits(variant: str, *, fp8: bool = True, rows: int = 8) -> tuple:
     (resolve "auto" first)."""
     if variant not in K.VARIANTS:
         raise ValueError(f"variant: expected one of {K.VARIANTS}, got {variant!r}")
-    if not fp8:  # BF16 KV runs the row layout whatever the variant
+    if not fp8:  # BF16 KV: the transposed layout for its own configurations at <= 8 rows, else the row layout
+        if variant in _BF16_TR and rows <= 8:
+            return (False, True, *_BF16_TR[variant], 1)
         return (False, False, 2, 2, 1)
     if variant == "v2":
         return (True, False, 4, 2, 1)
@@ -627,7 +690,9 @@ def register(subparsers) -> None:
                    "(default 1); every row carries its q_len")
     p.add_argument("--impl", default=DEFAULT_IMPLS,
                    help=f"comma-separated among {', '.join(OUR_IMPLS)}, static (= both static flavours), "
-                   f"assign (the task-map kernel alone), {', '.join(P.PEER_NAMES)} (default {DEFAULT_IMPLS})")
+                   f"assign (the task-map kernel alone), {', '.join(P.PEER_NAMES)} (default {DEFAULT_IMPLS}); "
+                   "ours take plan settings as mode:token:..., tokens a variant, fuseall / fuseauto / fuse<N>, "
+                   "cw32 / cwauto, mt<N> (e.g. dynamic:v3bs3:fuseauto:cwauto)")
     p.add_argument("--num-ctas", type=int, default=None, help="persistent CTAs (default: the kernel's default)")
     p.add_argument("--min-tiles", type=int, default=DEFAULT_MIN_TILES,
                    help=f"minimum-work floor in 64-token tiles (default {DEFAULT_MIN_TILES})")
@@ -647,12 +712,19 @@ def parse_impls(spec: str) -> tuple[list[str], bool]:
             assign = True
         elif name in ALIASES:
             impls += [i for i in ALIASES[name] if i not in impls]
-        elif name in OUR_IMPLS or name in P.PEER_NAMES:
+        elif _is_ours(name) or name in P.PEER_NAMES:
+            if _is_ours(name):
+                try:
+                    split_impl(name)
+                except ValueError as e:
+                    raise ValueError(f"--impl: {e}") from None
             if name not in impls:
                 impls.append(name)
         else:
             known = OUR_IMPLS + tuple(ALIASES) + ("assign",) + P.PEER_NAMES
-            raise ValueError(f"--impl: unknown {name!r}; choose among {', '.join(known)}")
+            raise ValueError(f"--impl: unknown {name!r}; choose among {', '.join(known)} (ours also as "
+                             "mode:variant[:fuseall|fuseauto|fuse<N>][:cw32|cwauto][:mt<N>], "
+                             "e.g. dynamic:v3b:fuseauto)")
     if assign and "dynamic" not in impls:
         impls.insert(0, "dynamic")  # assign is timed on the dynamic plan
     return impls, assign

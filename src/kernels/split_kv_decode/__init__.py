@@ -17,8 +17,11 @@ the 64-token tile fills the MMA's 16-row side, QK on the FP8 tensor-core instruc
 movmatrix; BF16 KV runs v2). "v3s3c3", "v3s5", "v3s2c4" are v3 with other (stages, CTAs per SM) choices, kept for
 the measurement that picked v3's (the first kernel, "v1", was removed; its lesson is in the notes). "v3m" (MTP): v3
 with one row group of up to 32 query rows (8:1 GQA at q_len 3-4 reads each K/V tile once) on a grid of 2 CTAs per
-SM. (A 4-stage / 1-per-SM MTP configuration and BF16 row-layout configurations with v3's start-up were measured
-and removed: docs/ops/split_kv_decode.md.) "auto" (the default) picks per plan: v3s2c4 (a finer grid:
+SM. "v3b", "v3bs3", "v3bc3" (BF16 KV): the transposed layout on bf16 MMAs (S^T = K Q^T, O^T += V^T P^T: half the
+row layout's MMAs and accumulators at 8 query rows per KV head) with {stages, CTAs per SM} 2/2, 3/2, 2/3; FP8 KV runs
+v3 (v3b, v3bs3) or v3s3c3 (v3bc3) under those names, and BF16 with more than 8 rows per group the row layout. (A
+4-stage / 1-per-SM MTP configuration and BF16 row-layout configurations with v3's start-up were measured and
+removed: docs/ops/split_kv_decode.md.) "auto" (the default) picks per plan: v3s2c4 (a finer grid:
 4 CTAs per SM of 2 stages) for FP8 KV in dynamic mode when its longest (head, request) stays within AUTO_MAX_CHUNKS
 chunks, else v2 (choose_variant); with more than 8 query rows per pair (q_len x GQA ratio) v3m takes v3s2c4's
 place, and above AUTO_MTP_ALWAYS_ROWS rows v3m is taken whatever the chunk estimate. plan(variant=None) reads the
@@ -50,15 +53,29 @@ MAX_Q_LEN = 4
 MODES = ("dynamic", "static_count", "static_chunk", "batch_invariant")
 _MODE_CODE = {"dynamic": 0, "static_count": 1, "static_chunk": 2, "batch_invariant": 2}
 DEFAULT_CHUNK_TILES = 16  # static_chunk / batch_invariant chunk: 1024 tokens
-VARIANTS = ("v2", "v3", "v3s3c3", "v3s5", "v3s2c4", "v3m")
+VARIANTS = ("v2", "v3", "v3s3c3", "v3s5", "v3s2c4", "v3m", "v3b", "v3bs3", "v3bc3")
 # variant -> config id of hp_decode_attention (attention.cu kNumConfigs): 0 the row layout, 1..4 the transposed
 # layout with {stages, CTAs per SM} 4/2, 3/3, 5/2, 2/4; 5 the MTP configuration (transposed, one row group of up to
 # 32 rows per pass over the KV: 8:1 GQA at q_len 2-4 reads each K/V tile once; the 32-row kernel at 2 stages, 2 CTAs
-# per SM).
-CONFIGS = {"v2": 0, "v3": 1, "v3s3c3": 2, "v3s5": 3, "v3s2c4": 4, "v3m": 5}
+# per SM); 6..8 the transposed layout for BF16 KV with {stages, CTAs per SM} 2/2, 3/2, 2/3 (the last two keep their merge
+# buffer in the stage just computed, which is what makes them fit: attention.cu Traits::MERGE_IN_STAGE).
+CONFIGS = {"v2": 0, "v3": 1, "v3s3c3": 2, "v3s5": 3, "v3s2c4": 4, "v3m": 5, "v3b": 6, "v3bs3": 7, "v3bc3": 8}
 ROW_CONFIGS = {k: v for k, v in CONFIGS.items() if v == 0}  # the row layout (v2)
 V3_CONFIGS = {k: v for k, v in CONFIGS.items() if k not in ROW_CONFIGS}  # the transposed (v3) configurations
 MTP_CONFIGS = ("v3m",)
+# The configurations whose BF16 kernel is the transposed layout (at most 8 query rows per group; more run the row
+# layout): the fused merge and fuse-all then work for BF16 KV too.
+BF16_TRANSPOSED_CONFIGS = ("v3b", "v3bs3", "v3bc3")
+# Warps per (row, pair) CTA of the combine kernel: 8 (default), or 32 (the online form, whatever the variant) for
+# plans whose longest pair has hundreds of chunks, where the 8-warp form needs one dependent L2 round trip per 32
+# chunks behind the whole attention kernel (docs/ops/split_kv_decode.md, "Fixed-cost cases").
+COMBINE_WARPS = (8, 32)
+DEFAULT_COMBINE_WARPS = 8
+# plan(combine_warps="auto"): 32 when the longest pair has more chunks than AUTO_COMBINE_WIDE_CHUNKS (the 8-warp form
+# then needs more than one L2 round trip for it), else 8 (many short pairs: the wide CTAs would only be idle warps).
+# plan(fuse_max="auto"): FUSE_ALL when the longest pair has at most AUTO_FUSE_ALL_MAX_CHUNKS chunks (auto's FP8 rule,
+# for any variant that runs the transposed layout), else 0. Both read kv_lens on the host once, as "auto" does.
+AUTO_COMBINE_WIDE_CHUNKS = 32
 # Variants whose combine is the online form (one L2 round trip per 32 chunks): every transposed configuration (the
 # two-pass form stays v2's so v2 is unchanged).
 ONLINE_COMBINE = tuple(V3_CONFIGS)
@@ -110,12 +127,14 @@ def _load():
         lib.hp_decode_assign.restype = i
         lib.hp_decode_attention.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp, i, vp, i]
         lib.hp_decode_attention.restype = i
-        lib.hp_decode_combine.argtypes = [vp] * 5 + [i] * 10 + [vp, i, i]
+        lib.hp_decode_combine.argtypes = [vp] * 5 + [i] * 10 + [vp, i, i, i]
         lib.hp_decode_combine.restype = i
         lib.hp_decode_smem_bytes.argtypes = [i, i]
         lib.hp_decode_smem_bytes.restype = i
         lib.hp_decode_ctas_per_sm.argtypes = [i]
         lib.hp_decode_ctas_per_sm.restype = i
+        lib.hp_decode_transposed.argtypes = [i, i, i]
+        lib.hp_decode_transposed.restype = i
         lib.hp_decode_workspace_len.argtypes = [i, i]
         lib.hp_decode_workspace_len.restype = ctypes.c_longlong
         for c, m in ((1, 1), (264, 256), (528, 8192)):  # the host layout (reference) must match task_map.cuh
@@ -195,8 +214,7 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
         num_sms = (torch.cuda.get_device_properties(kv_lens.device).multi_processor_count
                    if kv_lens.device.type == "cuda" else 132)
     fine, cps = (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4)  # CTAs per SM of the fine variant's grid
-    budget = max(_cdiv(total, cps * int(num_sms)), int(min_tiles))
-    longest = _cdiv(max(tiles), budget) + 1
+    longest = _longest_chunks(tiles, int(num_kv_heads), cps * int(num_sms), min_tiles)
     if rows > AUTO_MTP_ALWAYS_ROWS:
         return AUTO_MTP, longest
     return (fine if longest <= AUTO_MAX_CHUNKS else AUTO_FALLBACK), longest
@@ -204,11 +222,31 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
 
 def ctas_per_sm(variant: str) -> int:
     """Resident CTAs per SM the variant's attention kernel is sized for (the default persistent grid is this x SMs).
-    v3 configurations size for FP8 KV (BF16 KV runs v2, two per SM). Raises ValueError for a name not in VARIANTS
-    (resolve "auto" with choose_variant first)."""
+    v3 configurations size for FP8 KV (BF16 KV runs the row layout there, two per SM); the BF16 transposed ones
+    (BF16_TRANSPOSED_CONFIGS) for both dtypes. Raises ValueError for a name not in VARIANTS (resolve "auto" with
+    choose_variant first)."""
     if variant not in CONFIGS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     return int(_load().hp_decode_ctas_per_sm(CONFIGS[variant]))
+
+
+def _longest_chunks(tiles: list[int], num_kv_heads: int, num_ctas: int, min_tiles: int) -> int:
+    """Chunks of the longest (head, request) in a dynamic map of C = num_ctas bins: its tiles over the per-CTA budget
+    max(ceil(total / C), min_tiles), plus one for a bin boundary (an upper bound, exact for the plan's rules)."""
+    total = sum(tiles) * num_kv_heads
+    if total == 0:
+        return 0
+    budget = max(_cdiv(total, num_ctas), int(min_tiles))
+    return _cdiv(max(tiles), budget) + 1
+
+
+def runs_transposed(variant: str, *, fp8: bool, rows: int = 8) -> bool:
+    """Whether `variant` runs the transposed layout (which alone has the fused merge / fuse-all) for this KV dtype and
+    `rows` query rows per (request, KV head). Asks the library (attention.cu runs_transposed). Raises ValueError for
+    a name not in VARIANTS."""
+    if variant not in CONFIGS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    return _load().hp_decode_transposed(CONFIGS[variant], int(bool(fp8)), int(rows)) == 1
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -229,7 +267,8 @@ class DecodePlan:
     chunk_tiles (static_chunk / batch_invariant); workspace [workspace_len(C, max_batch*H)] int32 (dynamic task
     map); partial_o [slots, rows, head_dim] fp32; partial_lse [slots, rows] fp32; batch and kv_lens of the last
     update; variant (one of VARIANTS: which attention kernel run() launches); fuse_max and counters
-    [max_pairs * MAX_ROW_GROUPS] int32 (v3 fused merge; zero between launches).
+    [max_pairs * MAX_ROW_GROUPS] int32 (transposed layout's fused merge; zero between launches); combine_warps
+    (COMBINE_WARPS: the combine kernel's warps per (row, pair); 32 runs its online form).
     """
 
     mode: str
@@ -251,6 +290,7 @@ class DecodePlan:
     variant: str = AUTO_FALLBACK
     fuse_max: int = 0
     counters: object = None
+    combine_warps: int = DEFAULT_COMBINE_WARPS
     _extra: dict = field(default_factory=dict)
 
     @property
@@ -291,7 +331,8 @@ def _check_lens(kv_lens, device=None) -> None:
 def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_batch: int | None = None,
          num_ctas: int | None = None, min_tiles: int = DEFAULT_MIN_TILES, mode: str = "dynamic", num_splits: int | None = None,
          chunk_tiles: int | None = None, q_len: int = 1, max_kv_len: int | None = None,
-         variant: str | None = None, fuse_max: int | None = None, kv_dtype=None) -> DecodePlan:
+         variant: str | None = None, fuse_max: int | str | None = None, kv_dtype=None,
+         combine_warps: int | str = DEFAULT_COMBINE_WARPS) -> DecodePlan:
     """Allocate the step's buffers and build its schedule (dynamic: device assign kernel, no host sync).
 
     Shape/Dtype: kv_lens [batch] int32 on the GPU. num_ctas: see variant below; max_batch defaults to batch (sizes
@@ -302,18 +343,31 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
     "auto": choose_variant(), which needs kv_dtype "fp8" / torch.float8_e4m3fn to pick anything but v2 and then
     reads kv_lens on the host once); every mode runs on every variant. num_ctas defaults to ctas_per_sm(variant)
     x the SM count.
-    fuse_max (v3 variants, FP8 KV): pairs cut into 2..fuse_max chunks are merged inside the attention kernel by the
+    fuse_max (whenever the variant runs the transposed layout: v3 variants with FP8 KV, BF16_TRANSPOSED_CONFIGS with
+    BF16 KV at <= 8 rows per group): pairs cut into 2..fuse_max chunks are merged inside the attention kernel by the
     CTA that finishes last (default DEFAULT_FUSE_MAX = 0: every merge in the combine kernel, except that "auto"
-    may pick FUSE_ALL); FUSE_ALL (dynamic mode only) merges every pair there and launches no combine; ignored by
-    v2.
+    may pick FUSE_ALL); FUSE_ALL (dynamic mode only) merges every pair there and launches no combine (a map whose
+    pairs are all single chunks then needs no merge at all: each CTA writes its pairs' bf16 rows directly); ignored
+    by v2 and by a run whose kernel is the row layout.
+    fuse_max="auto": FUSE_ALL when the longest pair has at most AUTO_FUSE_ALL_MAX_CHUNKS chunks at the plan's grid,
+    else 0 (reads kv_lens on the host).
+    combine_warps: one of COMBINE_WARPS (default 8); 32 runs the online combine with 32 warps per (row, pair);
+    "auto": 32 when the longest pair has more than AUTO_COMBINE_WIDE_CHUNKS chunks (reads kv_lens on the host).
     Raises ValueError/TypeError for an unknown mode or variant, unsupported head_dim / GQA ratio / q_len,
-    batch > max_batch, or non-positive sizes.
+    batch > max_batch, combine_warps not in COMBINE_WARPS, or non-positive sizes.
     """
     torch = _torch()
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     variant = resolve_variant(variant)
     _check_lens(kv_lens)
+    fuse_auto = isinstance(fuse_max, str)
+    if fuse_auto and fuse_max != "auto":
+        raise ValueError(f"fuse_max must be an int >= 0, None or 'auto', got {fuse_max!r}")
+    if combine_warps not in COMBINE_WARPS and combine_warps != "auto":
+        raise ValueError(f"combine_warps must be one of {COMBINE_WARPS} or 'auto', got {combine_warps!r}")
+    if fuse_auto:
+        fuse_max = None
     if variant == AUTO:
         rows_auto = (q_heads // num_kv_heads) * q_len if num_kv_heads >= 1 and q_heads >= 1 else 8
         variant, longest = _auto_choice(kv_lens, num_kv_heads=num_kv_heads, kv_dtype=kv_dtype, mode=mode,
@@ -356,6 +410,16 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
         mx = int(kv_lens.max().item()) if max_kv_len is None else int(max_kv_len)  # static grids: host sizing
         splits = max(1, _cdiv(_cdiv(mx, TILE), ct))
     max_pairs = max_batch * H
+    if (fuse_auto and fuse_max is None) or combine_warps == "auto":
+        if mode == "dynamic":
+            tiles = [_cdiv(max(int(x), 0), TILE) for x in kv_lens.tolist()]
+            longest = _longest_chunks(tiles, H, int(num_ctas), min_tiles)
+        else:
+            longest = splits  # the static grids' chunks per pair
+        if fuse_auto and fuse_max is None:
+            fuse_max = FUSE_ALL if (mode == "dynamic" and longest <= AUTO_FUSE_ALL_MAX_CHUNKS) else 0
+        if combine_warps == "auto":
+            combine_warps = 32 if longest > AUTO_COMBINE_WIDE_CHUNKS else DEFAULT_COMBINE_WARPS
     if fuse_max is None:
         fuse_max = DEFAULT_FUSE_MAX
     if fuse_max < 0:
@@ -375,7 +439,7 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
                    partial_lse=torch.empty((slots, rows), dtype=torch.float32, device=dev), device=dev,
                    variant=variant, fuse_max=int(fuse_max),
                    counters=torch.zeros((max_pairs * MAX_ROW_GROUPS,), dtype=torch.int32, device=dev)
-                   if fuse_max else None)
+                   if fuse_max else None, combine_warps=int(combine_warps))
     return p.update(kv_lens)
 
 
@@ -504,18 +568,21 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
                 kv_lens.data_ptr(), ptr(k_scale), ptr(v_scale), out.data_ptr(), p.partial_o.data_ptr(),
                 p.partial_lse.data_ptr(), p.workspace.data_ptr(), scale, batch, H, q_heads, q_len, page_size,
                 block_table.shape[1], num_pages, p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, int(fp8), 1, s)
-        fuse = p.fuse_max if (p.variant in V3_CONFIGS and fp8) else 0  # BF16 runs the v2 kernel: no fused merge
+        # the fused merge is the transposed layout's: off where this dtype / row count runs the row layout
+        fuse = p.fuse_max if (p.fuse_max and runs_transposed(p.variant, fp8=fp8, rows=(q_heads // H) * q_len)) else 0
         if stages != "combine":
             code = lib.hp_decode_attention(*args, CONFIGS[p.variant], ptr(p.counters), fuse)
             check_status(code, f"split_kv_decode attention (variant={p.variant}, mode={p.mode}, batch={batch}, "
                                f"q_heads={q_heads}, kv_heads={H}, q_len={q_len}, page_size={page_size})")
         if stages == "attention" or fuse >= FUSE_ALL:  # fuse-all: the attention kernel wrote every row
             return out
-        # the v3 variants run the online combine (which also skips v3's fused pairs), v2 the two-pass one
-        online = int(p.variant in ONLINE_COMBINE)
+        # the v3 variants run the online combine (which also skips v3's fused pairs), v2 the two-pass one; 32 warps
+        # exist only in the online form
+        online = int(p.variant in ONLINE_COMBINE or p.combine_warps != DEFAULT_COMBINE_WARPS)
         code = lib.hp_decode_combine(kv_lens.data_ptr(), out.data_ptr(), p.partial_o.data_ptr(),
                                      p.partial_lse.data_ptr(), p.workspace.data_ptr(), batch, H, q_heads, q_len,
-                                     p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, 1, s, online, fuse)
+                                     p.num_ctas, p.max_pairs, mode, p.splits, p.chunk_tiles, 1, s, online, fuse,
+                                     p.combine_warps)
         check_status(code, f"split_kv_decode combine (variant={p.variant}, mode={p.mode}, batch={batch}, "
                            f"q_heads={q_heads}, kv_heads={H}, q_len={q_len})")
     return out

@@ -77,12 +77,19 @@ struct Params {
   __device__ __forceinline__ size_t kv_row(size_t slot, int h) const { return slot * H + h; }
 };
 
+// Shared memory of one SM (H200 / H100: 228 KB) and what each resident CTA costs beside its dynamic shared memory:
+// the 1 KB the runtime reserves per CTA, and the transposed layout's static arrays (kv_lens cache, scales).
+constexpr int kSmemPerSm = 228 * 1024;
+constexpr int kCtaSmemOverhead = 1024 + 1536;
+
 // Traits of one attention kernel: everything a variant changes. Product layout (see the file comment), KV dtype,
 // pipeline depth, CTAs per SM (the __launch_bounds__ occupancy and the persistent grid size) and, in the transposed
 // layout, NT n-tiles of 8 query rows per row group (NT = 2: 9..16 rows; NT = 4: 17..32 rows, the MTP row group
 // that holds every draft token of a GQA 8:1 pair so each K/V tile is read and converted once for all of them).
 // Shared memory per CTA: STAGES x (K tile + V tile + Q rows + Q row scales) + the per-warp merge buffer + the
-// descriptor cache.
+// descriptor cache. Where that does not fit CPS CTAs per SM (transposed layout only), the merge buffer lives in
+// the stage just computed instead (MERGE_IN_STAGE, derived, not chosen): one more stage, or one more
+// CTA per SM, for one more barrier per descriptor (the warps must have finished that stage's PV first).
 template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1>
 struct Traits {
   static constexpr bool FP8 = FP8_;
@@ -90,8 +97,8 @@ struct Traits {
   static constexpr int STAGES = STAGES_;
   static constexpr int CPS = CPS_;
   static constexpr int NT = NT_;
-  static_assert(!TRANSPOSED || FP8, "the transposed layout uses the e4m3 MMA: FP8 KV only");
   static_assert(TRANSPOSED || NT == 1, "the row layout has one m16 tile of query rows");
+  static_assert(FP8 || NT == 1, "BF16 transposed: one n-tile of 8 rows (9+ rows run the row layout, m16 then full)");
   static_assert(NT == 1 || NT == 2 || NT == 4, "tr_store splits 128 threads evenly over 8 NT rows");
   // NT = 4: the O^T accumulators alone are 128 fp32 per thread, so Q's B fragments are not held in registers
   // across tiles but re-read from shared memory per n-tile (2 x 16 B per tile and n-tile). Q then has to outlive
@@ -99,9 +106,11 @@ struct Traits {
   // the loader (at most STAGES - 1 tiles, so descriptors, ahead) never rewrites while that descriptor computes.
   static constexpr bool QSMEM = TRANSPOSED && NT > 2;
   static_assert(STAGES >= 2, "the pipeline waits for STAGES - 2 groups");
-  static constexpr int MROWS = TRANSPOSED ? 8 * NT : 16;     // query rows per row group
-  static constexpr int ES = FP8 ? 1 : 2;                     // bytes per element
-  static constexpr bool SWZ = FP8;                           // FP8 rows XOR-swizzled; BF16 rows padded by 16 B
+  static constexpr int MROWS = TRANSPOSED ? 8 * NT : 16;  // query rows per row group
+  static constexpr int ES = FP8 ? 1 : 2;                  // bytes per element
+  // FP8 rows and the transposed layout's BF16 rows are XOR-swizzled (16 B unit u of row t at u ^ (t & 7)); the row
+  // layout's BF16 rows are padded by 16 B (its kq_unit map is conflict-free on 17-unit rows).
+  static constexpr bool SWZ = FP8 || TRANSPOSED;
   static constexpr int ROWB = SWZ ? kD * ES : kD * ES + 16;  // smem bytes per K / V row
   static_assert(!FP8 || ROWB == kD, "load_v_tokens reads unpadded FP8 rows of kD bytes");
   static constexpr int KV_BYTES = kTile * ROWB;  // one of K or V
@@ -109,15 +118,24 @@ struct Traits {
   static constexpr int STAGE_BYTES = 2 * KV_BYTES + MROWS * QROWB + MROWS * 4;
   static constexpr int MERGE_BYTES = 4 * MROWS * kD * 4 + 2 * 4 * MROWS * 4;
   static constexpr int DESC_BYTES = kDescCache * 8 * 4;
-  static constexpr int SMEM = STAGES * STAGE_BYTES + MERGE_BYTES + DESC_BYTES;
+  static constexpr bool MERGE_IN_STAGE =
+      TRANSPOSED && CPS * (STAGES * STAGE_BYTES + MERGE_BYTES + DESC_BYTES + kCtaSmemOverhead) > kSmemPerSm;
+  // The whole stage is free at the descriptor's end: its K/V tile is consumed and, without QSMEM, the Q rows and
+  // scales it carried (only for a descriptor starting at that tile) are already in registers.
+  static_assert(!MERGE_IN_STAGE || (MERGE_BYTES <= STAGE_BYTES && !QSMEM), "the merge buffer must fit a stage");
+  static constexpr int SMEM = STAGES * STAGE_BYTES + (MERGE_IN_STAGE ? 0 : MERGE_BYTES) + DESC_BYTES;
+  static_assert(CPS * (SMEM + kCtaSmemOverhead) <= kSmemPerSm, "CPS CTAs of this configuration do not fit an SM");
 };
 
 // The configurations that run. Row layout: FP8 4 stages (XOR-swizzled rows leave room for a 4th), BF16 2 (3 do not
-// fit two CTAs per SM). Transposed (FP8): {stages, CTAs per SM} 4/2 ("v3"), 3/3, 5/2, 2/4; 9..16 rows always 4/2.
+// fit two CTAs per SM). Transposed: FP8 {stages, CTAs per SM} 4/2 ("v3"), 3/3, 5/2, 2/4; 9..16 rows always
+// 4/2; BF16 2/2, 3/2, 2/3 (8 rows per group).
 using RowFp8 = Traits<true, false, 4, 2>;
 using RowBf16 = Traits<false, false, 2, 2>;
 template <int STAGES, int CPS, int NT = 1>
 using Transposed = Traits<true, true, STAGES, CPS, NT>;
+template <int STAGES, int CPS>
+using TransposedBf16 = Traits<false, true, STAGES, CPS, 1>;
 
 struct Desc {
   int r, h, tb, te, slot, nch, kvlen;
@@ -146,25 +164,28 @@ __device__ __forceinline__ void load_v_tokens(const uint8_t* sV, int warp, int g
   put_words(d4, vd);
 }
 
-// Row layout: 16 B unit of a Q/K row that thread tig reads as its i-th load (the head_dim permutation inside the dot
-// product; Q and K use the same map, so any bijection is exact). FP8: units 2tig + i, stored XOR-swizzled
-// by row & 7 (the two rows of a quarter warp land on disjoint banks). BF16: units 2tig, 2tig+1, 2tig+8, 2tig+9 on
-// the 17-unit padded rows: conflict-free, where units 4tig..4tig+3 would put tig 0/2 and 1/3 on the same banks.
-template <bool FP8>
+// 16 B unit of a Q/K row that thread tig reads as its i-th load (the head_dim permutation inside the dot product;
+// Q and K use the same map, so any bijection is exact). FP8: units 2tig + i, stored XOR-swizzled by row & 7 (the two
+// rows of a quarter warp land on disjoint banks). BF16: units 2tig, 2tig+1, 2tig+8, 2tig+9: on the row layout's
+// 17-unit padded rows conflict-free, where units 4tig..4tig+3 would put tig 0/2 and 1/3 on the same banks; on the
+// transposed layout's XOR-swizzled 16-unit rows (SWZ) the swizzle separates the two rows of a quarter warp instead.
+template <bool FP8, bool SWZ>
 __device__ __forceinline__ int kq_unit(int i, int tig, int row) {
   if constexpr (FP8)
     return (2 * tig + i) ^ (row & 7);
+  else if constexpr (SWZ)
+    return (2 * tig + (i & 1) + 8 * (i >> 1)) ^ (row & 7);
   else
     return 2 * tig + (i & 1) + 8 * (i >> 1);
 }
 
-// Row layout: the thread's 8 * ES words of one Q or K row (p: the row's start; row: its index for the swizzle), in
+// The thread's 8 * ES words of one Q or K row (p: the row's start; row: its index for the swizzle), in
 // k-step order: kq_pair(w, ks) is then the (low, high) register pair of k16 step ks.
 template <class CF>
 __device__ __forceinline__ void load_kq_words(const uint8_t* p, int tig, int row, uint32_t (&w)[8 * CF::ES]) {
 #pragma unroll
   for (int i = 0; i < 2 * CF::ES; ++i) {
-    put_words(w + 4 * i, *reinterpret_cast<const uint4*>(p + kq_unit<CF::FP8>(i, tig, row) * 16));
+    put_words(w + 4 * i, *reinterpret_cast<const uint4*>(p + kq_unit<CF::FP8, CF::SWZ>(i, tig, row) * 16));
   }
 }
 // k16 step ks of the words load_kq_words read, as two f16x2 (FP8: exact e4m3 -> f16) or bf16x2 registers.
@@ -746,26 +767,32 @@ __device__ __forceinline__ void tr_row_scale_lim(const Params& P, const float* s
                                                  float kscale, int kv_cap, float& sc, int& lim) {
   const int rr = rg * CF::MROWS + rowc;
   const int qi = rr < P.R ? rr / P.ratio : 0;
-  sc = P.sm_scale * kLog2e * sQs[rowc] * kscale;
+  if constexpr (CF::FP8)
+    sc = P.sm_scale * kLog2e * sQs[rowc] * kscale;
+  else
+    sc = P.sm_scale * kLog2e;
   lim = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
 }
 
 // Descriptor start: B fragments of Q (rows 8nt + g), the score scale and causal limit of rows 8nt + 2tig + c, fresh
 // online-softmax state and O^T. QSMEM: no Q fragments, and the scales / limits go to shared memory (the caller).
+// BF16: Q's B fragments are the row's 4 units of load_kq_words (16 words, k16 step ks = words 2ks, 2ks + 1).
 template <class CF>
 __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg, int g,
                                                     int tig, float kscale, int kv_cap,
-                                                    uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8], float (&o)[CF::NT][8][4],
-                                                    float (&m_)[CF::NT][2], float (&l_)[CF::NT][2],
-                                                    float (&sc)[CF::QSMEM ? 1 : CF::NT][2],
+                                                    uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8 * CF::ES],
+                                                    float (&o)[CF::NT][8][4], float (&m_)[CF::NT][2],
+                                                    float (&l_)[CF::NT][2], float (&sc)[CF::QSMEM ? 1 : CF::NT][2],
                                                     int (&lim_)[CF::QSMEM ? 1 : CF::NT][2]) {
   constexpr int NT = CF::NT, MROWS = CF::MROWS;
   const uint8_t* sQ = sV + CF::KV_BYTES;  // sV: the V tile whose stage holds this descriptor's Q
-  const float* sQs = reinterpret_cast<const float*>(sQ + MROWS * kD);
+  const float* sQs = reinterpret_cast<const float*>(sQ + MROWS * CF::QROWB);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int row = 8 * nt + g;
-    if constexpr (!CF::QSMEM) {
+    if constexpr (!CF::FP8) {
+      load_kq_words<CF>(sQ + row * CF::QROWB, tig, row, qb[nt]);
+    } else if constexpr (!CF::QSMEM) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ (row & 7)) * 16));
@@ -790,49 +817,69 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
 // S^T = K Q^T on the e4m3 MMA: A = K rows (tokens 16w + g, 16w + g + 8), 32 B each (units 2tig, 2tig + 1); s[nt]
 // holds (token g | g + 8, rows 8nt + 2tig + {0, 1}). QSMEM: Q's B fragments of n-tile nt are read here from sQ
 // (the descriptor's Q rows) instead of qb.
+// BF16: m16n8k16 bf16 MMAs, A = K rows t, t + 8 (16 words each by load_kq_words, the same dim map as Q's).
 template <class CF>
-__device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8],
+__device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8 * CF::ES],
                                       const uint8_t* sQ, int warp, int g, int tig, float (&s)[CF::NT][4]) {
   constexpr int NT = CF::NT;
-  uint32_t ka[2][8];
+  if constexpr (!CF::FP8) {
+    const int t = warp * 16 + g;
+    uint32_t k0[16], k1[16];
+    load_kq_words<CF>(sK + t * CF::ROWB, tig, t, k0);
+    load_kq_words<CF>(sK + (t + 8) * CF::ROWB, tig, t + 8, k1);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int t = warp * 16 + g + 8 * h;  // t & 7 == g
+    for (int nt = 0; nt < NT; ++nt) {
+      float s2[4] = {0.f, 0.f, 0.f, 0.f};  // two accumulation chains (even / odd k16 steps)
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint4 u = *reinterpret_cast<const uint4*>(sK + t * CF::ROWB + (((2 * tig + i) ^ g) * 16));
-      ka[h][4 * i] = u.x;
-      ka[h][4 * i + 1] = u.y;
-      ka[h][4 * i + 2] = u.z;
-      ka[h][4 * i + 3] = u.w;
+      for (int ks = 0; ks < 8; ++ks) {
+        const uint32_t a[4] = {k0[2 * ks], k1[2 * ks], k0[2 * ks + 1], k1[2 * ks + 1]};
+        mma16816<false>((ks & 1) ? s2 : s[nt], a, qb[nt][2 * ks], qb[nt][2 * ks + 1]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] += s2[e];
     }
-  }
+  } else {
+    uint32_t ka[2][8];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    float s2[4] = {0.f, 0.f, 0.f, 0.f};  // two accumulation chains (even / odd k32 steps)
-    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-    uint32_t qs[8];
-    if constexpr (CF::QSMEM) {
-      const int row = 8 * nt + g;  // row & 7 == g
+    for (int h = 0; h < 2; ++h) {
+      const int t = warp * 16 + g + 8 * h;  // t & 7 == g
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ g) * 16));
-        qs[4 * i] = u.x;
-        qs[4 * i + 1] = u.y;
-        qs[4 * i + 2] = u.z;
-        qs[4 * i + 3] = u.w;
+        const uint4 u = *reinterpret_cast<const uint4*>(sK + t * CF::ROWB + (((2 * tig + i) ^ g) * 16));
+        ka[h][4 * i] = u.x;
+        ka[h][4 * i + 1] = u.y;
+        ka[h][4 * i + 2] = u.z;
+        ka[h][4 * i + 3] = u.w;
       }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) qs[i] = qb[nt][i];
     }
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      const uint32_t a[4] = {ka[0][2 * ks], ka[1][2 * ks], ka[0][2 * ks + 1], ka[1][2 * ks + 1]};
-      mma_e4m3_16832((ks & 1) ? s2 : s[nt], a, qs[2 * ks], qs[2 * ks + 1]);
-    }
+    for (int nt = 0; nt < NT; ++nt) {
+      float s2[4] = {0.f, 0.f, 0.f, 0.f};  // two accumulation chains (even / odd k32 steps)
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      uint32_t qs[8];
+      if constexpr (CF::QSMEM) {
+        const int row = 8 * nt + g;  // row & 7 == g
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] += s2[e];
+        for (int i = 0; i < 2; ++i) {
+          const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ g) * 16));
+          qs[4 * i] = u.x;
+          qs[4 * i + 1] = u.y;
+          qs[4 * i + 2] = u.z;
+          qs[4 * i + 3] = u.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) qs[i] = qb[nt][i];
+      }
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const uint32_t a[4] = {ka[0][2 * ks], ka[1][2 * ks], ka[0][2 * ks + 1], ka[1][2 * ks + 1]};
+        mma_e4m3_16832((ks & 1) ? s2 : s[nt], a, qs[2 * ks], qs[2 * ks + 1]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] += s2[e];
+    }
   }
 }
 
@@ -887,18 +934,31 @@ __device__ __forceinline__ void tr_softmax_update(float (&s)[CF::NT][4], const f
       }
     }
     // (token g | g + 8, rows 2tig, 2tig + 1) as f16x2 -> transpose -> (row g, tokens 2tig, 2tig + 1 | + 8)
-    pb[nt][0] = movmatrix_trans(pack_p<true>(s[nt][0], s[nt][1]));
-    pb[nt][1] = movmatrix_trans(pack_p<true>(s[nt][2], s[nt][3]));
+    pb[nt][0] = movmatrix_trans(pack_p<CF::FP8>(s[nt][0], s[nt][1]));
+    pb[nt][1] = movmatrix_trans(pack_p<CF::FP8>(s[nt][2], s[nt][3]));
   }
 }
 
 // O^T += V^T P^T: A = V^T built in registers from the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9 (dims
-// 16g..16g+15; prmt + exact e4m3 -> f16).
+// 16g..16g+15; prmt + exact e4m3 -> f16). BF16: A = V^T of m-tile j (dims 16j..16j+15) by one ldmatrix.x4.trans of
+// the warp's 16 V rows (lane l addresses token (l & 7) + 8 (l >> 4), unit 2j + ((l >> 3) & 1)), so m-tile j holds
+// dim 16j + g (c0, c1) and 16j + 8 + g (c2, c3): tr_stage_merge stores by that map.
 template <class CF>
-__device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF::NT][2], int warp, int g, int tig,
-                                      float (&o)[CF::NT][8][4]) {
+__device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF::NT][2], int warp, int lane, int g,
+                                      int tig, float (&o)[CF::NT][8][4]) {
   constexpr int NT = CF::NT;
-  {
+  if constexpr (!CF::FP8) {
+    const int tok = warp * 16 + (lane & 7) + ((lane >> 4) << 3);  // tok & 7 == lane & 7
+    const uint8_t* vrow = sV + tok * CF::ROWB;
+    const int hi = (lane >> 3) & 1;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, vrow + (((2 * j + hi) ^ (lane & 7)) * 16));
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma16816<false>(o[nt][j], a, pb[nt][0], pb[nt][1]);
+    }
+  } else {
     uint32_t a4[4], b4[4], c4[4], d4[4];
     load_v_tokens(sV, warp, g, tig, a4, b4, c4, d4);
 #pragma unroll
@@ -946,13 +1006,23 @@ __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], con
         merge_m[warp * MROWS + r] = m_[nt][c];
         merge_l[warp * MROWS + r] = l;
       }
-      // units 4g + q of row r: q = 0, 1: dims 16g + 4q + i (c-slot c); q = 2, 3: dims 16g + 8 + 4(q-2) + i (c + 2)
       float* mrow = merge_o + (warp * MROWS + r) * kD;
+      if constexpr (CF::FP8) {
+      // units 4g + q of row r: q = 0, 1: dims 16g + 4q + i (c-slot c); q = 2, 3: dims 16g + 8 + 4(q-2) + i (c + 2)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int jb = 4 * (q & 1), e = c + 2 * (q >> 1);
-        *reinterpret_cast<float4*>(mrow + (merge3_swz(r, 4 * g + q) << 2)) =
-            make_float4(o[nt][jb][e], o[nt][jb + 1][e], o[nt][jb + 2][e], o[nt][jb + 3][e]);
+        for (int q = 0; q < 4; ++q) {
+          const int jb = 4 * (q & 1), e = c + 2 * (q >> 1);
+          *reinterpret_cast<float4*>(mrow + (merge3_swz(r, 4 * g + q) << 2)) =
+              make_float4(o[nt][jb][e], o[nt][jb + 1][e], o[nt][jb + 2][e], o[nt][jb + 3][e]);
+        }
+      } else {  // BF16 (tr_pv's ldmatrix map): m-tile j holds dims 16j + g (c-slot c) and 16j + 8 + g (c + 2)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int dim = 16 * j + 8 * hh + g;
+            mrow[(merge3_swz(r, dim >> 2) << 2) + (dim & 3)] = o[nt][j][c + 2 * hh];
+          }
       }
     }
 }
@@ -1120,10 +1190,11 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   constexpr int NT = CF::NT, STAGES = CF::STAGES, MROWS = CF::MROWS;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* stages = smem;
-  float* merge_o = reinterpret_cast<float*>(smem + STAGES * CF::STAGE_BYTES);
-  float* merge_m = merge_o + 4 * MROWS * kD;
-  float* merge_l = merge_m + 4 * MROWS;
-  int* dcache = reinterpret_cast<int*>(smem + STAGES * CF::STAGE_BYTES + CF::MERGE_BYTES);
+  // the merge buffer: its own area, or (MERGE_IN_STAGE) the stage whose tile ended the descriptor
+  float* merge_own = reinterpret_cast<float*>(smem + STAGES * CF::STAGE_BYTES);
+  float* merge_own_m = merge_own + 4 * MROWS * kD;
+  float* merge_own_l = merge_own_m + 4 * MROWS;
+  int* dcache = reinterpret_cast<int*>(smem + STAGES * CF::STAGE_BYTES + (CF::MERGE_IN_STAGE ? 0 : CF::MERGE_BYTES));
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tig = lane & 3;
@@ -1201,7 +1272,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   };
   __shared__ int s_last;
 
-  // ---- loader: thread copies 16 B unit ch = tid & 7 of tokens tid / 8 + 16 i (i < 4) of K and of V ----
+  // ---- loader: thread copies 16 B unit ch = tid % RC of tokens tid / RC + TPP i of K and of V ----
   const uint8_t* kbase = reinterpret_cast<const uint8_t*>(P.k);
   const uint8_t* vbase = reinterpret_cast<const uint8_t*>(P.v);
   const uint8_t* qbase = reinterpret_cast<const uint8_t*>(P.q);
@@ -1210,24 +1281,28 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   auto q_area = [&](int d) -> uint8_t* {
     return stages + ((d - d_begin) % STAGES) * CF::STAGE_BYTES + 2 * CF::KV_BYTES;
   };
+  constexpr int RC = kD * CF::ES / 16;  // 16 B units per K / V / Q row (FP8 8, BF16 16)
+  constexpr int RC_SHIFT = RC == 8 ? 3 : 4;
+  static_assert(RC == 1 << RC_SHIFT, "shift / mask addressing of a row's units");
+  constexpr int TPP = kThreads / RC;  // token rows per pass of the CTA
   auto load_tile = [&](int stage, const Desc& d, int tile, bool first, int qd) {
     uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     uint8_t* sV = sK + CF::KV_BYTES;
     const int lim = min(d.kvlen, kv_cap);
-    const int ch = tid & 7, t0 = tid >> 3;
+    const int ch = tid & (RC - 1), t0 = tid >> RC_SHIFT;
     const int* bt = P.block_table + (size_t)d.r * P.max_pages;
     int page_once = -1;
     if (whole_pages && tile * kTile < lim) page_once = __ldg(bt + ((tile * kTile) >> P.page_shift));
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int tl = t0 + 16 * i;
+    for (int i = 0; i < kTile / TPP; ++i) {
+      const int tl = t0 + TPP * i;
       const int tok = tile * kTile + tl;
       bool ok = tok < lim;
       int page = page_once;
       if (!whole_pages && ok) page = __ldg(bt + (tok >> P.page_shift));
       ok = ok && page >= 0 && page < P.num_pages;
       const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
-      const size_t off = ok ? P.kv_row(slot, d.h) * kD + ch * 16 : 0;
+      const size_t off = ok ? P.kv_row(slot, d.h) * kD * CF::ES + ch * 16 : 0;
       const int dcol = (ch ^ (tl & 7)) * 16;
       cp_async16(sK + tl * CF::ROWB + dcol, kbase + off, ok);
       cp_async16(sV + tl * CF::ROWB + dcol, vbase + off, ok);
@@ -1235,18 +1310,18 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     if (first) {
       // Q rides with the descriptor's first tile; QSMEM: in the Q area of stage (descriptor index % STAGES)
       uint8_t* sQ = CF::QSMEM ? q_area(qd) : sV + CF::KV_BYTES;
-      float* sQs = reinterpret_cast<float*>(sQ + MROWS * kD);
-      constexpr int QPER = MROWS * 8;  // 16 B units
+      float* sQs = reinterpret_cast<float*>(sQ + MROWS * CF::QROWB);
+      constexpr int QPER = MROWS * RC;  // 16 B units
       for (int c = tid; c < QPER; c += kThreads) {
-        const int row = c >> 3, u = c & 7;
+        const int row = c >> RC_SHIFT, u = c & (RC - 1);
         const int rr = rg * MROWS + row;
         const bool ok = rr < P.R;
         const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
         const size_t qrow = (size_t)d.r * P.q_len + qi;  // not P.head_row(): see the row layout's Q load
-        const size_t off = ok ? (qrow * P.q_heads + d.h * P.ratio + hl) * kD + u * 16 : 0;
-        cp_async16(sQ + row * kD + ((u ^ (row & 7)) * 16), qbase + off, ok);
+        const size_t off = ok ? (qrow * P.q_heads + d.h * P.ratio + hl) * kD * CF::ES + u * 16 : 0;
+        cp_async16(sQ + row * CF::QROWB + ((u ^ (row & 7)) * 16), qbase + off, ok);
       }
-      if (tid < MROWS) load_q_scale(P, d, rg * MROWS + tid, sQs + tid);
+      if (CF::FP8 && tid < MROWS) load_q_scale(P, d, rg * MROWS + tid, sQs + tid);
     }
   };
 
@@ -1254,14 +1329,15 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
 #pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) ld.issue(s);
 
-  const float kscale = __ldg(P.k_scale);
-  const float vscale = __ldg(P.v_scale);
+  const float kscale = CF::FP8 ? __ldg(P.k_scale) : 1.f;
+  const float vscale = CF::FP8 ? __ldg(P.v_scale) : 1.f;
 
   int cd = d_begin;
   Desc cdd = fetch(cd);
   int ct = cdd.tb;
-  uint32_t qb[CF::QSMEM ? 1 : NT][8];  // B fragments of Q (row 8nt + g, dims 32tig..32tig+31); QSMEM: unused
-  float o[NT][8][4];                   // O^T: m-tile j (dims 16g + j / 16g + 8 + j) x rows 8nt + 2tig + {0, 1}
+  uint32_t qb[CF::QSMEM ? 1 : NT]
+             [8 * CF::ES];  // B fragments of Q (row 8nt + g; FP8: dims 32tig..32tig+31); QSMEM: unused
+  float o[NT][8][4];        // O^T: m-tile j (dims 16g + j / 16g + 8 + j) x rows 8nt + 2tig + {0, 1}
   float m_[NT][2], l_[NT][2], sc[CF::QSMEM ? 1 : NT][2];
   int lim_[CF::QSMEM ? 1 : NT][2];
   // QSMEM: the rows' score scales and causal limits, written at each descriptor start (fewer live registers)
@@ -1283,7 +1359,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       tr_begin_descriptor<CF>(P, sQd - CF::KV_BYTES, cdd, rg, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
       if constexpr (CF::QSMEM) {  // the previous descriptor's last reads of s_sc / s_lim precede the loop's barrier
         if (tid < MROWS)
-          tr_row_scale_lim<CF>(P, reinterpret_cast<const float*>(sQd + MROWS * kD), cdd, rg, tid, kscale, kv_cap,
+          tr_row_scale_lim<CF>(P, reinterpret_cast<const float*>(sQd + MROWS * CF::QROWB), cdd, rg, tid, kscale, kv_cap,
                                s_sc[tid], s_lim[tid]);
         __syncthreads();
       }
@@ -1298,10 +1374,19 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     tr_softmax_update<CF>(s, sc, lim_, s_sc, s_lim, tig, ct * kTile + warp * 16 + g, m_, l_, o, pb);
 
     // ---- O^T += V^T P^T ----
-    tr_pv<CF>(sV, pb, warp, g, tig, o);
+    tr_pv<CF>(sV, pb, warp, lane, g, tig, o);
 
     // ---- advance; epilogue at the end of a descriptor ----
     if (++ct >= cdd.te) {
+      float *merge_o = merge_own, *merge_m = merge_own_m, *merge_l = merge_own_l;
+      if constexpr (CF::MERGE_IN_STAGE) {
+        merge_o = reinterpret_cast<float*>(stages + stage * CF::STAGE_BYTES);
+        merge_m = merge_o + 4 * MROWS * kD;
+        merge_l = merge_m + 4 * MROWS;
+      }
+      // MERGE_IN_STAGE: every warp's PV must be done with this stage's V first; the loader rewrites the stage only
+      // after the next iteration's barrier, which follows the merge's last read.
+      if constexpr (CF::MERGE_IN_STAGE) __syncthreads();
       tr_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
       __syncthreads();
       auto nch_of_cd = [&]() { return nch_of(cd); };
@@ -1403,7 +1488,8 @@ __device__ __forceinline__ float4 combine_two_pass(const Params& P, const float*
   return acc;
 }
 
-// Online merge: returns the warp's sum of its chunks weighted relative to the warp's own max m.
+// Online merge: returns the warp's sum of its chunks weighted relative to the warp's own max m (WARPS warps).
+template <int WARPS>
 __device__ __forceinline__ float4 combine_online(const Params& P, const float* lse, const float4* po, int n, int warp,
                                                  float& m, float& L) {
   const size_t cstride = (size_t)P.R * kD / 4;
@@ -1412,12 +1498,12 @@ __device__ __forceinline__ float4 combine_online(const Params& P, const float* l
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   // 4 chunks per warp in flight (n <= 32 in one round trip); 8 measured slower (78 registers: fewer combine CTAs
   // resident early beside the attention kernel).
-  for (int i = warp; i < n; i += 4 * kCombineWarps) {
+  for (int i = warp; i < n; i += 4 * WARPS) {
     float lv[4];
     float4 x[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int c = i + u * kCombineWarps;
+      const int c = i + u * WARPS;
       lv[u] = c < n ? lse[(size_t)c * P.R] : -INFINITY;
       x[u] = c < n ? po[c * cstride] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
@@ -1452,10 +1538,15 @@ __device__ __forceinline__ void store_out4(const Params& P, size_t orow, int lan
   reinterpret_cast<uint2*>(P.out + orow * kD)[lane] = pk;
 }
 
-template <bool ONLINE>
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Params P) {
-  __shared__ float4 s_acc[kCombineWarps][32];
-  __shared__ float s_l[kCombineWarps], s_m[kCombineWarps];
+// WARPS: warps per (row, pair) CTA. 8 by default; 32 (online form only) for plans whose longest pair has hundreds
+// of chunks: its 8 CTAs then keep 4 x 32 chunks in flight per L2 round trip instead of 4 x 8, which shortens the
+// step's tail where one long request is merged behind every other pair (1x64K+7x4K: ~171 chunks, 6 round trips
+// of the 8-warp form -> 2).
+template <bool ONLINE, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) combine_kernel(const Params P) {
+  static_assert(ONLINE || WARPS == kCombineWarps, "the two-pass form is written for kCombineWarps warps");
+  __shared__ float4 s_acc[WARPS][32];
+  __shared__ float s_l[WARPS], s_m[WARPS];
   cudaGridDependencySynchronize();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rr = blockIdx.x;
@@ -1475,7 +1566,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Param
   if constexpr (ONLINE) {
     const float4* po = reinterpret_cast<const float4*>(P.part_o + P.part_row(first, rr) * kD) + lane;
     float m, L;
-    const float4 acc = combine_online(P, lse, po, n, warp, m, L);
+    const float4 acc = combine_online<WARPS>(P, lse, po, n, warp, m, L);
     s_acc[warp][lane] = acc;
     if (lane == 0) {
       s_l[warp] = L;
@@ -1485,12 +1576,12 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Param
     if (warp != 0) return;
     float M = s_m[0];
 #pragma unroll
-    for (int w = 1; w < kCombineWarps; ++w) M = fmaxf(M, s_m[w]);
+    for (int w = 1; w < WARPS; ++w) M = fmaxf(M, s_m[w]);
     float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
     float Lt = 0.f;
     if (M != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kCombineWarps; ++w) {
+      for (int w = 0; w < WARPS; ++w) {
         const float f = expf(s_m[w] - M);
         const float4 y = s_acc[w][lane];
         t.x += f * y.x;
@@ -1511,7 +1602,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Param
     float4 t = s_acc[0][lane];
     float Lt = s_l[0];
 #pragma unroll
-    for (int w = 1; w < kCombineWarps; ++w) {
+    for (int w = 1; w < WARPS; ++w) {
       const float4 y = s_acc[w][lane];
       t.x += y.x;
       t.y += y.y;
@@ -1574,7 +1665,11 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 //     (4 stages), 17-32 one NT = 4 group, 33-64 two; NT = 4 with {stages, CTAs per SM} 2/2 (the merge buffer of 32
 //     rows leaves room for 2 stages at 2 CTAs per SM). The grid is sized 2 per SM for every R, so R = 9..16 does
 //     not run a 4-per-SM grid on a 2-per-SM kernel.
-// BF16 KV runs the row layout under every transposed configuration (the transposed products are FP8 only).
+//   6..8 "v3b", "v3bs3", "v3bc3": the transposed layout for BF16 KV (S^T = K Q^T and O^T += V^T P^T on bf16
+//     m16n8k16 MMAs: half the MMAs of the row layout at 8 rows, 32 O^T accumulators instead of 64) with {stages,
+//     CTAs per SM} 2/2, 3/2, 2/3 (the last two with the merge buffer in a stage: see Traits). FP8 KV runs "v3"
+//     (6, 7) or "v3s3c3" (8) under them. BF16 with more than 8 rows per group runs the row layout (its m16 is full).
+// BF16 KV runs the row layout under every other configuration.
 // spills-ok(TraitsILb1ELb1ELi2ELi4ELi1EE): transposed, 2 stages / 4 CTAs per SM caps the kernel at 128 registers and it spills 4
 // bytes; it is the configuration `auto` picks for batches without a dominant request, and the fastest there as
 // measured, spill included (docs/ops/split_kv_decode.md).
@@ -1582,16 +1677,34 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 // descriptors, leave ~16 words over the 255-register cap (stack 64 B, after Q, the row scales and the causal limits
 // moved to shared memory and the epilogues to 16-row passes); the alternative, two 16-row groups, reads every K/V
 // tile twice. Measured on the H200, spill included, it is the fastest at q_len 2-4 (docs/ops/split_kv_decode.md).
-constexpr int kNumConfigs = 6;
+constexpr int kNumConfigs = 9;
 constexpr int kCfgMtp = 5;
 using MtpNt4 = Transposed<2, 2, 4>;
+using TrBf16 = TransposedBf16<2, 2>;
+using TrBf16s3 = TransposedBf16<3, 2>;
+using TrBf16c3 = TransposedBf16<2, 3>;
 constexpr int kConfigCps[kNumConfigs] = {RowFp8::CPS,           Transposed<4, 2>::CPS, Transposed<3, 3>::CPS,
-                                         Transposed<5, 2>::CPS, Transposed<2, 4>::CPS, MtpNt4::CPS};
+                                         Transposed<5, 2>::CPS, Transposed<2, 4>::CPS, MtpNt4::CPS,
+                                         TrBf16::CPS,           TrBf16s3::CPS,         TrBf16c3::CPS};
 static_assert(RowFp8::CPS == RowBf16::CPS, "the row layout sizes its grid the same for both dtypes");
 static_assert(Transposed<4, 2>::CPS == MtpNt4::CPS && Transposed<4, 2, 2>::CPS == MtpNt4::CPS,
               "v3m's grid (2 per SM) fits every kernel it runs (R <= 8, 9-16, 17-64)");
+static_assert(TrBf16::CPS == Transposed<4, 2>::CPS && TrBf16s3::CPS == Transposed<4, 2>::CPS &&
+                  TrBf16c3::CPS == Transposed<3, 3>::CPS,
+              "a BF16 configuration's FP8 kernel is sized for the same grid");
+static_assert(!TrBf16::MERGE_IN_STAGE && TrBf16s3::MERGE_IN_STAGE && TrBf16c3::MERGE_IN_STAGE &&
+                  !Transposed<2, 4>::MERGE_IN_STAGE && !MtpNt4::MERGE_IN_STAGE,
+              "the merge buffer moves into a stage only for the configurations that need it");
 constexpr bool is_row_config(int config) {
   return config == 0;
+}
+// Configurations whose BF16 kernel is the transposed layout (at most 8 query rows per group).
+constexpr bool is_bf16_transposed_config(int config) {
+  return config >= 6 && config <= 8;
+}
+// Whether `config` runs the transposed layout for this KV dtype and R query rows per (request, KV head).
+constexpr bool runs_transposed(int config, bool kv_fp8, int R) {
+  return !is_row_config(config) && (kv_fp8 || (is_bf16_transposed_config(config) && R <= 8));
 }
 
 template <class T>
@@ -1613,12 +1726,33 @@ extern "C" int hp_decode_ctas_per_sm(int config) {
   return (config >= 0 && config < kNumConfigs) ? kConfigCps[config] : -1;
 }
 
+// Whether `config` runs the transposed layout (1) or the row layout (0) for this KV dtype and `rows` query rows per
+// (request, KV head); the fused merge (fuse_max) needs the transposed layout. -1 for an unknown configuration.
+extern "C" int hp_decode_transposed(int config, int kv_fp8, int rows) {
+  if (config < 0 || config >= kNumConfigs) return -1;
+  return runs_transposed(config, kv_fp8 != 0, rows) ? 1 : 0;
+}
+
 // Dynamic shared memory per CTA of the kernel `config` runs for this KV dtype (row groups of up to 8 rows); -1 for an
 // unknown configuration.
 extern "C" int hp_decode_smem_bytes(int config, int kv_fp8) {
   if (config < 0 || config >= kNumConfigs) return -1;
-  if (!kv_fp8) return RowBf16::SMEM;
+  if (!kv_fp8) {
+    switch (config) {
+      case 6:
+        return TrBf16::SMEM;
+      case 7:
+        return TrBf16s3::SMEM;
+      case 8:
+        return TrBf16c3::SMEM;
+      default:
+        return RowBf16::SMEM;
+    }
+  }
   switch (config) {
+    case 8:
+      return Transposed<3, 3>::SMEM;
+
     case 0:
       return RowFp8::SMEM;
     case 2:
@@ -1659,7 +1793,7 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
       make_params(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws, sm_scale, batch,
                   H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode, splits, chunk_tiles);
   const cudaStream_t s = (cudaStream_t)stream;
-  const bool transposed = kv_fp8 && !is_row_config(config);
+  const bool transposed = runs_transposed(config, kv_fp8 != 0, P.R);
   if (!transposed) {
     if (fuse_max != 0) return (int)cudaErrorInvalidValue;  // the fused merge is the transposed layout's
     const int G = (P.R + RowFp8::MROWS - 1) / RowFp8::MROWS;
@@ -1670,6 +1804,17 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
   if (fuse_max >= kFuseAll && mode != kDynamic) return (int)cudaErrorInvalidValue;  // zero rows: dynamic map only
   P.counters = counters;
   P.fuse_max = fuse_max;
+  if (!kv_fp8) {  // BF16, R <= 8: one row group
+    const dim3 grid(mode == kDynamic ? C : batch * H * splits, 1);
+    switch (config) {
+      case 7:
+        return launch_attention<TrBf16s3>(grid, pdl, s, P);
+      case 8:
+        return launch_attention<TrBf16c3>(grid, pdl, s, P);
+      default:
+        return launch_attention<TrBf16>(grid, pdl, s, P);
+    }
+  }
   const bool mtp = config == kCfgMtp;
   const int NT = P.R <= 8 ? 1 : (P.R <= 16 || !mtp) ? 2 : 4;  // MTP configs: one pass over the KV up to 32 rows
   const int G = (P.R + 8 * NT - 1) / (8 * NT);
@@ -1678,11 +1823,13 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
   if (NT == 2) return launch_attention<Transposed<4, 2, 2>>(grid, pdl, s, P);
   switch (config) {
     case 2:
+    case 8:
       return launch_attention<Transposed<3, 3>>(grid, pdl, s, P);
     case 3:
       return launch_attention<Transposed<5, 2>>(grid, pdl, s, P);
     case 4:
       return launch_attention<Transposed<2, 4>>(grid, pdl, s, P);
+
     default:
       return launch_attention<Transposed<4, 2>>(grid, pdl, s, P);
   }
@@ -1690,11 +1837,13 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
 
 // Combine: merges the partials of pairs with more than one chunk into out. online: 0 the two-pass form (after the
 // row layout), 1 the online form (after the transposed layout), which also skips pairs of 2..fuse_max chunks (the
-// value given to hp_decode_attention). Returns a cudaError_t.
+// value given to hp_decode_attention). warps: 8, or 32 with the online form (combine_kernel's WARPS). Returns a
+// cudaError_t (cudaErrorInvalidValue for another warps value).
 extern "C" int hp_decode_combine(const int* kv_lens, void* out, const float* part_o, const float* part_lse,
                                  const int* ws, int batch, int H, int q_heads, int q_len, int C, int max_pairs,
-                                 int mode, int splits, int chunk_tiles, int pdl, void* stream, int online,
-                                 int fuse_max) {
+                                 int mode, int splits, int chunk_tiles, int pdl, void* stream, int online, int fuse_max,
+                                 int warps) {
+  if (warps != kCombineWarps && (warps != 32 || !online)) return (int)cudaErrorInvalidValue;
   if (!valid_shape(batch, H, q_heads, q_len)) return (int)cudaErrorInvalidValue;
   Params P = make_params(nullptr, nullptr, nullptr, nullptr, nullptr, kv_lens, nullptr, nullptr, out,
                          const_cast<float*>(part_o), const_cast<float*>(part_lse), ws, 0.f, batch, H, q_heads, q_len, 0,
@@ -1703,7 +1852,8 @@ extern "C" int hp_decode_combine(const int* kv_lens, void* out, const float* par
   const dim3 grid(P.R, batch * H);
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
-  return (
-      int)(online ? hp::launch(combine_kernel<true>, grid, dim3(kCombineWarps * 32), 0, (cudaStream_t)stream, opt, P)
-                  : hp::launch(combine_kernel<false>, grid, dim3(kCombineWarps * 32), 0, (cudaStream_t)stream, opt, P));
+  const cudaStream_t s = (cudaStream_t)stream;
+  if (warps == 32) return (int)hp::launch(combine_kernel<true, 32>, grid, dim3(32 * 32), 0, s, opt, P);
+  return (int)(online ? hp::launch(combine_kernel<true, kCombineWarps>, grid, dim3(kCombineWarps * 32), 0, s, opt, P)
+                      : hp::launch(combine_kernel<false, kCombineWarps>, grid, dim3(kCombineWarps * 32), 0, s, opt, P));
 }

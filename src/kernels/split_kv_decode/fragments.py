@@ -1,4 +1,5 @@
-"""Index model of the v3 attention kernel's MMA fragments (attention.cu, attention_v3_kernel), checked on the CPU.
+"""Index model of the v3 attention kernel's MMA fragments (attention.cu, attention_transposed), checked on the CPU;
+check_v3_bf16_maps() does the same for the transposed layout on BF16 KV (v3b, v3bs3, v3bc3).
 
 The v3 kernel computes S^T = K Q^T with mma.m16n8k32 (e4m3) and O^T += V^T P^T with mma.m16n8k16 (f16), turning
 S^T's accumulator into PV's B operand with movmatrix.trans. Each function below returns, for one warp, which
@@ -65,32 +66,46 @@ def merge_unit(r: int, u: int) -> int:
     return u ^ ((r >> 1) & 3)
 
 
-def check_v3_maps() -> dict:
-    """Assert the v3 fragment maps are consistent; returns a few facts for display. Raises AssertionError."""
+def check_qk(slots, steps: int, k_len: int) -> set:
+    """Assert that in every k step of S^T = K Q^T (slots(ks) -> (A, B) maps) the A and B k slots meet on one head dim
+    with m = token and n = query row, and that the steps cover every head dim once; returns the dims."""
     dims = set()
-    for ks in range(4):
-        A, B = qk_slots(ks)
+    for ks in range(steps):
+        A, B = slots(ks)
         for m in range(16):
             for n in range(8):
-                for k in range(32):
+                for k in range(k_len):
                     (tok, da), (row, db) = A[(m, k)], B[(k, n)]
                     assert tok == m and row == n and da == db, (ks, m, n, k)
-        dims |= {A[(0, k)][1] for k in range(32)}
+        dims |= {A[(0, k)][1] for k in range(k_len)}
     assert dims == set(range(128)), "QK k slots must cover every head dim once"
-    for lane, (lo, hi) in p_transpose().items():
-        g, t = lane >> 2, lane & 3
-        assert lo == (2 * t, g) and hi == (2 * t + 1, g)  # = PV's B fragment b0 (k = 2t, 2t+1; n = g)
+    return dims
+
+
+def check_pv(slots, dim_of) -> set:
+    """Assert that every A row m of each m-tile j of O^T += V^T P^T (slots(j): (m, k) -> (dim, token)) is one head dim,
+    dim_of(j, m), with k slot k = token k, and that the rows cover every head dim once; returns the dims."""
     pv_dims = set()
     for j in range(8):
-        A = pv_a_slots(j)
+        A = slots(j)
         for m in range(16):
             row_dims = {A[(m, k)][0] for k in range(16)}
             assert len(row_dims) == 1, "one head dim per A row"
             assert [A[(m, k)][1] for k in range(16)] == list(range(16)), "k slot k = token k (P^T's k)"
             d = row_dims.pop()
-            assert d == (16 * (m % 8) + j if m < 8 else 16 * (m % 8) + 8 + j)
+            assert d == dim_of(j, m), (j, m, d)
             pv_dims.add(d)
     assert pv_dims == set(range(128)), "PV rows must cover every head dim once"
+    return pv_dims
+
+
+def check_v3_maps() -> dict:
+    """Assert the v3 fragment maps are consistent; returns a few facts for display. Raises AssertionError."""
+    dims = check_qk(qk_slots, 4, 32)
+    for lane, (lo, hi) in p_transpose().items():
+        g, t = lane >> 2, lane & 3
+        assert lo == (2 * t, g) and hi == (2 * t + 1, g)  # = PV's B fragment b0 (k = 2t, 2t+1; n = g)
+    pv_dims = check_pv(pv_a_slots, lambda j, m: 16 * (m % 8) + j if m < 8 else 16 * (m % 8) + 8 + j)
     # merge writes: lane (g, t), column c, quarter q stores dims 16g + 4q' .. as unit 4g + q of row 2t + c;
     # within one store instruction the 8 lanes of a quarter warp hit 8 distinct bank groups
     for c in range(2):
@@ -100,3 +115,99 @@ def check_v3_maps() -> dict:
                 assert len(groups) == 8, (c, q, quarter)
     return {"qk_dims_covered": len(dims), "pv_dims_covered": len(pv_dims), "mma_per_warp_tile_qk": 4,
             "mma_per_warp_tile_pv": 8}
+
+
+# ---- the transposed layout on BF16 KV (attention.cu, Traits<false, true, ...>: configs v3b, v3bs3, v3bc3) ----
+
+
+def bf16_units(t: int) -> list[int]:
+    """Logical 16 B units (8 dims each) a lane of tig t loads from a K or Q row, in word order (attention.cu kq_unit,
+    BF16): 2t, 2t+1, 2t+8, 2t+9. Word w of the 16 holds dims 8 units[w // 4] + 2 (w % 4) + {0, 1}."""
+    return [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9]
+
+
+def bf16_word_dims(t: int, w: int) -> tuple[int, int]:
+    u = bf16_units(t)[w // 4]
+    return 8 * u + 2 * (w % 4), 8 * u + 2 * (w % 4) + 1
+
+
+def qk_slots_bf16(ks: int) -> tuple[dict, dict]:
+    """k16 step ks (0..7) of S^T = K Q^T on m16n8k16 bf16: A[(m, k)] -> (token m, dim), B[(k, n)] -> (row n, dim).
+
+    A (16 x 16): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..); B (16 x 8): b0 = (2t..,
+    g), b1 = (2t+8.., g). The kernel: a0 / a1 / b0 = word 2 ks of the lane's K rows g / g + 8 and Q row g, a2 / a3 / b1
+    = word 2 ks + 1."""
+    A, B = {}, {}
+    for _, g, t in LANES:
+        lo, hi = bf16_word_dims(t, 2 * ks), bf16_word_dims(t, 2 * ks + 1)
+        for e in range(2):
+            A[(g, 2 * t + e)] = (g, lo[e])
+            A[(g + 8, 2 * t + e)] = (g + 8, lo[e])
+            A[(g, 2 * t + 8 + e)] = (g, hi[e])
+            A[(g + 8, 2 * t + 8 + e)] = (g + 8, hi[e])
+            B[(2 * t + e, g)] = (g, lo[e])
+            B[(2 * t + 8 + e, g)] = (g, hi[e])
+    return A, B
+
+
+def ldmatrix_v_address(lane: int, j: int) -> tuple[int, int]:
+    """(token, logical unit) whose 16 B lane `lane` addresses in the ldmatrix.x4.trans of m-tile j (attention.cu
+    tr_pv, BF16): token (lane & 7) + 8 (lane >> 4) of the warp's 16, unit 2j + ((lane >> 3) & 1)."""
+    return (lane & 7) + 8 * (lane >> 4), 2 * j + ((lane >> 3) & 1)
+
+
+def pv_a_slots_bf16(j: int) -> dict:
+    """m-tile j of O^T += V^T P^T on BF16: A[(m, k)] -> (head dim, token), from the ldmatrix model: matrix i is
+    addressed by lanes 8i..8i+7 (rows = tokens, 8 dims per row) and lands in register i; .trans gives lane (g, t) the
+    elements (row 2t, column g) and (row 2t + 1, column g). Registers 0..3 are a0..a3."""
+    rows = {}  # matrix i -> its 8 (token, unit) rows, in lane order
+    for lane in range(32):
+        rows.setdefault(lane >> 3, []).append(ldmatrix_v_address(lane, j))
+    A = {}
+    slot = {0: (0, 0), 1: (8, 0), 2: (0, 8), 3: (8, 8)}  # register -> (m offset, k offset)
+    for _, g, t in LANES:
+        for i in range(4):
+            mo, ko = slot[i]
+            for e in range(2):
+                tok, unit = rows[i][2 * t + e]
+                A[(g + mo, 2 * t + ko + e)] = (8 * unit + g, tok)
+    return A
+
+
+def merge_store_bf16(j: int, hh: int, g: int) -> int:
+    """Head dim of accumulator (m-tile j, c-slot half hh) of lane group g in the BF16 merge store (tr_stage_merge)."""
+    return 16 * j + 8 * hh + g
+
+
+def check_v3_bf16_maps() -> dict:
+    """Assert the BF16 transposed-layout fragment maps are consistent (QK k slots meet on one dim, PV rows are one
+    dim each with k = token, the merge writes every dim once) and the swizzled shared-memory reads conflict-free;
+    returns a few facts. Raises AssertionError."""
+    dims = check_qk(qk_slots_bf16, 8, 16)
+    # the merge stores m-tile j row m as merge_store_bf16's dim: it must be the row's real dim
+    pv_dims = check_pv(pv_a_slots_bf16, lambda j, m: merge_store_bf16(j, m // 8, m % 8))
+    # swizzled 256 B rows (unit u of token row r at u ^ (r & 7)); a bank group is the physical unit & 7
+    for i in range(4):  # K / Q LDS.128 i: quarter warps (lanes 8q..8q+7: rows g = 2q, 2q + 1, tig 0..3)
+        for quarter in range(4):
+            groups = {(bf16_units(t)[i] ^ (g & 7)) & 7 for lane, g, t in LANES if lane // 8 == quarter}
+            assert len(groups) == 8, ("K/Q load", i, quarter)
+    for j in range(8):  # ldmatrix: each 8-lane phase reads 8 rows
+        for phase in range(4):
+            groups = set()
+            for lane in range(8 * phase, 8 * phase + 8):
+                tok, unit = ldmatrix_v_address(lane, j)
+                groups.add((unit ^ (tok & 7)) & 7)
+            assert len(groups) == 8, ("V ldmatrix", j, phase)
+    worst = 0  # merge: scalar stores of one instruction (j, hh, c): at most 2 lanes per bank
+    for j in range(8):
+        for hh in range(2):
+            for c in range(2):
+                banks: dict = {}
+                for _, g, t in LANES:
+                    d = merge_store_bf16(j, hh, g)
+                    b = (merge_unit(2 * t + c, d >> 2) * 4 + (d & 3)) % 32
+                    banks[b] = banks.get(b, 0) + 1
+                worst = max(worst, max(banks.values()))
+    assert worst <= 2, "merge stores at most 2-way bank conflicts"
+    return {"qk_dims_covered": len(dims), "pv_dims_covered": len(pv_dims), "mma_per_warp_tile_qk": 8,
+            "mma_per_warp_tile_pv": 8, "merge_store_ways": worst}
