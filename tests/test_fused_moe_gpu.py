@@ -26,8 +26,9 @@ from hotpaths.harness.env import requires_sm90
 pytestmark = [pytest.mark.gpu, requires_sm90()]
 
 FP8 = torch.float8_e4m3fn
-GEMMS = ["mma", "wgmma"]  # both GEMM paths (MoEPlan.gemm) meet the same contract
-TILES = {"mma": [8, 16, 32, 64], "wgmma": [16, 32, 64, 128]}  # block_m of each path
+GEMMS = ["mma", "wgmma", "wgmma_ws", "mma_tma"]  # every GEMM path (MoEPlan.gemm) meets the same contract
+TILES = {"mma": [8, 16, 32, 64], "wgmma": [16, 32, 64, 128], "wgmma_ws": [16, 32, 64, 128],
+         "mma_tma": [8, 16, 32, 64]}  # block_m per path
 
 
 @pytest.fixture(scope="module")
@@ -333,7 +334,8 @@ def test_stages_and_pipeline_match_emulation(moe, name, mode, t, gemm):
 
 
 @pytest.mark.parametrize("gemm,block_m", [("mma", 8), ("mma", 16), ("mma", 64), ("wgmma", 16), ("wgmma", 64),
-                                          ("wgmma", 128)])
+                                          ("wgmma", 128), ("wgmma_ws", 16), ("wgmma_ws", 64), ("wgmma_ws", 128),
+                                          ("mma_tma", 8), ("mma_tma", 16), ("mma_tma", 64)])
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
 @pytest.mark.parametrize("name", ["h192_i64", "h192_i192"])
 @pytest.mark.parametrize("t", [1, 3, 5, 70])
@@ -403,8 +405,8 @@ def test_gemm_tile_on_exact_integers(moe, gemm, h, block_m, t):
     must equal bf16(aq . w2^T) bit for bit, and the gate-up act equals bf16(silu(g) * u) up to the SiLU's last ulp.
     A swizzle, descriptor, fragment-layout or row-mapping bug shows here as grossly wrong values, apart from the
     pipeline and routing tests. h = 192: a K tail of half a stage (gate-up) and a last down n-tile of 64 rows."""
-    if gemm == "mma" and block_m not in TILES["mma"]:
-        pytest.skip("block_m 128 is a wgmma tile")
+    if block_m not in TILES[gemm]:
+        pytest.skip(f"block_m {block_m} is not a {gemm} tile")
     inter, e = 64 if h == 256 else 192, 1
     x = _small_ints((t, h), seed=block_m + t).to(torch.bfloat16)
     w13f, w2f = _small_ints((e, 2 * inter, h), seed=1), _small_ints((e, h, inter), seed=2)
@@ -443,7 +445,7 @@ def test_wgmma_and_mma_agree_on_hy3_tp8(moe):
     w13, w2, sc = weights("hy3_tp8", "pertensor")
     x, ids, tw = make_tokens(512, k, h, hi, seed=77)
     res = {}
-    for gemm in GEMMS:
+    for gemm in ("mma", "wgmma"):
         p = moe.plan(ids, num_experts=e, gemm=gemm)
         out = moe.run(p, x, w13, w2, tw, scales="pertensor", **sc)
         act, _ = p.buffers(h, i)
@@ -455,8 +457,67 @@ def test_wgmma_and_mma_agree_on_hy3_tp8(moe):
 
 
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
+@pytest.mark.parametrize("t", [4, 64, 512])
+def test_mma_tma_matches_mma(moe, mode, t):
+    """The TMA-fed mma.sync kernel runs the same units, k32 slices, fixed-order warp sum and split-K order as
+    expert_gemm_kernel whenever both take the same split factor, so act, ybuf and the output are bit-identical then;
+    with different factors (their grids differ) they agree to fp32 summation order. A wrong swizzle offset, ring
+    phase or stale slot shows as gross differences. t = 512 at block_m 64: many units per CTA, the ring wraps and
+    crosses unit boundaries; t = 4: split-K units."""
+    e, k, h, i, off, (lo, hi) = SHAPES["hy3_tp8"]
+    w13, w2, sc = weights("hy3_tp8", mode)
+    x, ids, tw = make_tokens(t, k, h, hi, seed=70 + t)
+    res = {}
+    for gemm in ("mma", "mma_tma"):
+        p = moe.plan(ids, num_experts=e, gemm=gemm)
+        act, ybuf = p.buffers(h, i)
+        act.fill_(float("nan"))
+        ybuf.fill_(float("nan"))
+        out = moe.run(p, x, w13, w2, tw, scales=mode, **sc)
+        nvalid = int(p.fields()["header"][0])
+        vp = torch.nonzero(ids.reshape(-1) >= 0).flatten()
+        res[gemm] = (act[:nvalid].clone(), ybuf[vp].clone(), out.clone(), p.split_factors(h, i, mode), p.block_m)
+    assert res["mma"][4] == res["mma_tma"][4]
+    same_split = res["mma"][3] == res["mma_tma"][3]
+    for j, what in enumerate(("act", "ybuf", "out")):
+        if same_split:
+            assert torch.equal(res["mma_tma"][j], res["mma"][j]), f"{mode}/T={t}: {what} mma_tma vs mma not bit-equal"
+        else:
+            assert_close(res["mma_tma"][j], res["mma"][j], f"{mode}/T={t}: {what} mma_tma vs mma", cos_min=0.99999,
+                         rel_max=5e-3)
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
+@pytest.mark.parametrize("t", [64, 512, 4096])
+def test_wgmma_ws_matches_wgmma(moe, mode, t):
+    """The warp-specialized kernel computes each output from the same operands with the same wgmma k32 steps in the
+    same K order as expert_wgmma_kernel (only who loads and which warpgroup holds which half differ), so act and
+    ybuf agree to the last fp32 rounding: rel L2 <= 1e-3 (in practice 0; a differing N of the instruction may
+    sum a k32 slice in another order). A wrong ring phase, a stale slot or a lost row shows as gross differences.
+    t = 4096: block_m 128, many items per CTA: the ring wraps many times and crosses item boundaries."""
+    e, k, h, i, off, (lo, hi) = SHAPES["hy3_tp8"]
+    w13, w2, sc = weights("hy3_tp8", mode)
+    x, ids, tw = make_tokens(t, k, h, hi, seed=90 + t)
+    res = {}
+    for gemm in ("wgmma", "wgmma_ws"):
+        p = moe.plan(ids, num_experts=e, gemm=gemm)
+        act, ybuf = p.buffers(h, i)
+        act.fill_(float("nan"))
+        ybuf.fill_(float("nan"))
+        out = moe.run(p, x, w13, w2, tw, scales=mode, **sc)
+        nvalid = int(p.fields()["header"][0])
+        vp = torch.nonzero(ids.reshape(-1) >= 0).flatten()
+        res[gemm] = (act[:nvalid].clone(), ybuf[vp].clone(), out.clone(), p.block_m)
+    assert res["wgmma"][3] == res["wgmma_ws"][3]
+    for j, what in enumerate(("act", "ybuf", "out")):
+        assert_close(res["wgmma_ws"][j], res["wgmma"][j], f"{mode}/T={t}: {what} wgmma_ws vs wgmma", cos_min=0.999999,
+                     rel_max=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
 @pytest.mark.parametrize("name,t", [("hy3_tp8", 1), ("hy3_tp8", 2), ("hy3_tp1_ep8", 1)])
-def test_split_k_on_off(moe, name, mode, t):
+@pytest.mark.parametrize("gemm", ["mma", "mma_tma"])
+def test_split_k_on_off(moe, name, mode, t, gemm):
     """Split-K across CTAs vs no split at sizes whose items leave CTA slots idle: the plan reports the factor the
     launches take (hp_moe_split_factor, the kernel's own formula) and the case is built so the gate-up GEMM must
     split (EP8 at batch 1: exactly one local pair, 1 tile x 2I/32 = 96 items of 32 K stages against >= 2 x 132
@@ -469,7 +530,7 @@ def test_split_k_on_off(moe, name, mode, t):
     if off:
         ids.fill_(-1)  # exactly one local pair: a single tile whatever the seed
     ids[0, 0] = off + 3
-    p = moe.plan(ids, num_experts=e, expert_offset=off, block_m=8)
+    p = moe.plan(ids, num_experts=e, expert_offset=off, block_m=8, gemm=gemm)
     act, ybuf = p.buffers(h, i)
     nvalid = int(p.fields()["header"][0])
     split_gu, split_dn = p.split_factors(h, i, mode)

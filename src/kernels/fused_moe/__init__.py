@@ -22,7 +22,8 @@ tiles of 16-128 pairs; many pairs per expert) and ``"wgmma_ws"`` (expert_wgmma.c
 producer warp feeding the weights by TMA and the token rows by cp.async through an mbarrier ring, two consumer
 warpgroups; same tiles as wgmma). ``plan(gemm="auto")`` picks mma or wgmma by the average rows per expert
 (``resolve_gemm``); ``$HOTPATHS_MOE_GEMM`` (any name of ``GEMMS``) is the default when ``gemm`` is not given, so one
-process can be switched without code changes.
+process can be switched without code changes. ``"mma_tma"`` is the mma.sync GEMM fed the same way (TMA weight boxes
+through a deep mbarrier ring that runs across work units; the decode sizes).
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ from hotpaths.reference.fused_moe import PlanSize
 OP = "fused_moe"
 BLOCK_MS = (8, 16, 32, 64)   # pairs per tile the mma.sync kernels are instantiated for
 WGMMA_BLOCK_MS = (16, 32, 64, 128)  # pairs per tile the wgmma kernels are instantiated for
-GEMMS = ("auto", "mma", "wgmma", "wgmma_ws")
+GEMMS = ("auto", "mma", "wgmma", "wgmma_ws", "mma_tma")
+MMA_GEMMS = ("mma", "mma_tma")       # the paths with mma.sync tiles (BLOCK_MS) and split-K
 WGMMA_GEMMS = ("wgmma", "wgmma_ws")  # the paths with warpgroup-MMA tiles (WGMMA_BLOCK_MS)
+_GEMM_SUFFIX = {"mma": "", "mma_tma": "_tma", "wgmma": "_wg", "wgmma_ws": "_ws"}  # C entry points per path
 GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
 # "auto" takes wgmma from this many routed pairs per expert on average (Hy3 TP8: batch >= 192). Measured on the
 # H200 (Hy3 TP8 per-tensor, same run): batch 64 (2.7 rows per expert) mma 210 vs wgmma 219 us, batch 256 (10.7)
@@ -117,13 +120,12 @@ def _lib() -> ctypes.CDLL:
     lib.hp_moe_splitk_ints.argtypes = [i, i, i]
     lib.hp_moe_splitk_ints.restype = ctypes.c_longlong
     gemm = [vp, vp, vp, vp, vp, vp, vp, i, i, i, i, i, i, i, i, vp, vp]
-    for name in ("hp_moe_gate_up", "hp_moe_down", "hp_moe_gate_up_wg", "hp_moe_down_wg", "hp_moe_gate_up_ws",
-                 "hp_moe_down_ws"):
+    for name in (f"hp_moe_{g}{sfx}" for g in ("gate_up", "down") for sfx in _GEMM_SUFFIX.values()):
         getattr(lib, name).argtypes = gemm
         getattr(lib, name).restype = i
     lib.hp_moe_quant.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, i, vp]
     lib.hp_moe_quant.restype = i
-    lib.hp_moe_split_factor.argtypes = [i, i, i, i, i, i, i, i]
+    lib.hp_moe_split_factor.argtypes = [i, i, i, i, i, i, i, i, i]
     lib.hp_moe_split_factor.restype = ctypes.c_longlong
     lib.hp_moe_reduce.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, i, i, vp]
     lib.hp_moe_reduce.restype = i
@@ -180,7 +182,7 @@ def _fits(what: str, nbytes: int, device) -> None:
 
 
 def choose_block_m(max_pairs: int, num_experts: int, gemm: str = "mma") -> int:
-    """Pairs per tile: the smallest instantiated tile of the GEMM path (mma: 8..64, wgmma / wgmma_ws: 16..128) holding
+    """Pairs per tile: the smallest instantiated tile of the GEMM path (mma*: 8..64, wgmma*: 16..128) holding
     avg + 2 sqrt(avg) + 1 rows, avg = max_pairs / E.
 
     An expert whose rows spill past one tile reads its weights once per tile, and with random routing an expert's
@@ -190,8 +192,8 @@ def choose_block_m(max_pairs: int, num_experts: int, gemm: str = "mma") -> int:
     blocks of a tile (no MMA or quantization work for them). Under EP the local average is lower than this bound
     (ids outside the rank count in max_pairs), which errs toward a larger tile: same cost argument.
     """
-    if gemm not in ("mma", *WGMMA_GEMMS):
-        raise ValueError(f"gemm: expected one of {('mma', *WGMMA_GEMMS)}, got {gemm!r}")
+    if gemm not in (*MMA_GEMMS, *WGMMA_GEMMS):
+        raise ValueError(f"gemm: expected one of {(*MMA_GEMMS, *WGMMA_GEMMS)}, got {gemm!r}")
     sizes = WGMMA_BLOCK_MS if gemm in WGMMA_GEMMS else BLOCK_MS
     avg = max_pairs / max(num_experts, 1)
     need = avg + 2.0 * math.sqrt(avg) + 1.0 if avg > 0 else 0.0
@@ -235,7 +237,7 @@ class MoEPlan(PlanSize):
     max_tokens: int
     topk: int
     block_m: int
-    gemm: str = "mma"  # GEMM path: "mma" (mma.sync, expert_gemm.cu), "wgmma" or "wgmma_ws" (expert_wgmma.cu)
+    gemm: str = "mma"  # GEMM path (GEMMS): mma / mma_tma (expert_gemm.cu), wgmma / wgmma_ws (expert_wgmma.cu)
     _bufs: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -305,11 +307,12 @@ class MoEPlan(PlanSize):
         Reads the plan's header on the host (a sync): for tests and diagnostics, not hot paths."""
         if scales not in SCALE_MODES:
             raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
-        if self.gemm != "mma":
+        if self.gemm not in MMA_GEMMS:
             return 1, 1  # only the mma.sync GEMMs split K (the wgmma tiles are many and long)
         tiles = int(self.fields()["header"][1])
         out = tuple(int(_lib().hp_moe_split_factor(g, self.block_m, int(scales == "block"), tiles, self.num_experts,
-                                                   self.max_pairs, hidden, inter)) for g in (1, 0))
+                                                   self.max_pairs, hidden, inter, int(self.gemm == "mma_tma")))
+                    for g in (1, 0))
         return out[0], out[1]
 
     def splitk_workspace(self, gate_up: bool) -> torch.Tensor:
@@ -356,7 +359,7 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
 
     Shape/Dtype: topk_ids int32 [T, K], contiguous, CUDA; global expert ids, -1 or any id outside
     [expert_offset, expert_offset + num_experts) is skipped here. num_experts: local experts E (1..512).
-    max_tokens: the largest T ``update`` will see (default T). block_m: pairs per tile (mma: 8, 16, 32, 64;
+    max_tokens: the largest T ``update`` will see (default T). block_m: pairs per tile (mma, mma_tma: 8, 16, 32, 64;
     wgmma, wgmma_ws: 16, 32, 64, 128; default from the average rows per expert). gemm: a name of ``GEMMS`` (None:
     ``$HOTPATHS_MOE_GEMM``, else "auto"; ``resolve_gemm``), kept in the plan and used by every ``run`` on it.
     Raises TypeError / ValueError on bad input, ResourceError if the workspace does not fit, RuntimeError
@@ -487,7 +490,7 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     act, ybuf = p.buffers(h, i)
     xq, xsc, aq, asc = p.quant_buffers(h, i)
     lib, stream, block = _lib(), _stream(p.device), int(scales == "block")
-    mma = p.gemm == "mma"
+    mma = p.gemm in MMA_GEMMS
     sk_gu = p.splitk_workspace(True) if mma and split_k and "gate_up" in todo else None
     sk_dn = p.splitk_workspace(False) if mma and split_k and "down" in todo else None
     if "route" in todo:
@@ -498,7 +501,7 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     # (a stage run alone) it waits first, since a predecessor that launched early may still read xq.
     nvalid = p.workspace[:1]
     # Each GEMM stage: its activation pre-pass (rows of x or act -> fp8 + group scales), then the grouped GEMM.
-    suffix = {"mma": "", "wgmma": "_wg", "wgmma_ws": "_ws"}[p.gemm]
+    suffix = _GEMM_SUFFIX[p.gemm]
     gu_fn, dn_fn = getattr(lib, f"hp_moe_gate_up{suffix}"), getattr(lib, f"hp_moe_down{suffix}")
     gemms = {"gate_up": (gu_fn, x, xq, xsc, a1_scale, None, t, h, int("route" not in todo),
                          w13, w13_scale, act, sk_gu),
