@@ -194,3 +194,18 @@ def test_auto_variant_follows_the_measured_crossovers(tokens, q_heads, kv_heads,
 
     assert ap.choose_variant(tokens, q_heads, kv_heads) == want
     assert ap.DEFAULT_VARIANT == "auto" and set(ap.VARIANTS) == {"auto", "baseline", "pair", "tokwarp2"}
+
+
+def test_auto_vs_fastest_reads_a_variants_table():
+    import pandas as pd
+
+    rows = [dict(case="8q1kv-decode-1", impl="fused_" + v, tokens=1, q_heads=8, kv_heads=1, median_us=u)
+            for v, u in (("baseline", 5.0), ("pair", 5.5), ("tokwarp2", 7.0))]
+    rows += [dict(case="8q1kv-prefill-4096", impl="fused_" + v, tokens=4096, q_heads=8, kv_heads=1, median_us=u)
+             for v, u in (("baseline", 18.0), ("pair", 15.0), ("tokwarp2", 14.0))]
+    rows += [dict(case="8q1kv-prefill-4096", impl="hpc_ops", tokens=4096, q_heads=8, kv_heads=1, median_us=1.0)]
+    got = bap.auto_vs_fastest(pd.DataFrame(rows)).set_index("case")
+    assert got.loc["8q1kv-decode-1", "auto_pick"] == "baseline" and got.loc["8q1kv-decode-1", "auto_over_fastest"] == 1
+    # the peer row is not a variant; auto's pick (pair) is 15/14 of the fastest (tokwarp2)
+    assert got.loc["8q1kv-prefill-4096", "fastest"] == "tokwarp2"
+    assert got.loc["8q1kv-prefill-4096", "auto_over_fastest"] == pytest.approx(15 / 14)

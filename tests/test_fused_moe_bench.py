@@ -168,3 +168,21 @@ def test_gpu_peer_rows_time_or_say_why():
             assert r["cosine"] > 0.99, r  # a peer fed the wrong layout or scales shows here
     fused = [r for r in rows if r["impl"] == "fused"]
     assert len(fused) == 2 and all(r["median_us"] for r in fused)
+
+
+def test_gemm_path_choice_compares_auto_with_the_faster_path():
+    import pandas as pd
+
+    from hotpaths.bench import fused_moe as bm
+
+    rows = [dict(scales="pertensor", model="hy3", mode="tp8ep1", batch=b, impl=i, median_us=u)
+            for b, i, u in ((64, "fused_mma", 210.0), (64, "fused_wgmma", 219.0),
+                            (1024, "fused_mma", 842.0), (1024, "fused_wgmma", 345.0),
+                            (256, "fused_mma", 300.0))]  # one path only: left out
+    got = bm.gemm_path_choice(pd.DataFrame(rows)).set_index("batch")
+    assert list(got.index) == [64, 1024]
+    assert got.loc[64, "auto_pick"] == "mma" and got.loc[64, "auto_over_faster"] == 1.0  # 2.7 pairs per expert
+    assert got.loc[1024, "auto_pick"] == "wgmma" and got.loc[1024, "faster"] == "wgmma"
+    rows[0]["median_us"] = 230.0  # mma now the slower at 64: auto (mma) over the faster (wgmma)
+    assert bm.gemm_path_choice(pd.DataFrame(rows)).set_index("batch").loc[64, "auto_over_faster"] == \
+        pytest.approx(230 / 219)

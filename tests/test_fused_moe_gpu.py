@@ -456,19 +456,14 @@ def test_wgmma_and_mma_agree_on_hy3_tp8(moe):
     assert_close(res["wgmma"][1], res["mma"][1], "out wgmma vs mma")
 
 
-@pytest.mark.parametrize("mode", ["pertensor", "block"])
-@pytest.mark.parametrize("t", [4, 64, 512])
-def test_mma_tma_matches_mma(moe, mode, t):
-    """The TMA-fed mma.sync kernel runs the same units, k32 slices, fixed-order warp sum and split-K order as
-    expert_gemm_kernel whenever both take the same split factor, so act, ybuf and the output are bit-identical then;
-    with different factors (their grids differ) they agree to fp32 summation order. A wrong swizzle offset, ring
-    phase or stale slot shows as gross differences. t = 512 at block_m 64: many units per CTA, the ring wraps and
-    crosses unit boundaries; t = 4: split-K units."""
+def _layer_by_path(moe, mode, t, seed, gemms):
+    """The Hy3 TP8 layer on the same inputs under each GEMM path of `gemms` (buffers NaN-poisoned first): per path
+    (act by sorted position, ybuf of the valid pairs, out, the plan's split factors, its block_m)."""
     e, k, h, i, off, (lo, hi) = SHAPES["hy3_tp8"]
     w13, w2, sc = weights("hy3_tp8", mode)
-    x, ids, tw = make_tokens(t, k, h, hi, seed=70 + t)
+    x, ids, tw = make_tokens(t, k, h, hi, seed=seed)
     res = {}
-    for gemm in ("mma", "mma_tma"):
+    for gemm in gemms:
         p = moe.plan(ids, num_experts=e, gemm=gemm)
         act, ybuf = p.buffers(h, i)
         act.fill_(float("nan"))
@@ -477,6 +472,18 @@ def test_mma_tma_matches_mma(moe, mode, t):
         nvalid = int(p.fields()["header"][0])
         vp = torch.nonzero(ids.reshape(-1) >= 0).flatten()
         res[gemm] = (act[:nvalid].clone(), ybuf[vp].clone(), out.clone(), p.split_factors(h, i, mode), p.block_m)
+    return res
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
+@pytest.mark.parametrize("t", [4, 64, 512])
+def test_mma_tma_matches_mma(moe, mode, t):
+    """The TMA-fed mma.sync kernel runs the same units, k32 slices, fixed-order warp sum and split-K order as
+    expert_gemm_kernel whenever both take the same split factor, so act, ybuf and the output are bit-identical then;
+    with different factors (their grids differ) they agree to fp32 summation order. A wrong swizzle offset, ring
+    phase or stale slot shows as gross differences. t = 512 at block_m 64: many units per CTA, the ring wraps and
+    crosses unit boundaries; t = 4: split-K units."""
+    res = _layer_by_path(moe, mode, t, 70 + t, ("mma", "mma_tma"))
     assert res["mma"][4] == res["mma_tma"][4]
     same_split = res["mma"][3] == res["mma_tma"][3]
     for j, what in enumerate(("act", "ybuf", "out")):
@@ -495,20 +502,8 @@ def test_wgmma_ws_matches_wgmma(moe, mode, t):
     ybuf agree to the last fp32 rounding: rel L2 <= 1e-3 (in practice 0; a differing N of the instruction may
     sum a k32 slice in another order). A wrong ring phase, a stale slot or a lost row shows as gross differences.
     t = 4096: block_m 128, many items per CTA: the ring wraps many times and crosses item boundaries."""
-    e, k, h, i, off, (lo, hi) = SHAPES["hy3_tp8"]
-    w13, w2, sc = weights("hy3_tp8", mode)
-    x, ids, tw = make_tokens(t, k, h, hi, seed=90 + t)
-    res = {}
-    for gemm in ("wgmma", "wgmma_ws"):
-        p = moe.plan(ids, num_experts=e, gemm=gemm)
-        act, ybuf = p.buffers(h, i)
-        act.fill_(float("nan"))
-        ybuf.fill_(float("nan"))
-        out = moe.run(p, x, w13, w2, tw, scales=mode, **sc)
-        nvalid = int(p.fields()["header"][0])
-        vp = torch.nonzero(ids.reshape(-1) >= 0).flatten()
-        res[gemm] = (act[:nvalid].clone(), ybuf[vp].clone(), out.clone(), p.block_m)
-    assert res["wgmma"][3] == res["wgmma_ws"][3]
+    res = _layer_by_path(moe, mode, t, 90 + t, ("wgmma", "wgmma_ws"))
+    assert res["wgmma"][4] == res["wgmma_ws"][4]
     for j, what in enumerate(("act", "ybuf", "out")):
         assert_close(res["wgmma_ws"][j], res["wgmma"][j], f"{mode}/T={t}: {what} wgmma_ws vs wgmma", cos_min=0.999999,
                      rel_max=1e-3)

@@ -50,6 +50,19 @@ def _poisoned(m, n):
     return torch.full((m, n), float("nan"), device="cuda")
 
 
+def _check_variant(rg, weights, impl, variant, splits, m, seed):
+    """One kernel variant of `impl` ("bf16x2" or "bf16x3") on a NaN-poisoned output vs the same-precision emulation
+    of the plan's weight parts (bf16x2: w_high, w_low; bf16x3: w_high, w_mid, w_low2)."""
+    x = _x(m, seed=seed)
+    out = rg.router_gemm(x, weights, impl=f"{impl}_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
+    torch.cuda.synchronize()
+    if impl == "bf16x3":
+        emu = ref.bf16x3_from_parts(x, weights.w_high, weights.w_mid, weights.w_low2)
+    else:
+        emu = ref.bf16x2_from_parts(x, weights.w_high, weights.w_low)
+    assert_close(out, emu, op="router_gemm", path=f"{impl}_vs_emulation", what=f"{impl} {variant} s={splits} m={m}")
+
+
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 17, 31, 33, 48, 64, 65, 100, 208, 512, 1000, 4096])
 def test_bf16x2_kernel_matches_emulation_and_fp64(rg, hy3, m):
     w, weights, _ = hy3
@@ -86,12 +99,7 @@ def test_bf16x3_kernel_matches_emulation(rg, hy3, m):
                                               ("tiled64", 2, 100), ("tiled64", 8, 65), ("tiled128", 1, 300),
                                               ("tiled128", 4, 130)])
 def test_bf16x3_every_variant(rg, hy3, variant, splits, m):
-    _, _, w3 = hy3
-    x = _x(m, seed=21)
-    out = rg.router_gemm(x, w3, impl="bf16x3_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
-    torch.cuda.synchronize()
-    assert_close(out, ref.bf16x3_from_parts(x, w3.w_high, w3.w_mid, w3.w_low2), op="router_gemm",
-                 path="bf16x3_vs_emulation", what=f"bf16x3 {variant} s={splits} m={m}")
+    _check_variant(rg, hy3[2], "bf16x3", variant, splits, m, seed=21)
 
 
 @pytest.mark.parametrize("variant,splits,m", [("decode", 0, 5), ("decode", 0, 40), ("tiled64", 1, 5),
@@ -101,12 +109,7 @@ def test_bf16x3_every_variant(rg, hy3, variant, splits, m):
                                               ("decode_n2", 0, 33), ("decode_c16", 0, 1), ("decode_w8", 0, 17),
                                               ("decode_c16w8", 0, 64)])
 def test_every_variant_matches_emulation(rg, hy3, variant, splits, m):
-    _, weights, _ = hy3
-    x = _x(m, seed=5)
-    out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
-    torch.cuda.synchronize()
-    emu = ref.bf16x2_from_parts(x, weights.w_high, weights.w_low)
-    assert_close(out, emu, op="router_gemm", path="bf16x2_vs_emulation", what=f"{variant} s={splits} m={m}")
+    _check_variant(rg, hy3[1], "bf16x2", variant, splits, m, seed=5)
 
 
 @pytest.mark.parametrize("m", [1, 3, 17, 48, 64, 128, 1000, 2048, 4096])

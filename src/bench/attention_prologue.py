@@ -540,6 +540,30 @@ def _run(args) -> int:
     return 0
 
 
-__all__ = ["IMPLS", "VARIANT_PREFIX", "fused_variants", "variant_of", "case_name", "mode_of", "request_layout",
+def auto_vs_fastest(df):
+    """Per case of a variants table (rows ``fused_<variant>`` with tokens, q_heads, kv_heads, median_us): the
+    variant ``auto`` runs (choose_variant), the fastest measured one, and auto's time over the fastest. Returns a
+    pandas DataFrame (case, auto_pick, fastest, auto_us, fastest_us, auto_over_fastest); cases where auto's pick was
+    not timed are left out."""
+    import pandas as pd
+
+    from hotpaths.kernels.attention_prologue import choose_variant
+
+    timed = df[df["impl"].astype(str).str.startswith(VARIANT_PREFIX) & df["median_us"].notna()]
+    out = []
+    for case, g in timed.groupby("case", sort=False):
+        t = {str(i)[len(VARIANT_PREFIX):]: float(u) for i, u in zip(g["impl"], g["median_us"])}
+        r = g.iloc[0]
+        pick = choose_variant(int(r["tokens"]), int(r["q_heads"]), int(r["kv_heads"]))
+        if pick not in t:
+            continue
+        best = min(t, key=t.get)
+        out.append({"case": case, "auto_pick": pick, "fastest": best, "auto_us": t[pick], "fastest_us": t[best],
+                    "auto_over_fastest": t[pick] / t[best]})
+    return pd.DataFrame(out)
+
+
+__all__ = ["IMPLS", "VARIANT_PREFIX", "auto_vs_fastest", "fused_variants", "variant_of", "case_name", "mode_of",
+           "request_layout",
            "make_bench_inputs", "make_fused", "prologue_rows", "make_chain_inputs", "make_chain", "chain_rows",
            "register", "unfused_traffic"]

@@ -284,6 +284,29 @@ def table_rows(table: str, *, scales: str = "pertensor", batches=None, impls=IMP
 # CLI
 # ----------------------------------------------------------------------------------------------------------------
 
+def gemm_path_choice(df):
+    """Per (scales, batch) of a table holding both forced paths (impls fused_mma and fused_wgmma, with model, mode,
+    batch, median_us): the path ``plan(gemm="auto")`` takes at that batch (resolve_gemm on the model's local
+    experts), the faster one measured, and auto's time over the faster. Returns a pandas DataFrame."""
+    import pandas as pd
+
+    from hotpaths.kernels.fused_moe import resolve_gemm  # plain Python: imports without a GPU
+    from hotpaths.reference import fused_moe as fm
+
+    timed = df[df["impl"].isin(["fused_mma", "fused_wgmma"]) & df["median_us"].notna()]
+    out = []
+    for (scales, model, mode, batch), g in timed.groupby(["scales", "model", "mode", "batch"], sort=True):
+        t = {str(i)[len("fused_"):]: float(u) for i, u in zip(g["impl"], g["median_us"])}
+        if len(t) < 2:
+            continue
+        d = fm.model_dims(model, mode)
+        pick = resolve_gemm("auto", int(batch) * d["topk"], d["experts"])
+        best = min(t, key=t.get)
+        out.append({"scales": scales, "batch": int(batch), "auto_pick": pick, "faster": best, "mma_us": t["mma"],
+                    "wgmma_us": t["wgmma"], "auto_over_faster": t[pick] / t[best]})
+    return pd.DataFrame(out)
+
+
 def register(subparsers) -> None:
     """Add ``hotpaths moe`` to the CLI's subparsers (hotpaths.harness.cli finds it through hotpaths.bench.OPS)."""
     from hotpaths.harness.cli import add_op_command

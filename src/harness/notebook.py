@@ -35,18 +35,27 @@ def show(df_or_rows, cols=None, n: int | None = None):
     return df
 
 
-def show_stored(name: str, *, device: str = "h200", cols=None, where: dict | None = None):
-    """On a machine without the GPU, show the committed table data/results/<device>/<name>.csv (the run recorded in
-    papermill_runs/<device>/manifest.json). ``where``: column -> allowed values to filter rows. Returns the frame, or
-    None (with a printed reason) when no stored table exists."""
+def stored(name: str, *, device: str = "h200"):
+    """The committed table data/results/<device>/<name>.csv as a DataFrame (every column), or None (with a printed
+    reason) when no stored table exists."""
     path = REPO_ROOT / "data" / "results" / device / f"{name}.csv"
     if not path.exists():
         print(f"no stored {device} table {name} (expected {path})")
         return None
     df = load(path)
+    print(f"stored {device} results: {path.relative_to(REPO_ROOT)} (run {df['run_id'].iloc[0] if len(df) else '?'})")
+    return df
+
+
+def show_stored(name: str, *, device: str = "h200", cols=None, where: dict | None = None):
+    """On a machine without the GPU, show the committed table data/results/<device>/<name>.csv (the run recorded in
+    papermill_runs/<device>/manifest.json). ``where``: column -> allowed values to filter rows. Returns the frame as
+    shown (``cols`` only), or None (with a printed reason) when no stored table exists."""
+    df = stored(name, device=device)
+    if df is None:
+        return None
     for col, allowed in (where or {}).items():
         df = df[df[col].isin(list(allowed))]
-    print(f"stored {device} results: {path.relative_to(REPO_ROOT)} (run {df['run_id'].iloc[0] if len(df) else '?'})")
     return show(df.reset_index(drop=True), cols=cols)
 
 

@@ -124,6 +124,19 @@ int per_device_cached(std::atomic<int> (&slots)[16], F compute) {
   return v;
 }
 
+// Resident CTAs per SM of `kernel` at `threads` threads and `smem_bytes` of dynamic shared memory (at least 1: a
+// failed query counts as 1), computed once per device into the caller's slots (one array per kernel). Sets the
+// kernel's shared-memory attribute first: the occupancy query needs it.
+template <typename Kernel>
+int ctas_per_sm(std::atomic<int> (&slots)[16], Kernel kernel, int threads, int smem_bytes) {
+  return per_device_cached(slots, [&](int) {
+    int n = 0;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes) != cudaSuccess) n = 1;
+    return n > 0 ? n : 1;
+  });
+}
+
 inline int sm_count() {
   static std::atomic<int> slots[16];
   return per_device_cached(slots, [](int dev) {

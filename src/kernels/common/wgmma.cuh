@@ -1,7 +1,8 @@
 // Hopper warpgroup MMA (wgmma) helpers shared by kernel families: the shared-memory matrix descriptor of a
 // K-major tile in the 128-byte-swizzle layout, the fence / commit / wait trio, the generic-to-async proxy fence
-// that makes cp.async writes visible to wgmma, a register pin for asynchronously written accumulators, and the FP8
-// (e4m3 x e4m3 -> fp32) m64nNk32 instructions (N = 16, 32, 64, 128).
+// that makes cp.async writes visible to wgmma, a register pin for asynchronously written accumulators, the
+// accumulator register lists every wgmma wrapper builds its operands from (HP_WG_REGS_<R> / HP_WG_OPS_<R>), and the
+// FP8 (e4m3 x e4m3 -> fp32) m64nNk32 instructions.
 //
 // The swizzled layout every producer must write (cp.async by hand, or TMA with CU_TENSOR_MAP_SWIZZLE_128B): rows
 // of 128 bytes, the 16-byte chunk c of row r stored at chunk c ^ (r % 8), each tile based on a 1024-byte boundary
@@ -61,80 +62,65 @@ __device__ __forceinline__ int acc_col(int lane, int j) {
   return 8 * (j >> 2) + 2 * (lane & 3) + (j & 1);
 }
 
-// D[64 x 16] (fp32, 8 per thread) (+)= A[64 x 32] . B[16 x 32]^T, e4m3, both K-major in shared memory.
-// scale_d = 0: D = A . B (the accumulator's old value is ignored); otherwise D += A . B.
-__device__ __forceinline__ void wgmma_m64n16k32_e4m3(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7"
-      "}, %8, %9, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
+}  // namespace wg
+}  // namespace hp
 
-// D[64 x 32] (fp32, 16 per thread) (+)= A[64 x 32] . B[32 x 32]^T, e4m3, both K-major in shared memory.
-// scale_d = 0: D = A . B (the accumulator's old value is ignored); otherwise D += A . B.
-__device__ __forceinline__ void wgmma_m64n32k32_e4m3(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
-      "}, %16, %17, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
+// Accumulator register lists of the m64nN wgmma (R = N / 2 fp32 registers per thread), shared by every wgmma
+// instruction wrapper: HP_WG_REGS_<R> is the instruction's "%0,...,%(R - 1)" and HP_WG_OPS_<R> the matching
+// "+f"(d[0]) ... "+f"(d[R - 1]) operands (an array d in scope), so the operands after the accumulators are numbered
+// from R on. Built from groups of 16 (HP_WG_R<b>: "%b,...,%(b + 15)"; HP_WG_D16(b): the operands of d[b..b + 15]):
+// each register number is written once and the shapes differ only in how many groups they take.
+// clang-format off
+#define HP_WG_R0 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+#define HP_WG_R16 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define HP_WG_R32 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
+#define HP_WG_R48 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define HP_WG_R64 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"
+#define HP_WG_R80 "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+#define HP_WG_D16(b)                                                                                              \
+  "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), "+f"(d[b + 6]), \
+      "+f"(d[b + 7]), "+f"(d[b + 8]), "+f"(d[b + 9]), "+f"(d[b + 10]), "+f"(d[b + 11]), "+f"(d[b + 12]),          \
+      "+f"(d[b + 13]), "+f"(d[b + 14]), "+f"(d[b + 15])
+#define HP_WG_REGS_8 "%0,%1,%2,%3,%4,%5,%6,%7"
+#define HP_WG_OPS_8 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define HP_WG_REGS_16 HP_WG_R0
+#define HP_WG_OPS_16 HP_WG_D16(0)
+#define HP_WG_REGS_32 HP_WG_R0 "," HP_WG_R16
+#define HP_WG_OPS_32 HP_WG_D16(0), HP_WG_D16(16)
+#define HP_WG_REGS_48 HP_WG_REGS_32 "," HP_WG_R32
+#define HP_WG_OPS_48 HP_WG_OPS_32, HP_WG_D16(32)
+#define HP_WG_REGS_64 HP_WG_REGS_48 "," HP_WG_R48
+#define HP_WG_OPS_64 HP_WG_OPS_48, HP_WG_D16(48)
+#define HP_WG_REGS_96 HP_WG_REGS_64 "," HP_WG_R64 "," HP_WG_R80
+#define HP_WG_OPS_96 HP_WG_OPS_64, HP_WG_D16(64), HP_WG_D16(80)
 
-// D[64 x 64] (fp32, 32 per thread) (+)= A[64 x 32] . B[64 x 32]^T, e4m3, both K-major in shared memory.
-// scale_d = 0: D = A . B (the accumulator's old value is ignored); otherwise D += A . B.
-__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-      "}, %32, %33, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
+// D[64 x N] (fp32, R = N / 2 per thread) (+)= A[64 x 32] . B[N x 32]^T, e4m3, both K-major in shared memory, with
+// desc_a, desc_b, scale_d in scope; DA, DB, S: their operand numbers ("%R", "%(R + 1)", "%(R + 2)"). scale_d = 0:
+// D = A . B (the accumulator's old value is ignored); otherwise D += A . B.
+#define HP_WGMMA_E4M3(N, R, DA, DB, S)                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " S ", 0;\n"              \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 " \
+               "{" HP_WG_REGS_##R "}, " DA ", " DB ", p, 1, 1;\n}\n"       \
+               : HP_WG_OPS_##R                                            \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+// clang-format on
 
-// D[64 x 128] (fp32, 64 per thread) (+)= A[64 x 32] . B[128 x 32]^T, e4m3, both K-major in shared memory.
-// scale_d = 0: D = A . B (the accumulator's old value is ignored); otherwise D += A . B.
-__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-      "}, %64, %65, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
+namespace hp {
+namespace wg {
 
+// D[64 x N] (fp32, N / 2 per thread) (+)= A[64 x 32] . B[N x 32]^T, e4m3 (the wgmma m64nNk32 for N = 16, 32, 64,
+// 128).
 template <int N>
 __device__ __forceinline__ void mma_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   static_assert(N == 16 || N == 32 || N == 64 || N == 128, "instantiated N: 16, 32, 64, 128");
   if constexpr (N == 16)
-    wgmma_m64n16k32_e4m3(d, desc_a, desc_b, scale_d);
+    HP_WGMMA_E4M3(16, 8, "%8", "%9", "%10");
   else if constexpr (N == 32)
-    wgmma_m64n32k32_e4m3(d, desc_a, desc_b, scale_d);
+    HP_WGMMA_E4M3(32, 16, "%16", "%17", "%18");
   else if constexpr (N == 64)
-    wgmma_m64n64k32_e4m3(d, desc_a, desc_b, scale_d);
+    HP_WGMMA_E4M3(64, 32, "%32", "%33", "%34");
   else
-    wgmma_m64n128k32_e4m3(d, desc_a, desc_b, scale_d);
+    HP_WGMMA_E4M3(128, 64, "%64", "%65", "%66");
 }
 
 }  // namespace wg

@@ -36,6 +36,7 @@
 #include "common/launch.cuh"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"  // fence_proxy_async
+#include "gemm_args.cuh"
 #include "moe_ptx.cuh"
 #include "plan_layout.cuh"
 
@@ -44,23 +45,6 @@ namespace hp_moe {
 constexpr int kThreads = 128;
 constexpr int kBK = 128;            // K elements per pipeline stage = one block-scale group
 constexpr int kAStride = kBK + 16;  // bytes per weight row in smem: ldmatrix rows hit distinct bank quads
-
-struct GemmArgs {
-  const int* ws;
-  int num_experts, max_pairs, block_m;
-  const uint8_t* w;        // [E, w_rows, kdim] e4m3
-  const float* w_scale;    // per-tensor [E]; block [E, ceil(w_rows/128), ceil(kdim/128)]
-  const float* a_scale;    // per-tensor activation scale [1] (unused in block mode)
-  const uint8_t* src;      // e4m3 rows: gate_up xq [T, H]; down aq [max_pairs, I] (by sorted position)
-  const float* src_scale;  // block mode: group scales of src [rows, ceil(kdim/128)]; unused per-tensor
-  __nv_bfloat16* dst;      // gate_up: act [max_pairs, I]; down: ybuf [max_pairs, H]
-  int topk;                // K (pair p -> token p / topk)
-  int kdim;                // reduction length: H (gate_up) or I (down)
-  int inter;               // I
-  int w_rows;              // 2I (gate_up) or H (down)
-  int dst_cols;            // I (gate_up) or H (down)
-  int* splitk;             // split-K workspace (splitk_layout) or nullptr: never split
-};
 
 // Split-K across CTAs (decode sizes, where the items of a launch do not fill its CTA slots): every item's K stages
 // are cut into S contiguous ranges, one per work unit; a unit writes its (ROWS x BM) fp32 partial, the LAST unit
@@ -720,18 +704,10 @@ __global__ void __launch_bounds__(kReduceThreads)
 template <class T>
 int ctas_per_sm() {
   static std::atomic<int> occ_slots[16];
-  return hp::per_device_cached(occ_slots, [](int) {
-    int n = 0;
-    cudaError_t e;
-    if constexpr (T::TMA) {
-      cudaFuncSetAttribute(expert_gemm_tma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM);
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, expert_gemm_tma_kernel<T>, T::THREADS, T::SMEM);
-    } else {
-      cudaFuncSetAttribute(expert_gemm_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM);
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, expert_gemm_kernel<T>, kThreads, T::SMEM);
-    }
-    return e == cudaSuccess && n > 0 ? n : 1;
-  });
+  if constexpr (T::TMA)
+    return hp::ctas_per_sm(occ_slots, expert_gemm_tma_kernel<T>, T::THREADS, T::SMEM);
+  else
+    return hp::ctas_per_sm(occ_slots, expert_gemm_kernel<T>, kThreads, T::SMEM);
 }
 
 // Split-K workspace of an instantiation in int32 units: counters for every CTA slot, then a partial per slot.
@@ -832,35 +808,13 @@ long long split_factor_of(int gate_up, int block_m, int block, int num_tiles, in
                : dispatch_bm<SplitFactor, false, false, TMA>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
                                                              w_rows, kdim);
 }
-// A GEMM launch of either mma.sync kernel (tma: the TMA-fed one) for gate-up (src = xq, w = w13, dst = act) or
-// down (src = aq, w = w2, dst = ybuf).
-int gemm_run(bool tma, bool gate_up, const int* ws, const void* src, const float* src_scale, const void* w,
-             const float* w_scale, const float* a_scale, void* dst, int topk, int num_experts, int hidden, int inter,
-             int max_pairs, int block_m, int block, int pdl, void* splitk, cudaStream_t stream) {
-  const GemmArgs a{ws,
-                   num_experts,
-                   max_pairs,
-                   block_m,
-                   static_cast<const uint8_t*>(w),
-                   w_scale,
-                   a_scale,
-                   static_cast<const uint8_t*>(src),
-                   src_scale,
-                   static_cast<__nv_bfloat16*>(dst),
-                   topk,
-                   gate_up ? hidden : inter,
-                   inter,
-                   gate_up ? 2 * inter : hidden,
-                   gate_up ? inter : hidden,
-                   static_cast<int*>(splitk)};
-  if (tma) {
-    if (gate_up)
-      return block ? dispatch<true, true, true>(a, pdl, stream) : dispatch<true, false, true>(a, pdl, stream);
-    return block ? dispatch<false, true, true>(a, pdl, stream) : dispatch<false, false, true>(a, pdl, stream);
-  }
-  if (gate_up)
-    return block ? dispatch<true, true, false>(a, pdl, stream) : dispatch<true, false, false>(a, pdl, stream);
-  return block ? dispatch<false, true, false>(a, pdl, stream) : dispatch<false, false, false>(a, pdl, stream);
+template <bool GATE_UP, bool BLOCK>
+int mma_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
+  return dispatch<GATE_UP, BLOCK, false>(a, pdl, stream);
+}
+template <bool GATE_UP, bool BLOCK>
+int tma_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
+  return dispatch<GATE_UP, BLOCK, true>(a, pdl, stream);
 }
 
 }  // namespace hp_moe
@@ -910,32 +864,13 @@ int hp_moe_quant(const void* src, void* dst, float* gscale, const float* a_scale
                          gscale, a_scale, nrows_dev, max_rows, cols, wait_first);
 }
 
-// The mma.sync GEMMs (expert_gemm_kernel; _tma: expert_gemm_tma_kernel). gate-up: act = silu(g) * u of
-// xq . w13^T; down: ybuf = aq . w2^T; splitk: the workspace of hp_moe_splitk_ints or null (never split).
-int hp_moe_gate_up(const int* ws, const void* xq, const float* x_scale, const void* w13, const float* w13_scale,
-                   const float* a1_scale, void* act, int topk, int num_experts, int hidden, int inter, int max_pairs,
-                   int block_m, int block, int pdl, void* splitk, cudaStream_t stream) {
-  return hp_moe::gemm_run(false, true, ws, xq, x_scale, w13, w13_scale, a1_scale, act, topk, num_experts, hidden, inter,
-                          max_pairs, block_m, block, pdl, splitk, stream);
-}
-int hp_moe_down(const int* ws, const void* aq, const float* act_scale, const void* w2, const float* w2_scale,
-                const float* a2_scale, void* ybuf, int topk, int num_experts, int hidden, int inter, int max_pairs,
-                int block_m, int block, int pdl, void* splitk, cudaStream_t stream) {
-  return hp_moe::gemm_run(false, false, ws, aq, act_scale, w2, w2_scale, a2_scale, ybuf, topk, num_experts, hidden,
-                          inter, max_pairs, block_m, block, pdl, splitk, stream);
-}
-int hp_moe_gate_up_tma(const int* ws, const void* xq, const float* x_scale, const void* w13, const float* w13_scale,
-                       const float* a1_scale, void* act, int topk, int num_experts, int hidden, int inter,
-                       int max_pairs, int block_m, int block, int pdl, void* splitk, cudaStream_t stream) {
-  return hp_moe::gemm_run(true, true, ws, xq, x_scale, w13, w13_scale, a1_scale, act, topk, num_experts, hidden, inter,
-                          max_pairs, block_m, block, pdl, splitk, stream);
-}
-int hp_moe_down_tma(const int* ws, const void* aq, const float* act_scale, const void* w2, const float* w2_scale,
-                    const float* a2_scale, void* ybuf, int topk, int num_experts, int hidden, int inter, int max_pairs,
-                    int block_m, int block, int pdl, void* splitk, cudaStream_t stream) {
-  return hp_moe::gemm_run(true, false, ws, aq, act_scale, w2, w2_scale, a2_scale, ybuf, topk, num_experts, hidden,
-                          inter, max_pairs, block_m, block, pdl, splitk, stream);
-}
+// The gate-up GEMM (src = xq, src_scale = x_scale, w = w13, a_scale = a1_scale, dst = act) and the down GEMM (src =
+// aq, src_scale = act_scale, w = w2, a_scale = a2_scale, dst = ybuf); arguments: hp_moe::gemm_args. _tma: the
+// TMA-fed kernel (expert_gemm_tma_kernel).
+HP_MOE_GEMM_ENTRY(hp_moe_gate_up, true, hp_moe::mma_dispatch)
+HP_MOE_GEMM_ENTRY(hp_moe_down, false, hp_moe::mma_dispatch)
+HP_MOE_GEMM_ENTRY(hp_moe_gate_up_tma, true, hp_moe::tma_dispatch)
+HP_MOE_GEMM_ENTRY(hp_moe_down_tma, false, hp_moe::tma_dispatch)
 
 int hp_moe_reduce(const int* topk_ids, const float* topk_weights, const void* ybuf, const void* shared_out, void* out,
                   int num_tokens, int topk, int num_experts, int expert_offset, int hidden, int pdl,

@@ -42,6 +42,7 @@
 #include "common/launch.cuh"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
+#include "gemm_args.cuh"
 #include "moe_ptx.cuh"
 #include "plan_layout.cuh"
 
@@ -52,18 +53,6 @@ constexpr int kWgBK = 128;  // K elements (bytes) per stage = one swizzle row = 
 constexpr int kHalfRows = 64;
 constexpr int kItemRows = 2 * kHalfRows;  // weight rows per item
 constexpr int kSmemBudget = 200 * 1024;   // pipeline + epilogue tile (+ 1 KB alignment slack) per CTA
-
-struct WgArgs {
-  const int* ws;
-  int num_experts, max_pairs, block_m;
-  const uint8_t* w;        // [E, w_rows, kdim] e4m3
-  const float* w_scale;    // per-tensor [E]; block [E, ceil(w_rows/128), ceil(kdim/128)]
-  const float* a_scale;    // per-tensor activation scale [1] (unused in block mode)
-  const uint8_t* src;      // e4m3 rows: gate_up xq [T, H]; down aq [max_pairs, I] (by sorted position)
-  const float* src_scale;  // block mode: group scales of src [rows, ceil(kdim/128)]
-  __nv_bfloat16* dst;      // gate_up: act [max_pairs, I]; down: ybuf [max_pairs, H]
-  int topk, kdim, inter, w_rows, dst_cols;
-};
 
 template <int BM_, bool GATE_UP_, bool BLOCK_>
 struct WgTraits {
@@ -127,7 +116,7 @@ __device__ __forceinline__ int item_weight_row(int r, int nt, int inter, int w_r
 // the tile's rows and for missing weight rows), 16-byte chunk q of row r at chunk q ^ (r % 8); in block mode each
 // token row's group scale of this stage after the B tile (0 for missing rows).
 template <class T>
-__device__ __forceinline__ void wg_load_stage(const WgArgs& a, uint8_t* st, const ItemInfo& it,
+__device__ __forceinline__ void wg_load_stage(const GemmArgs& a, uint8_t* st, const ItemInfo& it,
                                               const int (&bsrc)[T::B_PER_THREAD], int ssrc, int kt) {
   const int tid = threadIdx.x, q = tid & 7;
   const int kk = kt * kWgBK + q * 16;
@@ -173,7 +162,7 @@ __device__ __forceinline__ int src_row(const PlanView& plan, const ItemInfo& it,
 // per token row) or ybuf (at the original pair index, 256 bytes per row; columns past H skipped) as 16-byte stores
 // by `nthreads` threads (thread index `t`); rows past the tile's are not stored.
 template <class T>
-__device__ __forceinline__ void wg_store_tile(const WgArgs& a, const PlanView& plan, const ItemInfo& it,
+__device__ __forceinline__ void wg_store_tile(const GemmArgs& a, const PlanView& plan, const ItemInfo& it,
                                               const __nv_bfloat16* out_s, int t, int nthreads) {
   constexpr int CPR = T::OUT_COLS * 2 / 16;  // 16-byte chunks per token row
   for (int idx = t; idx < T::BM * CPR; idx += nthreads) {
@@ -194,7 +183,7 @@ __device__ __forceinline__ void wg_store_tile(const WgArgs& a, const PlanView& p
 
 // The item's epilogue: fp32 accumulators (x the per-tensor scale) -> bf16 tile in shared memory -> 16-byte stores.
 template <class T>
-__device__ __forceinline__ void wg_epilogue(const WgArgs& a, const PlanView& plan, const ItemInfo& it,
+__device__ __forceinline__ void wg_epilogue(const GemmArgs& a, const PlanView& plan, const ItemInfo& it,
                                             const float (&acc0)[T::R], const float (&acc1)[T::R], float sc,
                                             __nv_bfloat16* out_s) {
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wiw = (tid >> 5) & 3;
@@ -216,7 +205,7 @@ __device__ __forceinline__ void wg_epilogue(const WgArgs& a, const PlanView& pla
 }
 
 template <class T>
-__global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(WgArgs a) {
+__global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a) {
   extern __shared__ uint8_t wg_smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(wg_smem_raw));
   uint8_t* ring = wg_smem_raw + ((1024u - (raw & 1023u)) & 1023u);  // swizzle atoms need 1024-byte alignment
@@ -416,7 +405,7 @@ __device__ __forceinline__ int half_row(const ItemInfo& it, int h, int inter) {
 
 // The producer warp: every (item, K stage) of this CTA into the ring, see the block comment above.
 template <class T>
-__device__ __forceinline__ void ws_produce(const WgArgs& a, const hp::tma::TmaMap* wmap, const PlanView& plan,
+__device__ __forceinline__ void ws_produce(const GemmArgs& a, const hp::tma::TmaMap* wmap, const PlanView& plan,
                                            uint8_t* ring, ItemInfo* meta, uint32_t bars, int n_tiles, int kt_count,
                                            int total) {
   const int lane = threadIdx.x & 31, q = lane & 7;
@@ -484,7 +473,7 @@ __device__ __forceinline__ void ws_produce(const WgArgs& a, const hp::tma::TmaMa
 
 // The consumers' epilogue of one item: halves meet in shared memory, then wg_store_tile by the 256 consumers.
 template <class T>
-__device__ __forceinline__ void ws_epilogue(const WgArgs& a, const PlanView& plan, const ItemInfo& it,
+__device__ __forceinline__ void ws_epilogue(const GemmArgs& a, const PlanView& plan, const ItemInfo& it,
                                             const float (&acc)[T::R], float sc, __nv_bfloat16* out_s, float* xch) {
   const int tid = threadIdx.x, lane = tid & 31, h = tid >> 7, wiw = (tid >> 5) & 3;
   consumer_bar_sync();  // the previous item's stores have read out_s / xch
@@ -516,7 +505,7 @@ __device__ __forceinline__ void ws_epilogue(const WgArgs& a, const PlanView& pla
 
 // Consumer warpgroup h (threads 0-255): every stage of the ring in order, half h of each item.
 template <class T>
-__device__ __forceinline__ void ws_consume(const WgArgs& a, const PlanView& plan, const uint8_t* ring,
+__device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& plan, const uint8_t* ring,
                                            const ItemInfo* meta, uint32_t bars, __nv_bfloat16* out_s, float* xch,
                                            int kt_count, int total) {
   const int tid = threadIdx.x, lane = tid & 31, h = tid >> 7;
@@ -586,7 +575,7 @@ __device__ __forceinline__ void ws_consume(const WgArgs& a, const PlanView& plan
 
 template <class T>
 __global__ void __launch_bounds__(kWsThreads, 1)
-    expert_wgmma_ws_kernel(WgArgs a, const __grid_constant__ hp::tma::TmaMap wmap) {
+    expert_wgmma_ws_kernel(GemmArgs a, const __grid_constant__ hp::tma::TmaMap wmap) {
   extern __shared__ uint8_t ws_smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(ws_smem_raw));
   uint8_t* head = ws_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
@@ -627,23 +616,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 template <class T>
 int wg_ctas_per_sm() {
   static std::atomic<int> occ_slots[16];
-  return hp::per_device_cached(occ_slots, [](int) {
-    int n = 0;
-    cudaError_t e;
-    if constexpr (T::WS) {
-      cudaFuncSetAttribute(expert_wgmma_ws_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM);
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, expert_wgmma_ws_kernel<T>, T::THREADS, T::SMEM);
-    } else {
-      cudaFuncSetAttribute(expert_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM);
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, expert_wgmma_kernel<T>, T::THREADS, T::SMEM);
-    }
-    return e == cudaSuccess && n > 0 ? n : 1;
-  });
+  if constexpr (T::WS)
+    return hp::ctas_per_sm(occ_slots, expert_wgmma_ws_kernel<T>, T::THREADS, T::SMEM);
+  else
+    return hp::ctas_per_sm(occ_slots, expert_wgmma_kernel<T>, T::THREADS, T::SMEM);
 }
 
 // The weights as a 3-D tensor map [E][w_rows][kdim] e4m3 with a box of 128 K columns x 64 rows of one expert (one
 // half of an item), 128-byte swizzle; rows past w_rows and columns past kdim read as zeros.
-inline cudaError_t encode_weight_map(hp::tma::TmaMap* map, const WgArgs& a) {
+inline cudaError_t encode_weight_map(hp::tma::TmaMap* map, const GemmArgs& a) {
   const uint64_t dims[3] = {(uint64_t)a.kdim, (uint64_t)a.w_rows, (uint64_t)a.num_experts};
   const uint64_t strides[2] = {(uint64_t)a.kdim, (uint64_t)a.kdim * a.w_rows};  // bytes (kdim % 64 == 0)
   const uint32_t box[3] = {(uint32_t)kWgBK, (uint32_t)kHalfRows, 1};
@@ -651,7 +632,7 @@ inline cudaError_t encode_weight_map(hp::tma::TmaMap* map, const WgArgs& a) {
 }
 
 template <class T>
-int launch_wgmma(const WgArgs& a, int pdl, cudaStream_t stream) {
+int launch_wgmma(const GemmArgs& a, int pdl, cudaStream_t stream) {
   const int n_tiles = T::GATE_UP ? a.inter / kHalfRows : (a.w_rows + kItemRows - 1) / kItemRows;
   const long long max_items = (long long)PlanView::max_tiles_of(a.num_experts, a.max_pairs, a.block_m) * n_tiles;
   long long grid = (long long)hp::sm_count() * wg_ctas_per_sm<T>();
@@ -672,9 +653,12 @@ int launch_wgmma(const WgArgs& a, int pdl, cudaStream_t stream) {
   }
 }
 
-// The one switch from runtime block_m to an instantiation of a traits family (WgTraits or WsTraits).
+// a.splitk is not used: these tiles are many and long. The tiles are 64-row halves of the weights and k32 steps of
+// 128-wide stages: H and I (kdim and dst_cols, in either order) must be multiples of 64. Tr: the traits family of
+// the kernel (WgTraits: expert_wgmma_kernel; WsTraits: expert_wgmma_ws_kernel).
 template <template <int, bool, bool> class Tr, bool GATE_UP, bool BLOCK>
-int wg_dispatch(const WgArgs& a, int pdl, cudaStream_t stream) {
+int family_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
+  if (a.kdim % 64 != 0 || a.dst_cols % 64 != 0) return (int)cudaErrorInvalidValue;
   switch (a.block_m) {
     case 16:
       return launch_wgmma<Tr<16, GATE_UP, BLOCK>>(a, pdl, stream);
@@ -688,40 +672,13 @@ int wg_dispatch(const WgArgs& a, int pdl, cudaStream_t stream) {
       return (int)cudaErrorInvalidValue;
   }
 }
-
-// A GEMM launch of either wgmma kernel (ws: the warp-specialized one) for gate-up (src = xq, w = w13, dst = act)
-// or down (src = aq, w = w2, dst = ybuf).
-int wg_run(bool ws_kernel, bool gate_up, const int* ws, const void* src, const float* src_scale, const void* w,
-           const float* w_scale, const float* a_scale, void* dst, int topk, int num_experts, int hidden, int inter,
-           int max_pairs, int block_m, int block, int pdl, cudaStream_t stream) {
-  if (inter % 64 != 0 || hidden % 64 != 0) return (int)cudaErrorInvalidValue;
-  const WgArgs a{ws,
-                 num_experts,
-                 max_pairs,
-                 block_m,
-                 static_cast<const uint8_t*>(w),
-                 w_scale,
-                 a_scale,
-                 static_cast<const uint8_t*>(src),
-                 src_scale,
-                 static_cast<__nv_bfloat16*>(dst),
-                 topk,
-                 gate_up ? hidden : inter,
-                 inter,
-                 gate_up ? 2 * inter : hidden,
-                 gate_up ? inter : hidden};
-  if (ws_kernel) {
-    if (gate_up)
-      return block ? wg_dispatch<WsTraits, true, true>(a, pdl, stream)
-                   : wg_dispatch<WsTraits, true, false>(a, pdl, stream);
-    return block ? wg_dispatch<WsTraits, false, true>(a, pdl, stream)
-                 : wg_dispatch<WsTraits, false, false>(a, pdl, stream);
-  }
-  if (gate_up)
-    return block ? wg_dispatch<WgTraits, true, true>(a, pdl, stream)
-                 : wg_dispatch<WgTraits, true, false>(a, pdl, stream);
-  return block ? wg_dispatch<WgTraits, false, true>(a, pdl, stream)
-               : wg_dispatch<WgTraits, false, false>(a, pdl, stream);
+template <bool GATE_UP, bool BLOCK>
+int wg_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
+  return family_dispatch<WgTraits, GATE_UP, BLOCK>(a, pdl, stream);
+}
+template <bool GATE_UP, bool BLOCK>
+int ws_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
+  return family_dispatch<WsTraits, GATE_UP, BLOCK>(a, pdl, stream);
 }
 
 }  // namespace
@@ -734,31 +691,11 @@ int hp_moe_wgmma_block_m_ok(int block_m) {
   return block_m == 16 || block_m == 32 || block_m == 64 || block_m == 128;
 }
 
-// The wgmma GEMMs: arguments as hp_moe_gate_up / hp_moe_down (splitk is not used: these tiles are many and long).
-// _wg: expert_wgmma_kernel (every thread loads, cp.async); _ws: expert_wgmma_ws_kernel (TMA producer warp).
-int hp_moe_gate_up_wg(const int* ws, const void* xq, const float* x_scale, const void* w13, const float* w13_scale,
-                      const float* a1_scale, void* act, int topk, int num_experts, int hidden, int inter, int max_pairs,
-                      int block_m, int block, int pdl, void* /*splitk*/, cudaStream_t stream) {
-  return hp_moe::wg_run(false, true, ws, xq, x_scale, w13, w13_scale, a1_scale, act, topk, num_experts, hidden, inter,
-                        max_pairs, block_m, block, pdl, stream);
-}
-int hp_moe_down_wg(const int* ws, const void* aq, const float* act_scale, const void* w2, const float* w2_scale,
-                   const float* a2_scale, void* ybuf, int topk, int num_experts, int hidden, int inter, int max_pairs,
-                   int block_m, int block, int pdl, void* /*splitk*/, cudaStream_t stream) {
-  return hp_moe::wg_run(false, false, ws, aq, act_scale, w2, w2_scale, a2_scale, ybuf, topk, num_experts, hidden, inter,
-                        max_pairs, block_m, block, pdl, stream);
-}
-int hp_moe_gate_up_ws(const int* ws, const void* xq, const float* x_scale, const void* w13, const float* w13_scale,
-                      const float* a1_scale, void* act, int topk, int num_experts, int hidden, int inter, int max_pairs,
-                      int block_m, int block, int pdl, void* /*splitk*/, cudaStream_t stream) {
-  return hp_moe::wg_run(true, true, ws, xq, x_scale, w13, w13_scale, a1_scale, act, topk, num_experts, hidden, inter,
-                        max_pairs, block_m, block, pdl, stream);
-}
-int hp_moe_down_ws(const int* ws, const void* aq, const float* act_scale, const void* w2, const float* w2_scale,
-                   const float* a2_scale, void* ybuf, int topk, int num_experts, int hidden, int inter, int max_pairs,
-                   int block_m, int block, int pdl, void* /*splitk*/, cudaStream_t stream) {
-  return hp_moe::wg_run(true, false, ws, aq, act_scale, w2, w2_scale, a2_scale, ybuf, topk, num_experts, hidden, inter,
-                        max_pairs, block_m, block, pdl, stream);
-}
+// The wgmma gate-up and down GEMMs: arguments as hp_moe_gate_up and hp_moe_down. _wg: expert_wgmma_kernel (every
+// thread loads, cp.async); _ws: expert_wgmma_ws_kernel (a TMA producer warp and two consumer warpgroups).
+HP_MOE_GEMM_ENTRY(hp_moe_gate_up_wg, true, hp_moe::wg_dispatch)
+HP_MOE_GEMM_ENTRY(hp_moe_down_wg, false, hp_moe::wg_dispatch)
+HP_MOE_GEMM_ENTRY(hp_moe_gate_up_ws, true, hp_moe::ws_dispatch)
+HP_MOE_GEMM_ENTRY(hp_moe_down_ws, false, hp_moe::ws_dispatch)
 
 }  // extern "C"

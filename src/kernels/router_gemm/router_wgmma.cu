@@ -30,11 +30,10 @@
 //   wg128n96  2 WG, 128 x  96, 4 stages (160 KB)    wg128n128 2 WG, 128 x 128, 4 stages (192 KB; N = 256)
 #include <cooperative_groups.h>
 #include <cstdint>
-#if !defined(__CUDACC_RTC__)
-#endif
 
 #include "common/launch.cuh"
 #include "common/tma.cuh"
+#include "common/wgmma.cuh"
 #include "router_gemm.cuh"
 #include "router_variants.cuh"
 #include "router_wgmma.cuh"
@@ -51,38 +50,6 @@ namespace {
 
 constexpr int kWgBK = 64;             // k-tile: one 128-byte swizzle row of bf16
 constexpr int kRowBytes = kWgBK * 2;  // 128
-
-// Shared-memory matrix descriptor of a K-major tile in the 128-byte-swizzle layout whose base is 1024-byte
-// aligned: start address >> 4 (bits 0-13), leading byte offset 16 B (bits 16-29; unused for swizzled K-major),
-// stride byte offset 1024 B between 8-row groups (bits 32-45), base offset 0 (bits 49-51), layout 1 = 128B
-// swizzle (bits 62-63). The k16 step j inside the 64-wide row is start + 32 * j bytes (descriptor + 2 * j).
-__device__ __forceinline__ uint64_t smem_desc_sw128(const void* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// cp.async writes (generic proxy) -> visible to wgmma's shared-memory reads (async proxy).
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// Pins the accumulators in registers across the asynchronous wgmma (no compiler moves between issue and wait).
-template <int R>
-__device__ __forceinline__ void fence_regs(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // The split-K epilogue's first step: this thread's part of the combined partial tile, acc0 + s1 * acc1 in the wgmma
 // m64nBN accumulator layout (register j of thread (warp w, lane l) holds row 16 w + l / 4 + 8 ((j >> 1) & 1),
@@ -119,25 +86,8 @@ __device__ __forceinline__ void store_combined(float* __restrict__ out, const fl
     }
 }
 
-// wgmma m64nNk16 with N / 2 = 48, 64 or 96 fp32 accumulator registers per thread. The register lists are built from
-// groups of 16 (HP_WG_R<b>: the instruction's "%b,...,%(b + 15)"; HP_WG_D16(b): the matching "+f"(d[b..b + 15])
-// operands), so each register number is written once and the three shapes differ only in how many groups they take.
-#define HP_WG_R0 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
-#define HP_WG_R16 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-#define HP_WG_R32 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
-#define HP_WG_R48 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-#define HP_WG_R64 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"
-#define HP_WG_R80 "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
-#define HP_WG_D16(b)                                                                                              \
-  "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), "+f"(d[b + 6]), \
-      "+f"(d[b + 7]), "+f"(d[b + 8]), "+f"(d[b + 9]), "+f"(d[b + 10]), "+f"(d[b + 11]), "+f"(d[b + 12]),          \
-      "+f"(d[b + 13]), "+f"(d[b + 14]), "+f"(d[b + 15])
-#define HP_WG_REGS_48 HP_WG_R0 "," HP_WG_R16 "," HP_WG_R32
-#define HP_WG_OPS_48 HP_WG_D16(0), HP_WG_D16(16), HP_WG_D16(32)
-#define HP_WG_REGS_64 HP_WG_REGS_48 "," HP_WG_R48
-#define HP_WG_OPS_64 HP_WG_OPS_48, HP_WG_D16(48)
-#define HP_WG_REGS_96 HP_WG_REGS_64 "," HP_WG_R64 "," HP_WG_R80
-#define HP_WG_OPS_96 HP_WG_OPS_64, HP_WG_D16(64), HP_WG_D16(80)
+// wgmma m64nNk16 bf16 with N / 2 = 48, 64 or 96 fp32 accumulator registers per thread (register lists: the
+// HP_WG_REGS_<R> / HP_WG_OPS_<R> tables of common/wgmma.cuh).
 // D[64 x N] (fp32, R regs per thread) += A[64 x 16] * B[N x 16]^T, both K-major in shared memory; DA, DB: the
 // descriptors' operand numbers ("%R", "%(R + 1)").
 #define HP_WGMMA_BF16(N, R, DA, DB)                                     \
@@ -165,28 +115,28 @@ __device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], uint64_t desc_a, ui
 template <int BN, int A_BYTES>
 __device__ __forceinline__ void ktile_mma(float (&acc0)[BN / 2], float (&acc1)[BN / 2], const unsigned char* st,
                                           int wg) {
-  const uint64_t da = smem_desc_sw128(st + wg * 64 * kRowBytes);
-  const uint64_t db0 = smem_desc_sw128(st + A_BYTES);
-  const uint64_t db1 = smem_desc_sw128(st + A_BYTES + BN * kRowBytes);
-  fence_regs(acc0);
-  fence_regs(acc1);
-  wgmma_fence();
+  const uint64_t da = hp::wg::desc_sw128(st + wg * 64 * kRowBytes);
+  const uint64_t db0 = hp::wg::desc_sw128(st + A_BYTES);
+  const uint64_t db1 = hp::wg::desc_sw128(st + A_BYTES + BN * kRowBytes);
+  hp::wg::pin(acc0);
+  hp::wg::pin(acc1);
+  hp::wg::fence();
 #pragma unroll
   for (int ks = 0; ks < kWgBK / 16; ++ks) {
     wgmma_bn<BN>(acc0, da + 2 * ks, db0 + 2 * ks);
     wgmma_bn<BN>(acc1, da + 2 * ks, db1 + 2 * ks);
   }
-  wgmma_commit();
-  wgmma_wait<1>();
-  fence_regs(acc0);
-  fence_regs(acc1);
+  hp::wg::commit();
+  hp::wg::wait<1>();
+  hp::wg::pin(acc0);
+  hp::wg::pin(acc1);
 }
 // Waits for every committed wgmma group; the accumulators are final after it.
 template <int R>
 __device__ __forceinline__ void wgmma_drain(float (&acc0)[R], float (&acc1)[R]) {
-  wgmma_wait<0>();
-  fence_regs(acc0);
-  fence_regs(acc1);
+  hp::wg::wait<0>();
+  hp::wg::pin(acc0);
+  hp::wg::pin(acc1);
 }
 
 template <int WGS, int BN, int STAGES>
@@ -250,7 +200,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   for (int kt = kt_begin; kt < kt_end; ++kt) {
     const int it = kt - kt_begin;
     hp_router::cp_wait<STAGES - 3>();  // this thread's copies of tile kt have landed
-    fence_proxy_async_smem();
+    hp::wg::fence_proxy_async();
     __syncthreads();  // everyone's copies of tile kt visible; every warpgroup is done with tile kt - 2
     const int nk = kt + STAGES - 2;
     if (nk < kt_end) load_stage((it + STAGES - 2) % STAGES, nk);

@@ -124,6 +124,14 @@ struct Desc {
 };
 constexpr int kLenCache = 256;  // kv_lens of batches up to this size are staged in smem at start-up (v3)
 
+// The four 32-bit words of a 16-byte load, in memory order, into w[0..3].
+__device__ __forceinline__ void put_words(uint32_t* w, const uint4& u) {
+  w[0] = u.x;
+  w[1] = u.y;
+  w[2] = u.z;
+  w[3] = u.w;
+}
+
 // FP8 V, both layouts: 16 B (dims 16g..16g+15) of each of the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9
 // of the warp's 16 (the k slots of P's fragment), from the XOR-swizzled rows; the caller pairs their bytes with prmt.
 __device__ __forceinline__ void load_v_tokens(const uint8_t* sV, int warp, int g, int tig, uint32_t (&a4)[4],
@@ -132,22 +140,10 @@ __device__ __forceinline__ void load_v_tokens(const uint8_t* sV, int warp, int g
   const int t0 = warp * 16 + 2 * tig;
   auto ldv = [&](int t) { return *reinterpret_cast<const uint4*>(sV + t * ROWB + ((g ^ (t & 7)) * 16)); };
   const uint4 va = ldv(t0), vb = ldv(t0 + 1), vc = ldv(t0 + 8), vd = ldv(t0 + 9);
-  a4[0] = va.x;
-  a4[1] = va.y;
-  a4[2] = va.z;
-  a4[3] = va.w;
-  b4[0] = vb.x;
-  b4[1] = vb.y;
-  b4[2] = vb.z;
-  b4[3] = vb.w;
-  c4[0] = vc.x;
-  c4[1] = vc.y;
-  c4[2] = vc.z;
-  c4[3] = vc.w;
-  d4[0] = vd.x;
-  d4[1] = vd.y;
-  d4[2] = vd.z;
-  d4[3] = vd.w;
+  put_words(a4, va);
+  put_words(b4, vb);
+  put_words(c4, vc);
+  put_words(d4, vd);
 }
 
 // Row layout: 16 B unit of a Q/K row that thread tig reads as its i-th load (the head_dim permutation inside the dot
@@ -168,11 +164,7 @@ template <class CF>
 __device__ __forceinline__ void load_kq_words(const uint8_t* p, int tig, int row, uint32_t (&w)[8 * CF::ES]) {
 #pragma unroll
   for (int i = 0; i < 2 * CF::ES; ++i) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p + kq_unit<CF::FP8>(i, tig, row) * 16);
-    w[4 * i] = u.x;
-    w[4 * i + 1] = u.y;
-    w[4 * i + 2] = u.z;
-    w[4 * i + 3] = u.w;
+    put_words(w + 4 * i, *reinterpret_cast<const uint4*>(p + kq_unit<CF::FP8>(i, tig, row) * 16));
   }
 }
 // k16 step ks of the words load_kq_words read, as two f16x2 (FP8: exact e4m3 -> f16) or bf16x2 registers.
@@ -917,23 +909,15 @@ __device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF
       const uint32_t AB_hi = __byte_perm(a4[wq + 2], b4[wq + 2], 0x7362);
       const uint32_t CD_lo = __byte_perm(c4[wq + 2], d4[wq + 2], 0x5140);
       const uint32_t CD_hi = __byte_perm(c4[wq + 2], d4[wq + 2], 0x7362);
-      uint32_t a[4][4];  // m-tiles j = 4wq + 0..3
-      a[0][0] = e4m3x2_to_f16x2(ab_lo);
-      a[0][1] = e4m3x2_to_f16x2(AB_lo);
-      a[0][2] = e4m3x2_to_f16x2(cd_lo);
-      a[0][3] = e4m3x2_to_f16x2(CD_lo);
-      a[1][0] = e4m3x2_hi_to_f16x2(ab_lo);
-      a[1][1] = e4m3x2_hi_to_f16x2(AB_lo);
-      a[1][2] = e4m3x2_hi_to_f16x2(cd_lo);
-      a[1][3] = e4m3x2_hi_to_f16x2(CD_lo);
-      a[2][0] = e4m3x2_to_f16x2(ab_hi);
-      a[2][1] = e4m3x2_to_f16x2(AB_hi);
-      a[2][2] = e4m3x2_to_f16x2(cd_hi);
-      a[2][3] = e4m3x2_to_f16x2(CD_hi);
-      a[3][0] = e4m3x2_hi_to_f16x2(ab_hi);
-      a[3][1] = e4m3x2_hi_to_f16x2(AB_hi);
-      a[3][2] = e4m3x2_hi_to_f16x2(cd_hi);
-      a[3][3] = e4m3x2_hi_to_f16x2(CD_hi);
+      const uint32_t lo[4] = {ab_lo, AB_lo, cd_lo, CD_lo}, hi[4] = {ab_hi, AB_hi, cd_hi, CD_hi};
+      uint32_t a[4][4];  // m-tile 4wq + b: the low (b even) or high (b odd) e4m3 pair of lo (b < 2) or hi (b >= 2)
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t x = b < 2 ? lo[k] : hi[k];
+          a[b][k] = (b & 1) ? e4m3x2_hi_to_f16x2(x) : e4m3x2_to_f16x2(x);
+        }
 #pragma unroll
       for (int b = 0; b < 4; ++b)
 #pragma unroll
@@ -1544,39 +1528,40 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
                    float* part_lse, const int* ws, float sm_scale, int batch, int H, int q_heads, int q_len,
                    int page_size, int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
                    int chunk_tiles) {
-  Params P;
-  P.q = q;
-  P.q_scale = q_scale;
-  P.k = k;
-  P.v = v;
-  P.block_table = block_table;
-  P.kv_lens = kv_lens;
-  P.k_scale = k_scale;
-  P.v_scale = v_scale;
-  P.out = reinterpret_cast<__nv_bfloat16*>(out);
-  P.part_o = part_o;
-  P.part_lse = part_lse;
-  P.ws = ws;
-  P.sm_scale = sm_scale;
-  P.batch = batch;
-  P.H = H;
-  P.q_heads = q_heads;
-  P.ratio = q_heads / H;
-  P.q_len = q_len;
-  P.R = P.ratio * q_len;
-  P.page_size = page_size;
-  P.max_pages = max_pages;
-  P.num_pages = num_pages;
-  P.page_shift = 0;
-  while ((1 << P.page_shift) < page_size) ++P.page_shift;
-  P.C = C;
-  P.max_pairs = max_pairs;
-  P.mode = mode;
-  P.splits = splits;
-  P.chunk_tiles = chunk_tiles;
-  P.counters = nullptr;
-  P.fuse_max = 0;
-  return P;
+  // One aggregate in Params' field order; derived: ratio, R, page_shift (log2 of page_size, rounded up).
+  const int ratio = q_heads / H;
+  int page_shift = 0;
+  while ((1 << page_shift) < page_size) ++page_shift;
+  return Params{q,
+                q_scale,
+                k,
+                v,
+                block_table,
+                kv_lens,
+                k_scale,
+                v_scale,
+                reinterpret_cast<__nv_bfloat16*>(out),
+                part_o,
+                part_lse,
+                ws,
+                sm_scale,
+                batch,
+                H,
+                q_heads,
+                ratio,
+                q_len,
+                ratio * q_len,  // R
+                page_size,
+                page_shift,
+                max_pages,
+                num_pages,
+                C,
+                max_pairs,
+                mode,
+                splits,
+                chunk_tiles,
+                nullptr,  // counters: set by the launcher when the merge is fused
+                0};       // fuse_max
 }
 
 // Kernel configurations, by the id the Python loader passes (hotpaths.kernels.split_kv_decode.CONFIGS maps the
