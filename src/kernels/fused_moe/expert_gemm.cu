@@ -808,14 +808,11 @@ long long split_factor_of(int gate_up, int block_m, int block, int num_tiles, in
                : dispatch_bm<SplitFactor, false, false, TMA>(block_m, -1LL, num_tiles, num_experts, max_pairs, block_m,
                                                              w_rows, kdim);
 }
+// The launchers of the two kernels, as HP_MOE_GEMM_ENTRY takes them (RUN<GATE_UP, BLOCK>).
 template <bool GATE_UP, bool BLOCK>
-int mma_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
-  return dispatch<GATE_UP, BLOCK, false>(a, pdl, stream);
-}
+constexpr auto mma_dispatch = &dispatch<GATE_UP, BLOCK, false>;
 template <bool GATE_UP, bool BLOCK>
-int tma_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
-  return dispatch<GATE_UP, BLOCK, true>(a, pdl, stream);
-}
+constexpr auto tma_dispatch = &dispatch<GATE_UP, BLOCK, true>;
 
 }  // namespace hp_moe
 

@@ -82,6 +82,27 @@ struct WgTraits {
   static_assert(SMEM <= 227 * 1024, "shared memory per block (sm_90)");
 };
 
+// n-tiles (items per tile) of a GEMM: gate-up I / 64 (gate and up halves of 64 rows), down ceil(H / 128).
+template <class T>
+__host__ __device__ __forceinline__ int item_n_tiles(const GemmArgs& a) {
+  return T::GATE_UP ? a.inter / kHalfRows : (a.w_rows + kItemRows - 1) / kItemRows;
+}
+// This CTA's work: items blockIdx.x + i * gridDim.x of the plan, each kt_count K stages, `total` (item, K stage)
+// steps in one pipeline.
+struct ItemSeq {
+  int n_tiles, kt_count, total;
+};
+template <class T>
+__device__ __forceinline__ ItemSeq item_sequence(const GemmArgs& a, const PlanView& plan) {
+  ItemSeq q;
+  q.n_tiles = item_n_tiles<T>(a);
+  const int num_items = plan.header()[1] * q.n_tiles;
+  q.kt_count = (a.kdim + kWgBK - 1) / kWgBK;
+  const int my_items = num_items > (int)blockIdx.x ? (num_items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  q.total = my_items * q.kt_count;
+  return q;
+}
+
 // Where an item's tile and rows come from (read from the plan once per item by each of its two users: the loader,
 // which runs STAGES - 2 stages ahead, and the compute / epilogue side).
 struct ItemInfo {
@@ -216,11 +237,8 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a)
   hp::pdl_wait();
   hp::pdl_launch_dependents();
 
-  const int n_tiles = T::GATE_UP ? a.inter / kHalfRows : (a.w_rows + kItemRows - 1) / kItemRows;
-  const int num_items = plan.header()[1] * n_tiles;
-  const int kt_count = (a.kdim + kWgBK - 1) / kWgBK;
-  const int my_items = num_items > (int)blockIdx.x ? (num_items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-  const int total = my_items * kt_count;  // (item, K stage) steps of this CTA, one pipeline
+  const ItemSeq seq = item_sequence<T>(a, plan);
+  const int n_tiles = seq.n_tiles, kt_count = seq.kt_count, total = seq.total;
   const int row_groups = (a.w_rows + 127) / 128;
   const float a_s = T::BLOCK ? 1.0f : a.a_scale[0];
 
@@ -601,11 +619,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   hp::pdl_wait();
   hp::pdl_launch_dependents();
 
-  const int n_tiles = T::GATE_UP ? a.inter / kHalfRows : (a.w_rows + kItemRows - 1) / kItemRows;
-  const int num_items = plan.header()[1] * n_tiles;
-  const int kt_count = (a.kdim + kWgBK - 1) / kWgBK;
-  const int my_items = num_items > (int)blockIdx.x ? (num_items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-  const int total = my_items * kt_count;
+  const ItemSeq seq = item_sequence<T>(a, plan);
+  const int n_tiles = seq.n_tiles, kt_count = seq.kt_count, total = seq.total;
   if (tid >= kWsConsumers)
     ws_produce<T>(a, &wmap, plan, ring, meta, bars, n_tiles, kt_count, total);
   else
@@ -633,7 +648,7 @@ inline cudaError_t encode_weight_map(hp::tma::TmaMap* map, const GemmArgs& a) {
 
 template <class T>
 int launch_wgmma(const GemmArgs& a, int pdl, cudaStream_t stream) {
-  const int n_tiles = T::GATE_UP ? a.inter / kHalfRows : (a.w_rows + kItemRows - 1) / kItemRows;
+  const int n_tiles = item_n_tiles<T>(a);
   const long long max_items = (long long)PlanView::max_tiles_of(a.num_experts, a.max_pairs, a.block_m) * n_tiles;
   long long grid = (long long)hp::sm_count() * wg_ctas_per_sm<T>();
   if (grid > max_items) grid = max_items;
@@ -672,14 +687,11 @@ int family_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
       return (int)cudaErrorInvalidValue;
   }
 }
+// The launchers of the two kernels, as HP_MOE_GEMM_ENTRY takes them (RUN<GATE_UP, BLOCK>).
 template <bool GATE_UP, bool BLOCK>
-int wg_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
-  return family_dispatch<WgTraits, GATE_UP, BLOCK>(a, pdl, stream);
-}
+constexpr auto wg_dispatch = &family_dispatch<WgTraits, GATE_UP, BLOCK>;
 template <bool GATE_UP, bool BLOCK>
-int ws_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
-  return family_dispatch<WsTraits, GATE_UP, BLOCK>(a, pdl, stream);
-}
+constexpr auto ws_dispatch = &family_dispatch<WsTraits, GATE_UP, BLOCK>;
 
 }  // namespace
 }  // namespace hp_moe
