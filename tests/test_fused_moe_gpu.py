@@ -498,9 +498,10 @@ def test_mma_tma_matches_mma(moe, mode, t):
 @pytest.mark.parametrize("t", [64, 512, 4096])
 def test_wgmma_ws_matches_wgmma(moe, mode, t):
     """The warp-specialized kernel computes each output from the same operands with the same wgmma k32 steps in the
-    same K order as expert_wgmma_kernel (only who loads and which warpgroup holds which half differ), so act and
-    ybuf agree to the last fp32 rounding: rel L2 <= 1e-3 (in practice 0; a differing N of the instruction may
-    sum a k32 slice in another order). A wrong ring phase, a stale slot or a lost row shows as gross differences.
+    same K order as expert_wgmma_kernel (who loads, which warpgroup holds which half and the instruction's N, narrowed
+    to the tile's rows, differ), so act and ybuf agree to the last fp32 rounding: rel L2 <= 1e-3 (in practice 0 or
+    a few flipped bf16 roundings). A wrong ring phase, a stale slot, a lost row or a narrowed N that drops occupied
+    rows shows as gross differences.
     t = 4096: block_m 128, many items per CTA: the ring wraps many times and crosses item boundaries."""
     res = _layer_by_path(moe, mode, t, 90 + t, ("wgmma", "wgmma_ws"))
     assert res["wgmma"][4] == res["wgmma_ws"][4]

@@ -521,6 +521,32 @@ __device__ __forceinline__ void ws_epilogue(const GemmArgs& a, const PlanView& p
   wg_store_tile<T>(a, plan, it, out_s, tid, kWsConsumers);
 }
 
+// One stage of wgmma for warpgroup-half descriptor da against the token rows db: 4 k32 steps of m64nNk32 with N the
+// narrowest instantiated width (16, 32, 64, BM) holding the item's `rows` (a uniform choice per item), so a tile that
+// is mostly empty (an expert's last, partial tile) costs the tensor cores and the B reads only its occupied rows.
+// The m64nN accumulator layout puts columns < N in registers < N / 2 for every N, so the narrower instruction
+// writes a prefix of d; the registers past it keep their zeros (per-tensor) and only reach columns never stored.
+// fresh: block mode, the first k32 overwrites d (scale-d 0); else every k32 accumulates.
+template <class T, int N>
+__device__ __forceinline__ void ws_mma_n(float (&d)[T::R], uint64_t da, uint64_t db, bool fresh) {
+  auto& dn = *reinterpret_cast<float (*)[N / 2]>(&d[0]);
+#pragma unroll
+  for (int k = 0; k < kWgBK / 32; ++k) hp::wg::mma_e4m3<N>(dn, da + 2 * k, db + 2 * k, fresh ? k : 1);
+}
+template <class T>
+__device__ __forceinline__ void ws_mma_stage(float (&d)[T::R], uint64_t da, uint64_t db, int rows, bool fresh) {
+  if constexpr (T::BM >= 128) {
+    if (rows > 64) return ws_mma_n<T, 128>(d, da, db, fresh);
+  }
+  if constexpr (T::BM >= 64) {
+    if (rows > 32) return ws_mma_n<T, 64>(d, da, db, fresh);
+  }
+  if constexpr (T::BM >= 32) {
+    if (rows > 16) return ws_mma_n<T, 32>(d, da, db, fresh);
+  }
+  ws_mma_n<T, 16>(d, da, db, fresh);
+}
+
 // Consumer warpgroup h (threads 0-255): every stage of the ring in order, half h of each item.
 template <class T>
 __device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& plan, const uint8_t* ring,
@@ -559,8 +585,7 @@ __device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& pl
       const int r0 = half_row<T>(cur, h, a.inter);
       const float wsc = r0 < a.w_rows ? a.w_scale[((size_t)cur.e * row_groups + r0 / 128) * kt_count + kt] : 0.f;
       hp::wg::fence();
-#pragma unroll
-      for (int k = 0; k < kWgBK / 32; ++k) hp::wg::mma_e4m3<T::BM>(p, da + 2 * k, db + 2 * k, k);
+      ws_mma_stage<T>(p, da, db, cur.rows, true);
       hp::wg::commit();
       hp::wg::wait<0>();
       hp::wg::pin(p);
@@ -571,8 +596,7 @@ __device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& pl
     } else {
       hp::wg::pin(acc);
       hp::wg::fence();
-#pragma unroll
-      for (int k = 0; k < kWgBK / 32; ++k) hp::wg::mma_e4m3<T::BM>(acc, da + 2 * k, db + 2 * k, 1);
+      ws_mma_stage<T>(acc, da, db, cur.rows, false);
       hp::wg::commit();
       hp::wg::wait<1>();
       hp::wg::pin(acc);
