@@ -24,6 +24,13 @@ warpgroups; same tiles as wgmma). ``plan(gemm="auto")`` picks mma or wgmma by th
 (``resolve_gemm``); ``$HOTPATHS_MOE_GEMM`` (any name of ``GEMMS``) is the default when ``gemm`` is not given, so one
 process can be switched without code changes. ``"mma_tma"`` is the mma.sync GEMM fed the same way (TMA weight boxes
 through a deep mbarrier ring that runs across work units; the decode sizes).
+
+Route paths, one plan (``MoEPlan.route``, fixed at plan time from max_pairs so a captured graph replays the same
+launches at any live token count): ``"one"`` (route.cu's one-CTA kernel: a few us at decode sizes) and ``"multi"``
+(per-chunk expert histograms, then every CTA places its chunk at its (expert, chunk) offset: the large batches);
+``plan(route="auto")`` takes multi from ROUTE_MULTI_MIN_PAIRS (``resolve_route``; default ``$HOTPATHS_MOE_ROUTE``).
+The reduce takes its wide kernel (a GPU-covering grid of warps, 256 B in flight per lane) from 512 tokens;
+``$HOTPATHS_MOE_REDUCE`` = narrow / wide forces one (the same bits either way).
 """
 
 from __future__ import annotations
@@ -53,7 +60,15 @@ GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
 # 266 vs 238 us; the plan is built before the scale format is known, so one threshold serves both.) Below it an
 # expert's tile is a few n8 blocks, where the mma.sync kernel skips the empty ones and splits K across idle CTAs.
 WGMMA_MIN_ROWS = 8.0
-MAX_EXPERTS = 512            # the route kernel keeps 32 x E counters in shared memory
+MAX_EXPERTS = 512            # the route kernels keep 32 x E counters in shared memory
+ROUTES = ("auto", "one", "multi")
+ROUTE_ENV = "HOTPATHS_MOE_ROUTE"  # default of plan(route=None)
+# "auto" takes the multi-CTA route from this many pairs (max_tokens x K; Hy3 TP8: batch >= 512). The one-CTA kernel
+# passes every pair through one SM: on the H200, 8.4 / 11.4 / 24.7 / 77.2 us at 512 / 2048 / 8192 / 32768 pairs;
+# the multi-CTA path pays a second launch (a few us) and scales with the grid.
+ROUTE_MULTI_MIN_PAIRS = 4096
+REDUCES = {"auto": 0, "narrow": 1, "wide": 2}  # hp_moe_reduce's variant argument
+REDUCE_ENV = "HOTPATHS_MOE_REDUCE"
 MAX_TOPK = 16
 SCALE_MODES = ("pertensor", "block")
 STAGES = ("route", "gate_up", "down", "reduce")
@@ -115,8 +130,10 @@ def _lib() -> ctypes.CDLL:
     lib.hp_moe_workspace_len.restype = ctypes.c_longlong
     lib.hp_moe_item_rows.argtypes = [i, i]
     lib.hp_moe_item_rows.restype = i
-    lib.hp_moe_route.argtypes = [vp, vp, i, i, i, i, i, i, vp]
+    lib.hp_moe_route.argtypes = [vp, vp, vp, i, i, i, i, i, i, vp]
     lib.hp_moe_route.restype = i
+    lib.hp_moe_route_ctas.argtypes = [i]
+    lib.hp_moe_route_ctas.restype = i
     lib.hp_moe_splitk_ints.argtypes = [i, i, i]
     lib.hp_moe_splitk_ints.restype = ctypes.c_longlong
     gemm = [vp, vp, vp, vp, vp, vp, vp, i, i, i, i, i, i, i, i, vp, vp]
@@ -127,7 +144,7 @@ def _lib() -> ctypes.CDLL:
     lib.hp_moe_quant.restype = i
     lib.hp_moe_split_factor.argtypes = [i, i, i, i, i, i, i, i, i]
     lib.hp_moe_split_factor.restype = ctypes.c_longlong
-    lib.hp_moe_reduce.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, i, i, vp]
+    lib.hp_moe_reduce.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, i, i, i, vp]
     lib.hp_moe_reduce.restype = i
     return lib
 
@@ -222,6 +239,29 @@ def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: in
     return "wgmma" if max_pairs / max(num_experts, 1) >= WGMMA_MIN_ROWS else "mma"
 
 
+def resolve_route(route: str | None, max_pairs: int) -> str:
+    """The route path of a plan: ``route`` None -> ``$HOTPATHS_MOE_ROUTE`` or "auto"; "auto" -> "multi" from
+    ROUTE_MULTI_MIN_PAIRS pairs (max_tokens x K), else "one". Raises ValueError on an unknown name (the environment
+    variable's included)."""
+    src = "route"
+    if route is None:
+        route, src = os.environ.get(ROUTE_ENV, "auto").strip().lower() or "auto", f"${ROUTE_ENV}"
+    if route not in ROUTES:
+        raise ValueError(f"{src}: expected one of {ROUTES}, got {route!r}")
+    if route != "auto":
+        return route
+    return "multi" if max_pairs >= ROUTE_MULTI_MIN_PAIRS else "one"
+
+
+def reduce_variant() -> int:
+    """hp_moe_reduce's variant from ``$HOTPATHS_MOE_REDUCE`` (auto: by batch; narrow; wide). Raises ValueError on
+    an unknown name."""
+    name = os.environ.get(REDUCE_ENV, "auto").strip().lower() or "auto"
+    if name not in REDUCES:
+        raise ValueError(f"${REDUCE_ENV}: expected one of {tuple(REDUCES)}, got {name!r}")
+    return REDUCES[name]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # plan
 
@@ -238,6 +278,7 @@ class MoEPlan(PlanSize):
     topk: int
     block_m: int
     gemm: str = "mma"  # GEMM path (GEMMS): mma / mma_tma (expert_gemm.cu), wgmma / wgmma_ws (expert_wgmma.cu)
+    route: str = "one"  # route path (ROUTES less auto): one (one CTA), multi (histograms, then placement)
     _bufs: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -272,12 +313,23 @@ class MoEPlan(PlanSize):
         self._route(pdl)
         return self
 
+    def route_scratch(self) -> torch.Tensor | None:
+        """int32 [ctas x E] per-chunk expert histograms of the multi-CTA route (every entry rewritten per launch),
+        allocated once; None on the one-CTA route."""
+        if self.route != "multi":
+            return None
+        if "route" not in self._bufs:
+            n = int(_lib().hp_moe_route_ctas(self.max_pairs)) * self.num_experts
+            self._bufs["route"] = torch.empty(n, dtype=torch.int32, device=self.device)
+        return self._bufs["route"]
+
     def _route(self, pdl: bool) -> None:
-        code = _lib().hp_moe_route(_ptr(self.topk_ids), _ptr(self.workspace), self.num_tokens * self.topk,
+        code = _lib().hp_moe_route(_ptr(self.topk_ids), _ptr(self.workspace), _ptr(self.route_scratch()),
+                                   self.num_tokens * self.topk,
                                    self.num_experts, self.expert_offset, self.max_pairs, self.block_m, int(pdl),
                                    _stream(self.device))
         _check(code, f"fused_moe route (tokens={self.num_tokens}, topk={self.topk}, experts={self.num_experts}, "
-                     f"expert_offset={self.expert_offset}, block_m={self.block_m})")
+                     f"expert_offset={self.expert_offset}, block_m={self.block_m}, route={self.route})")
 
     def buffers(self, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(act bf16 [max_pairs, I], ybuf bf16 [max_pairs, H]), allocated once per (H, I)."""
@@ -354,7 +406,7 @@ def _validate_ids(topk_ids, num_experts, *, device=None, check_device=True) -> N
 
 
 def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, max_tokens: int | None = None,
-         block_m: int | None = None, pdl: bool = True, gemm: str | None = None) -> MoEPlan:
+         block_m: int | None = None, pdl: bool = True, gemm: str | None = None, route: str | None = None) -> MoEPlan:
     """Allocate the routing workspace once and launch the route kernel (no host sync).
 
     Shape/Dtype: topk_ids int32 [T, K], contiguous, CUDA; global expert ids, -1 or any id outside
@@ -362,6 +414,7 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
     max_tokens: the largest T ``update`` will see (default T). block_m: pairs per tile (mma, mma_tma: 8, 16, 32, 64;
     wgmma, wgmma_ws: 16, 32, 64, 128; default from the average rows per expert). gemm: a name of ``GEMMS`` (None:
     ``$HOTPATHS_MOE_GEMM``, else "auto"; ``resolve_gemm``), kept in the plan and used by every ``run`` on it.
+    route: a name of ``ROUTES`` (None: ``$HOTPATHS_MOE_ROUTE``, else "auto"; ``resolve_route``), fixed per plan.
     Raises TypeError / ValueError on bad input, ResourceError if the workspace does not fit, RuntimeError
     without an SM90 GPU.
     """
@@ -382,12 +435,13 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
         raise ValueError(f"block_m: expected one of {sizes} for gemm={gemm!r}, got {block_m!r}")
     if max_tokens * k >= 2**31 - 2**20:
         raise ValueError(f"max_tokens: {max_tokens} x top-k {k} pairs overflow the int32 plan")
+    route = resolve_route(route, max_tokens * k)
     _cuda(topk_ids, "topk_ids", None)
     n = workspace_len(num_experts, max_tokens * k, block_m)
     _fits(f"fused_moe plan (E={num_experts}, max_tokens={max_tokens}, K={k})", 4 * n, topk_ids.device)
     _require_sm90(topk_ids.device)
     ws = torch.empty(n, dtype=torch.int32, device=topk_ids.device)
-    p = MoEPlan(ws, topk_ids, num_experts, expert_offset, max_tokens, k, block_m, gemm)
+    p = MoEPlan(ws, topk_ids, num_experts, expert_offset, max_tokens, k, block_m, gemm, route)
     p._route(pdl)
     return p
 
@@ -484,6 +538,7 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
         out = torch.empty(t, h, dtype=torch.bfloat16, device=p.device)
     if t == 0:
         return out
+    variant = reduce_variant() if "reduce" in todo else 0
     if (h, i) not in p._bufs:
         nbytes = 2 * p.max_pairs * (h + i) + p.max_tokens * h * 1.04 + p.max_pairs * i * 1.04
         _fits(f"fused_moe buffers (max_pairs={p.max_pairs}, H={h}, I={i})", int(nbytes), p.device)
@@ -519,7 +574,7 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
                     p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), _ptr(sk), stream), what)
     if "reduce" in todo:
         _check(lib.hp_moe_reduce(_ptr(p.topk_ids), _ptr(topk_weights), _ptr(ybuf), _ptr(shared_out), _ptr(out), t,
-                                 p.topk, p.num_experts, p.expert_offset, h, int(pdl), stream),
+                                 p.topk, p.num_experts, p.expert_offset, h, variant, int(pdl), stream),
                f"fused_moe reduce (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, "
                f"expert_offset={p.expert_offset})")
     return out

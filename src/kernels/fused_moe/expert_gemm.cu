@@ -9,8 +9,10 @@
 //
 // Launch: persistent grids (SMs x resident CTAs of 4 warps) looping over work items (tile, n-tile) read from the
 // plan after pdl_wait, each item cut into up to 8 K ranges across CTAs when the items alone leave CTA slots idle
-// (split-K, decided on the device from the routed tile count; see kMaxSplit); the reduce is one CTA per token. Traffic: each expert hit reads its weights once per tile
-// of block_m pairs (the floor at decode sizes, where an expert has one tile); token rows come from L2.
+// (split-K, decided on the device from the routed tile count; see kMaxSplit); the reduce is one CTA per (token, 1024
+// columns) at decode sizes and a GPU-covering grid of warps looping over (token, slab) units at large batches.
+// Traffic: each expert hit reads its weights once per tile of block_m pairs (the floor at decode sizes, where an expert
+// has one tile); token rows come from L2.
 // Design (DESIGN.md section 4):
 //  - "swap AB": the weights fill the 16-row M side of mma.m16n8k32 (row-major, K-contiguous = the weight layout)
 //    and the few pairs of an expert ride in N = 8 * NN, so a decode batch with 1-10 rows per expert wastes no
@@ -31,6 +33,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "common/launch.cuh"
@@ -637,10 +640,30 @@ __global__ void __launch_bounds__(256)
   if (!wait_first) hp::pdl_wait();
 }
 
+// acc[0..8) += w * the 8 bf16 of v, a separate fp32 multiply and add per element (the reference's arithmetic; the
+// shared expert's output is added with w = 1, exact: 1 * x == x).
+__device__ __forceinline__ void add_weighted8(float* acc, const uint4& v, float w) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    acc[2 * i] = __fadd_rn(acc[2 * i], __fmul_rn(w, f.x));
+    acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], __fmul_rn(w, f.y));
+  }
+}
+
+__device__ __forceinline__ uint4 pack8(const float* acc) {
+  uint4 o;
+  __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) oh[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+  return o;
+}
+
 // out[t, c:c+8] = bf16(sum over local slots k of w[t,k] * ybuf[t*K+k, c:c+8] (+ shared_out[t, c:c+8])), one
 // 16-byte chunk per thread, grid (tokens, column chunks) so even a batch of 1 spreads over H/1024 CTAs; the K slot
 // loads are all issued before the sum (no load-to-load chain), and the sum runs in k order with separate multiply
-// and add: the reference's fp32 arithmetic.
+// and add: the reference's fp32 arithmetic. The decode sizes (reduce_wide_kernel from kReduceWideMinTokens).
 constexpr int kReduceThreads = 128;
 constexpr int kMaxTopk = 16;
 __global__ void __launch_bounds__(kReduceThreads)
@@ -674,30 +697,109 @@ __global__ void __launch_bounds__(kReduceThreads)
 #pragma unroll
   for (int k = 0; k < kMaxTopk; ++k) {
     if (k >= topk) break;
-    if (!(local >> k & 1u)) continue;
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
+    if (local >> k & 1u) add_weighted8(acc, v[k], wk[k]);
+  }
+  if (shared_out != nullptr)
+    add_weighted8(acc, *reinterpret_cast<const uint4*>(shared_out + (size_t)t * hidden + c), 1.0f);
+  *reinterpret_cast<uint4*>(out + (size_t)t * hidden + c) = pack8(acc);
+}
+
+// The same sums for large batches (HBM bound: T*K*H bf16 read once, 268 MB at Hy3 TP8 and 4096 tokens). A grid that
+// covers the GPU once (SMs x resident CTAs of 8 warps), each warp looping over units (token t, slab of 32 lanes x CH
+// 16-byte chunks); per unit a lane issues all KMAX x CH slot loads (streaming: read once) and the shared_out chunks
+// before any sum, then fetches the NEXT unit's routing (lane k: slot k's id and weight) while they are in flight, so
+// the load-to-load chain (ids -> ybuf rows) of the one-unit CTAs is off the critical path; the weights reach the
+// lanes by shuffle, the sum runs in k order (add_weighted8: the same bits), stores are 16 bytes per lane, 512
+// contiguous bytes per warp. KMAX x CH = 16 chunks in flight per lane (256 B).
+constexpr int kReduceWideThreads = 256;
+constexpr int kReduceWideMinTokens = 512;  // the narrow kernel below: one wave of its short CTAs covers the work
+
+template <int KMAX, int CH>
+__global__ void __launch_bounds__(kReduceWideThreads, 2)
+    reduce_wide_kernel(const int* __restrict__ topk_ids, const float* __restrict__ topk_w,
+                       const __nv_bfloat16* __restrict__ ybuf, const __nv_bfloat16* __restrict__ shared_out,
+                       __nv_bfloat16* __restrict__ out, int num_tokens, int topk, int num_experts, int expert_offset,
+                       int hidden) {
+  constexpr int kWarps = kReduceWideThreads / 32, kSlab = 32 * CH * 8;  // columns per unit
+  hp::pdl_wait();
+  hp::pdl_launch_dependents();
+  const int lane = threadIdx.x & 31;
+  const int slabs = (hidden + kSlab - 1) / kSlab;
+  const long long units = (long long)num_tokens * slabs, stride = (long long)gridDim.x * kWarps;
+  long long u = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
+  bool ok = false;  // this lane's slot (k = lane) of the unit's token is routed here
+  float w = 0.f;
+  auto fetch = [&](long long uu) {
+    ok = false;
+    w = 0.f;
+    if (uu < units && lane < topk) {
+      const size_t slot = (size_t)(uu / slabs) * topk + lane;
+      const long long e = (long long)topk_ids[slot] - expert_offset;
+      if (e >= 0 && e < num_experts) {
+        ok = true;
+        w = topk_w[slot];
+      }
+    }
+  };
+  fetch(u);
+  for (; u < units; u += stride) {  // warp-uniform: the ballot and shuffles see every lane
+    const int t = (int)(u / slabs);
+    const int c0 = (int)(u - (long long)t * slabs) * kSlab + lane * 8;
+    const unsigned local = __ballot_sync(0xffffffffu, ok);  // bit k: slot k routed here (k < topk <= KMAX)
+    const float w_lane = w;
+    const __nv_bfloat16* row = ybuf + (size_t)t * topk * hidden;
+    uint4 v[KMAX][CH], sv[CH];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      acc[2 * i] = __fadd_rn(acc[2 * i], __fmul_rn(wk[k], f.x));
-      acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], __fmul_rn(wk[k], f.y));
+    for (int k = 0; k < KMAX; ++k)
+#pragma unroll
+      for (int j = 0; j < CH; ++j) {
+        const int c = c0 + j * 256;
+        v[k][j] = make_uint4(0u, 0u, 0u, 0u);
+        if ((local >> k & 1u) && c < hidden)
+          v[k][j] = __ldcs(reinterpret_cast<const uint4*>(row + (size_t)k * hidden + c));
+      }
+#pragma unroll
+    for (int j = 0; j < CH; ++j) {
+      const int c = c0 + j * 256;
+      sv[j] = make_uint4(0u, 0u, 0u, 0u);
+      if (shared_out != nullptr && c < hidden)
+        sv[j] = __ldcs(reinterpret_cast<const uint4*>(shared_out + (size_t)t * hidden + c));
+    }
+    fetch(u + stride);
+    float acc[CH][8];
+#pragma unroll
+    for (int j = 0; j < CH; ++j)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[j][i] = 0.f;
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k) {
+      if (!(local >> k & 1u)) continue;
+      const float wk = __shfl_sync(0xffffffffu, w_lane, k);
+#pragma unroll
+      for (int j = 0; j < CH; ++j) add_weighted8(acc[j], v[k][j], wk);
+    }
+#pragma unroll
+    for (int j = 0; j < CH; ++j) {
+      const int c = c0 + j * 256;
+      if (c >= hidden) continue;
+      if (shared_out != nullptr) add_weighted8(acc[j], sv[j], 1.0f);
+      *reinterpret_cast<uint4*>(out + (size_t)t * hidden + c) = pack8(acc[j]);
     }
   }
-  if (shared_out != nullptr) {
-    const uint4 sv = *reinterpret_cast<const uint4*>(shared_out + (size_t)t * hidden + c);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&sv);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      acc[2 * i] = __fadd_rn(acc[2 * i], f.x);
-      acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], f.y);
-    }
-  }
-  uint4 o;
-  __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) oh[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-  *reinterpret_cast<uint4*>(out + (size_t)t * hidden + c) = o;
+}
+
+template <int KMAX, int CH>
+int launch_reduce_wide(const hp::LaunchOptions& opt, cudaStream_t stream, const int* topk_ids, const float* topk_w,
+                       const __nv_bfloat16* ybuf, const __nv_bfloat16* shared_out, __nv_bfloat16* out, int num_tokens,
+                       int topk, int num_experts, int expert_offset, int hidden) {
+  static std::atomic<int> occ_slots[16];
+  constexpr int kWarps = kReduceWideThreads / 32, kSlab = 32 * CH * 8;
+  const long long units = (long long)num_tokens * ((hidden + kSlab - 1) / kSlab);
+  const long long cap =
+      (long long)hp::sm_count() * hp::ctas_per_sm(occ_slots, reduce_wide_kernel<KMAX, CH>, kReduceWideThreads, 0);
+  const long long grid = std::min((units + kWarps - 1) / kWarps, cap);
+  return (int)hp::launch(reduce_wide_kernel<KMAX, CH>, dim3((unsigned)grid), dim3(kReduceWideThreads), 0, stream, opt,
+                         topk_ids, topk_w, ybuf, shared_out, out, num_tokens, topk, num_experts, expert_offset, hidden);
 }
 
 // Resident CTAs per SM of an instantiation (cached per device; also sets its shared-memory attribute).
@@ -869,18 +971,28 @@ HP_MOE_GEMM_ENTRY(hp_moe_down, false, hp_moe::mma_dispatch)
 HP_MOE_GEMM_ENTRY(hp_moe_gate_up_tma, true, hp_moe::tma_dispatch)
 HP_MOE_GEMM_ENTRY(hp_moe_down_tma, false, hp_moe::tma_dispatch)
 
+// The top-k reduce. variant: 0 = by batch (reduce_wide_kernel from kReduceWideMinTokens tokens), 1 = reduce_kernel,
+// 2 = reduce_wide_kernel (both give the same bits).
 int hp_moe_reduce(const int* topk_ids, const float* topk_weights, const void* ybuf, const void* shared_out, void* out,
-                  int num_tokens, int topk, int num_experts, int expert_offset, int hidden, int pdl,
+                  int num_tokens, int topk, int num_experts, int expert_offset, int hidden, int variant, int pdl,
                   cudaStream_t stream) {
   if (num_tokens <= 0) return 0;
-  if (topk > hp_moe::kMaxTopk) return (int)cudaErrorInvalidValue;
+  if (topk < 1 || topk > hp_moe::kMaxTopk || variant < 0 || variant > 2) return (int)cudaErrorInvalidValue;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
+  const auto* y = static_cast<const __nv_bfloat16*>(ybuf);
+  const auto* so = static_cast<const __nv_bfloat16*>(shared_out);
+  auto* o = static_cast<__nv_bfloat16*>(out);
+  if (variant == 2 || (variant == 0 && num_tokens >= hp_moe::kReduceWideMinTokens)) {
+    if (topk <= 8)
+      return hp_moe::launch_reduce_wide<8, 2>(opt, stream, topk_ids, topk_weights, y, so, o, num_tokens, topk,
+                                              num_experts, expert_offset, hidden);
+    return hp_moe::launch_reduce_wide<16, 1>(opt, stream, topk_ids, topk_weights, y, so, o, num_tokens, topk,
+                                             num_experts, expert_offset, hidden);
+  }
   const int chunks = (hidden / 8 + hp_moe::kReduceThreads - 1) / hp_moe::kReduceThreads;
   return (int)hp::launch(hp_moe::reduce_kernel, dim3(num_tokens, chunks), dim3(hp_moe::kReduceThreads), 0, stream, opt,
-                         topk_ids, topk_weights, static_cast<const __nv_bfloat16*>(ybuf),
-                         static_cast<const __nv_bfloat16*>(shared_out), static_cast<__nv_bfloat16*>(out), topk,
-                         num_experts, expert_offset, hidden);
+                         topk_ids, topk_weights, y, so, o, topk, num_experts, expert_offset, hidden);
 }
 
 }  // extern "C"
