@@ -196,3 +196,43 @@ def test_plan_rejects_bad_gemm_choice(kwargs, match):
 def test_wgmma_plan_never_splits_k(gemm):
     p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, 16), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2, 16, gemm)
     assert p.split_factors(128, 64) == (1, 1)
+
+
+def test_resolve_route_auto_env_and_explicit(monkeypatch):
+    monkeypatch.delenv(moe.ROUTE_ENV, raising=False)
+    assert moe.resolve_route(None, 64 * 8) == "one"                              # decode: the one-CTA kernel
+    assert moe.resolve_route(None, moe.ROUTE_MULTI_MIN_PAIRS - 1) == "one"
+    assert moe.resolve_route("auto", moe.ROUTE_MULTI_MIN_PAIRS) == "multi"      # the threshold
+    assert moe.resolve_route("auto", 4096 * 8) == "multi"
+    assert moe.resolve_route("one", 16384 * 8) == "one"                          # explicit: never rewritten
+    assert moe.resolve_route("multi", 0) == "multi"
+    monkeypatch.setenv(moe.ROUTE_ENV, "multi")
+    assert moe.resolve_route(None, 8) == "multi"
+    assert moe.resolve_route("one", 8) == "one"                                  # the argument wins
+    monkeypatch.setenv(moe.ROUTE_ENV, "atomic")
+    with pytest.raises(ValueError, match=r"\$HOTPATHS_MOE_ROUTE: expected one of"):
+        moe.resolve_route(None, 8)
+    with pytest.raises(ValueError, match="route: expected one of"):
+        moe.resolve_route("many", 8)
+
+
+def test_plan_rejects_bad_route():
+    with pytest.raises(ValueError, match="route: expected one of"):
+        moe.plan(_ids(), num_experts=8, route="many")
+
+
+def test_reduce_variant_env(monkeypatch):
+    monkeypatch.delenv(moe.REDUCE_ENV, raising=False)
+    assert moe.reduce_variant() == moe.REDUCES["auto"] == 0
+    monkeypatch.setenv(moe.REDUCE_ENV, "Wide")
+    assert moe.reduce_variant() == 2
+    monkeypatch.setenv(moe.REDUCE_ENV, "narrow")
+    assert moe.reduce_variant() == 1
+    monkeypatch.setenv(moe.REDUCE_ENV, "fast")
+    with pytest.raises(ValueError, match=r"\$HOTPATHS_MOE_REDUCE: expected one of"):
+        moe.reduce_variant()
+
+
+def test_plan_default_route_is_one_cta():
+    p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, 8), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2, 8)
+    assert p.route == "one" and p.route_scratch() is None

@@ -220,16 +220,23 @@ def choose_block_m(max_pairs: int, num_experts: int, gemm: str = "mma") -> int:
     return sizes[-1]
 
 
+def _named_choice(value: str | None, arg: str, env: str, choices) -> str:
+    """``value``, or (None) ``$env`` lower-cased, else "auto"; ValueError naming the argument or the variable when it
+    is not one of ``choices``."""
+    src = arg
+    if value is None:
+        value, src = os.environ.get(env, "auto").strip().lower() or "auto", f"${env}"
+    if value not in choices:
+        raise ValueError(f"{src}: expected one of {tuple(choices)}, got {value!r}")
+    return value
+
+
 def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: int | None = None) -> str:
     """The GEMM path of a plan: ``gemm`` None -> ``$HOTPATHS_MOE_GEMM`` or "auto"; "auto" -> "wgmma" when the
     average rows per expert (max_pairs / E) reach WGMMA_MIN_ROWS or block_m is a wgmma-only tile (128), else "mma"
     (always for an mma-only tile, 8). Raises ValueError on an unknown name (the environment variable's
     included)."""
-    src = "gemm"
-    if gemm is None:
-        gemm, src = os.environ.get(GEMM_ENV, "auto").strip().lower() or "auto", f"${GEMM_ENV}"
-    if gemm not in GEMMS:
-        raise ValueError(f"{src}: expected one of {GEMMS}, got {gemm!r}")
+    gemm = _named_choice(gemm, "gemm", GEMM_ENV, GEMMS)
     if gemm != "auto":
         return gemm
     if block_m in WGMMA_BLOCK_MS and block_m not in BLOCK_MS:
@@ -243,11 +250,7 @@ def resolve_route(route: str | None, max_pairs: int) -> str:
     """The route path of a plan: ``route`` None -> ``$HOTPATHS_MOE_ROUTE`` or "auto"; "auto" -> "multi" from
     ROUTE_MULTI_MIN_PAIRS pairs (max_tokens x K), else "one". Raises ValueError on an unknown name (the environment
     variable's included)."""
-    src = "route"
-    if route is None:
-        route, src = os.environ.get(ROUTE_ENV, "auto").strip().lower() or "auto", f"${ROUTE_ENV}"
-    if route not in ROUTES:
-        raise ValueError(f"{src}: expected one of {ROUTES}, got {route!r}")
+    route = _named_choice(route, "route", ROUTE_ENV, ROUTES)
     if route != "auto":
         return route
     return "multi" if max_pairs >= ROUTE_MULTI_MIN_PAIRS else "one"
@@ -256,10 +259,7 @@ def resolve_route(route: str | None, max_pairs: int) -> str:
 def reduce_variant() -> int:
     """hp_moe_reduce's variant from ``$HOTPATHS_MOE_REDUCE`` (auto: by batch; narrow; wide). Raises ValueError on
     an unknown name."""
-    name = os.environ.get(REDUCE_ENV, "auto").strip().lower() or "auto"
-    if name not in REDUCES:
-        raise ValueError(f"${REDUCE_ENV}: expected one of {tuple(REDUCES)}, got {name!r}")
-    return REDUCES[name]
+    return REDUCES[_named_choice(None, "reduce", REDUCE_ENV, REDUCES)]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -533,12 +533,12 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
         raise ValueError(f"stages: expected 'all' or names from {STAGES}, got {stages!r}")
     t, h, i = _validate_run(p, x, w13, w2, topk_weights, scales, w13_scale, w2_scale, a1_scale, a2_scale,
                             shared_out, out)
+    variant = reduce_variant() if "reduce" in todo else 0
     if out is None:
         _fits("fused_moe out", 2 * t * h, p.device)
         out = torch.empty(t, h, dtype=torch.bfloat16, device=p.device)
     if t == 0:
         return out
-    variant = reduce_variant() if "reduce" in todo else 0
     if (h, i) not in p._bufs:
         nbytes = 2 * p.max_pairs * (h + i) + p.max_tokens * h * 1.04 + p.max_pairs * i * 1.04
         _fits(f"fused_moe buffers (max_pairs={p.max_pairs}, H={h}, I={i})", int(nbytes), p.device)

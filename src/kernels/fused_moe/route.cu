@@ -2,7 +2,7 @@
 //
 // Two paths, one plan (byte for byte the host builder's), chosen on the host at plan time from max_pairs (so a
 // captured graph replays the same launches whatever the live token count; the kernels read the count they route):
-//  - route_kernel: ONE CTA of 1024 threads, dynamic shared memory 32 warps x E ints (E <= 512). With one CTA there
+//  - route_kernel: ONE CTA of 1024 threads, dynamic shared memory ~33 x E ints (E <= 512). With one CTA there
 //    is no inter-CTA ordering to buy with global atomics: a few us at decode sizes, but every pair passes through one
 //    SM (77 us at 32768 pairs).
 //  - route_hist_kernel + route_place_kernel: G CTAs of 1024 threads (G from max_pairs, at most kMaxRouteCtas), CTA
@@ -125,6 +125,28 @@ __device__ __forceinline__ void counts_to_cursors(int* warp_cnt, int num_experts
   }
 }
 
+// Shared memory of the route kernels, all dynamic (a static part would lower the default dynamic limit below 48 KB,
+// and the launch helper raises the limit only above 48 KB): warp_cnt [32][E], tile_off [E+1] (exclusive prefix of
+// tiles per expert), exp_off [E], warp_sums [32], then, multi-CTA place only, part_total / part_before [1024].
+struct RouteSmem {
+  int* warp_cnt;
+  int* tile_off;
+  int* exp_off;
+  int* warp_sums;
+  int* part_total;
+  int* part_before;
+  __host__ __device__ static int bytes(int num_experts, bool parts) {
+    return (int)sizeof(int) * (33 * num_experts + 1 + 32 + (parts ? 2 * kRouteThreads : 0));
+  }
+  __device__ explicit RouteSmem(int* s, int num_experts)
+      : warp_cnt(s),
+        tile_off(s + 32 * num_experts),
+        exp_off(tile_off + num_experts + 1),
+        warp_sums(exp_off + num_experts),
+        part_total(warp_sums + 32),
+        part_before(part_total + kRouteThreads) {}
+};
+
 struct PlanTotals {
   int offset;     // this thread's expert's first sorted position (thread e < E)
   int valid;      // routed pairs
@@ -198,10 +220,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
     route_kernel(const int* __restrict__ topk_ids, int* __restrict__ ws, int num_pairs, int num_experts,
                  int expert_offset, int max_pairs, int block_m) {
   extern __shared__ int smem[];
-  int* warp_cnt = smem;                      // [32][E]
-  __shared__ int tile_off[kMaxExperts + 1];  // exclusive prefix of tiles per expert
-  __shared__ int exp_off[kMaxExperts];
-  __shared__ int warp_sums[32];
+  const RouteSmem sm(smem, num_experts);
+  int* warp_cnt = sm.warp_cnt;
   const PlanView plan{ws, num_experts, max_pairs, block_m};
   const RouteIds r{topk_ids, num_pairs, num_experts, expert_offset};
   const int tid = threadIdx.x, warp = tid >> 5;
@@ -221,12 +241,12 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
 
   // Offsets and tiles per expert (E <= 512 < 1024: one expert per thread).
   const int my_count = tid < E ? warp_total(warp_cnt, E, tid) : 0;
-  const PlanTotals t = expert_offsets(plan, my_count, exp_off, tile_off, warp_sums, true);
+  const PlanTotals t = expert_offsets(plan, my_count, sm.exp_off, sm.tile_off, sm.warp_sums, true);
   if (tid < E) counts_to_cursors(warp_cnt, E, tid, t.offset);
   __syncthreads();
 
   place_segment(r, seg, my_cnt, plan.sorted());
-  write_tail_and_tiles(plan, t, exp_off, tile_off, tid, kRouteThreads);
+  write_tail_and_tiles(plan, t, sm.exp_off, sm.tile_off, tid, kRouteThreads);
 }
 
 // Multi-CTA path, step 1: hist[c][e] = pairs of expert e in chunk c = blockIdx.x (every entry written, so the scratch
@@ -235,7 +255,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
     route_hist_kernel(const int* __restrict__ topk_ids, int* __restrict__ hist, int num_pairs, int num_experts,
                       int expert_offset) {
   extern __shared__ int smem[];
-  int* warp_cnt = smem;  // [32][E]
+  int* warp_cnt = RouteSmem(smem, num_experts).warp_cnt;
   const RouteIds r{topk_ids, num_pairs, num_experts, expert_offset};
   const int tid = threadIdx.x, warp = tid >> 5;
   const int E = num_experts;
@@ -258,11 +278,10 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
     route_place_kernel(const int* __restrict__ topk_ids, const int* hist, int* __restrict__ ws, int num_pairs,
                        int num_experts, int expert_offset, int max_pairs, int block_m) {
   extern __shared__ int smem[];
-  int* warp_cnt = smem;  // [32][E]
-  __shared__ int tile_off[kMaxExperts + 1];
-  __shared__ int exp_off[kMaxExperts];
-  __shared__ int part_total[kRouteThreads], part_before[kRouteThreads];
-  __shared__ int warp_sums[32];
+  const RouteSmem sm(smem, num_experts);
+  int* warp_cnt = sm.warp_cnt;
+  int* part_total = sm.part_total;
+  int* part_before = sm.part_before;
   const PlanView plan{ws, num_experts, max_pairs, block_m};
   const RouteIds r{topk_ids, num_pairs, num_experts, expert_offset};
   const int tid = threadIdx.x, warp = tid >> 5;
@@ -298,12 +317,12 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
     }
   __syncthreads();  // every warp's counts are in
 
-  const PlanTotals t = expert_offsets(plan, my_count, exp_off, tile_off, warp_sums, c == 0);
+  const PlanTotals t = expert_offsets(plan, my_count, sm.exp_off, sm.tile_off, sm.warp_sums, c == 0);
   if (tid < E) counts_to_cursors(warp_cnt, E, tid, t.offset + my_before);
   __syncthreads();
 
   place_segment(r, seg, my_cnt, plan.sorted());
-  write_tail_and_tiles(plan, t, exp_off, tile_off, c * kRouteThreads + tid, G * kRouteThreads);
+  write_tail_and_tiles(plan, t, sm.exp_off, sm.tile_off, c * kRouteThreads + tid, G * kRouteThreads);
 }
 
 // CTAs of the multi-CTA path for a plan of max_pairs (fixed per plan: the scratch holds that many x E ints).
@@ -333,7 +352,7 @@ int hp_moe_route(const int* topk_ids, int* ws, int* hist, int num_pairs, int num
     return (int)cudaErrorInvalidValue;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
-  const int smem = 32 * num_experts * (int)sizeof(int);
+  const int smem = hp_moe::RouteSmem::bytes(num_experts, false);
   const dim3 block(hp_moe::kRouteThreads);
   if (hist == nullptr)
     return (int)hp::launch(hp_moe::route_kernel, dim3(1), block, smem, stream, opt, topk_ids, ws, num_pairs,
@@ -342,8 +361,9 @@ int hp_moe_route(const int* topk_ids, int* ws, int* hist, int num_pairs, int num
   const cudaError_t err = hp::launch(hp_moe::route_hist_kernel, grid, block, smem, stream, opt, topk_ids, hist,
                                      num_pairs, num_experts, expert_offset);
   if (err != cudaSuccess) return (int)err;
-  return (int)hp::launch(hp_moe::route_place_kernel, grid, block, smem, stream, opt, topk_ids,
-                         static_cast<const int*>(hist), ws, num_pairs, num_experts, expert_offset, max_pairs, block_m);
+  return (int)hp::launch(hp_moe::route_place_kernel, grid, block, hp_moe::RouteSmem::bytes(num_experts, true), stream,
+                         opt, topk_ids, static_cast<const int*>(hist), ws, num_pairs, num_experts, expert_offset,
+                         max_pairs, block_m);
 }
 
 }  // extern "C"
