@@ -2,7 +2,7 @@
 //
 // Two paths, one plan (byte for byte the host builder's), chosen on the host at plan time from max_pairs (so a
 // captured graph replays the same launches whatever the live token count; the kernels read the count they route):
-//  - route_kernel: ONE CTA of 1024 threads, dynamic shared memory ~33 x E ints (E <= 512). With one CTA there
+//  - route_kernel: ONE CTA of 1024 threads, dynamic shared memory ~34 x E ints (E <= 512). With one CTA there
 //    is no inter-CTA ordering to buy with global atomics: a few us at decode sizes, but every pair passes through one
 //    SM (77 us at 32768 pairs).
 //  - route_hist_kernel + route_place_kernel: G CTAs of 1024 threads (G from max_pairs, at most kMaxRouteCtas), CTA
@@ -136,7 +136,7 @@ struct RouteSmem {
   int* part_total;
   int* part_before;
   __host__ __device__ static int bytes(int num_experts, bool parts) {
-    return (int)sizeof(int) * (33 * num_experts + 1 + 32 + (parts ? 2 * kRouteThreads : 0));
+    return (int)sizeof(int) * (34 * num_experts + 1 + 32 + (parts ? 2 * kRouteThreads : 0));
   }
   __device__ explicit RouteSmem(int* s, int num_experts)
       : warp_cnt(s),
