@@ -154,6 +154,14 @@ def test_choose_block_m_wgmma_tiles():
         moe.choose_block_m(64, 8, "auto")
 
 
+@pytest.mark.parametrize("gemm,base", [("wgmma_ws", "wgmma"), ("mma_tma", "mma")])
+def test_new_gemm_paths_share_their_family_tiles(gemm, base):
+    """The warp-specialized / TMA-fed kernels take the tiles of the kernel family they vary."""
+    for pairs in (4 * 8, 64 * 8, 256 * 8, 1024 * 8, 4096 * 8):
+        assert moe.choose_block_m(pairs, 192, gemm) == moe.choose_block_m(pairs, 192, base)
+    assert moe.resolve_gemm(gemm, 4 * 8, 192) == gemm  # never rewritten by the auto rule
+
+
 def test_resolve_gemm_auto_env_and_explicit(monkeypatch):
     monkeypatch.delenv(moe.GEMM_ENV, raising=False)
     assert moe.resolve_gemm(None, 64 * 8, 192) == "mma"        # 2.7 rows per expert: decode
@@ -176,13 +184,55 @@ def test_resolve_gemm_auto_env_and_explicit(monkeypatch):
     (dict(gemm="tma"), "gemm: expected one of"),
     (dict(gemm="mma", block_m=128), r"block_m: expected one of \(8, 16, 32, 64\) for gemm='mma'"),
     (dict(gemm="wgmma", block_m=8), r"block_m: expected one of \(16, 32, 64, 128\) for gemm='wgmma'"),
+    (dict(gemm="wgmma_ws", block_m=8), r"block_m: expected one of \(16, 32, 64, 128\) for gemm='wgmma_ws'"),
+    (dict(gemm="mma_tma", block_m=128), r"block_m: expected one of \(8, 16, 32, 64\) for gemm='mma_tma'"),
 ])
 def test_plan_rejects_bad_gemm_choice(kwargs, match):
     with pytest.raises(ValueError, match=match):
         moe.plan(_ids(), num_experts=8, **kwargs)
 
 
-def test_wgmma_plan_never_splits_k():
-    p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, 16), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2, 16,
-                    "wgmma")
+@pytest.mark.parametrize("gemm", ["wgmma", "wgmma_ws"])
+def test_wgmma_plan_never_splits_k(gemm):
+    p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, 16), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2, 16, gemm)
     assert p.split_factors(128, 64) == (1, 1)
+
+
+def test_resolve_route_auto_env_and_explicit(monkeypatch):
+    monkeypatch.delenv(moe.ROUTE_ENV, raising=False)
+    assert moe.resolve_route(None, 64 * 8) == "one"                              # decode: the one-CTA kernel
+    assert moe.resolve_route(None, moe.ROUTE_MULTI_MIN_PAIRS - 1) == "one"
+    assert moe.resolve_route("auto", moe.ROUTE_MULTI_MIN_PAIRS) == "multi"      # the threshold
+    assert moe.resolve_route("auto", 4096 * 8) == "multi"
+    assert moe.resolve_route("one", 16384 * 8) == "one"                          # explicit: never rewritten
+    assert moe.resolve_route("multi", 0) == "multi"
+    monkeypatch.setenv(moe.ROUTE_ENV, "multi")
+    assert moe.resolve_route(None, 8) == "multi"
+    assert moe.resolve_route("one", 8) == "one"                                  # the argument wins
+    monkeypatch.setenv(moe.ROUTE_ENV, "atomic")
+    with pytest.raises(ValueError, match=r"\$HOTPATHS_MOE_ROUTE: expected one of"):
+        moe.resolve_route(None, 8)
+    with pytest.raises(ValueError, match="route: expected one of"):
+        moe.resolve_route("many", 8)
+
+
+def test_plan_rejects_bad_route():
+    with pytest.raises(ValueError, match="route: expected one of"):
+        moe.plan(_ids(), num_experts=8, route="many")
+
+
+def test_reduce_variant_env(monkeypatch):
+    monkeypatch.delenv(moe.REDUCE_ENV, raising=False)
+    assert moe.reduce_variant() == moe.REDUCES["auto"] == 0
+    monkeypatch.setenv(moe.REDUCE_ENV, "Wide")
+    assert moe.reduce_variant() == 2
+    monkeypatch.setenv(moe.REDUCE_ENV, "narrow")
+    assert moe.reduce_variant() == 1
+    monkeypatch.setenv(moe.REDUCE_ENV, "fast")
+    with pytest.raises(ValueError, match=r"\$HOTPATHS_MOE_REDUCE: expected one of"):
+        moe.reduce_variant()
+
+
+def test_plan_default_route_is_one_cta():
+    p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, 8), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2, 8)
+    assert p.route == "one" and p.route_scratch() is None

@@ -26,8 +26,9 @@ from hotpaths.harness.env import requires_sm90
 pytestmark = [pytest.mark.gpu, requires_sm90()]
 
 FP8 = torch.float8_e4m3fn
-GEMMS = ["mma", "wgmma"]  # both GEMM paths (MoEPlan.gemm) meet the same contract
-TILES = {"mma": [8, 16, 32, 64], "wgmma": [16, 32, 64, 128]}  # block_m of each path
+GEMMS = ["mma", "wgmma", "wgmma_ws", "mma_tma"]  # every GEMM path (MoEPlan.gemm) meets the same contract
+TILES = {"mma": [8, 16, 32, 64], "wgmma": [16, 32, 64, 128], "wgmma_ws": [16, 32, 64, 128],
+         "mma_tma": [8, 16, 32, 64]}  # block_m per path
 
 
 @pytest.fixture(scope="module")
@@ -276,6 +277,152 @@ def test_plan_update_reroutes_in_place(moe):
         p.update(torch.zeros(65, 4, dtype=torch.int32, device="cuda"))
 
 
+# The multi-CTA route (per-chunk histograms, then placement at (expert, chunk) offsets) must give the same bytes as
+# the one-CTA kernel and the host builders, chunk boundaries included: large pair counts (many chunks, several warps'
+# segments per chunk), EP offsets, skew, every pair on one expert, max_tokens above T (idle chunks), zero tokens.
+LARGE_ROUTE_CASES = [  # (T, K, E, expert_offset, id range, max_tokens, block_m)
+    (4096, 8, 192, 0, (0, 192), None, 128),     # Hy3 TP8, batch 4096
+    (16384, 8, 192, 0, (0, 192), None, 128),    # 128 chunks of 1024 pairs
+    (4096, 8, 24, 48, (-3, 192), None, 64),     # EP8 rank 2: most ids remote, some negative
+    (3000, 8, 192, 0, (0, 192), 4096, 64),      # max_tokens above T: the last chunks are empty
+    (8192, 8, 192, 0, (7, 8), None, 128),       # every pair on one expert
+    (2000, 16, 512, 0, (0, 512), None, 16),     # the largest E and K
+    (0, 8, 192, 0, (0, 192), 4096, 64),         # zero tokens on a multi-CTA plan
+    (700, 8, 1, 0, (-1, 2), None, 128),         # one local expert, ids on both sides of it
+    (1500, 8, 384, 0, (0, 384), None, 32),      # 48 KB of warp counters: shared memory past the default limit
+    (600, 8, 300, 0, (0, 300), None, 16),
+]
+
+
+def capture(fn) -> torch.cuda.CUDAGraph:
+    """fn() captured into a CUDA graph on a side stream (after a sync: warm-up work is done)."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph
+
+
+def _route_ids(t, k, lo, hi, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(lo, hi, (t, k), generator=g, dtype=torch.int32)
+    if t > 2:
+        ids[1] = -1                                   # a token routed nowhere
+        ids[2, : min(k, 3)] = ids[2, 0].item()        # duplicates within a row
+        ids[0, 0] = 2**31 - 1                         # garbage id: skipped
+    return ids
+
+
+@pytest.mark.parametrize("route", ["one", "multi"])
+@pytest.mark.parametrize("case", ROUTE_CASES + LARGE_ROUTE_CASES)
+def test_route_paths_match_host_plans(moe, case, route):
+    from hotpaths.reference.fused_moe import build_routing_plan
+    t, k, e, off, (lo, hi), mt, bm = case
+    ids = _route_ids(t, k, lo, hi, seed=t * 7 + k + e)
+    if hi - lo > 8 and t >= 64:  # skew: a quarter of the tokens on experts 0..3 (relative to the rank)
+        ids[: t // 4] = torch.randint(off, off + 4, (t // 4, k), dtype=torch.int32)
+    p = moe.plan(ids.cuda(), num_experts=e, expert_offset=off, max_tokens=mt, block_m=bm, route=route)
+    assert p.route == route
+    got = p.workspace.cpu()
+    exp = host_plan(ids, e, off, mt if mt is not None else t, bm)
+    bad = torch.nonzero(got != exp).flatten()[:10].tolist()
+    assert not bad, f"{route} route differs at {bad}; layout {p.layout.offsets}"
+    ref = build_routing_plan(ids, num_experts=e, expert_offset=off, max_tokens=mt, block_m=bm)
+    assert torch.equal(got, torch.as_tensor(getattr(ref, "workspace", ref)).to(torch.int32).cpu().flatten())
+
+
+def test_multi_route_update_and_stale_workspace(moe):
+    """Re-routing fewer tokens into a multi-CTA plan rewrites every byte (padding and tiles of the larger routing
+    before it included), and the scratch needs no clearing between launches."""
+    e, k, mt = 192, 8, 4096
+    p = moe.plan(_route_ids(mt, k, 0, e, 1).cuda(), num_experts=e, max_tokens=mt, route="multi")
+    assert p.route == "multi" and p.route_scratch().numel() == moe._lib().hp_moe_route_ctas(mt * k) * e
+    for t in (4096, 1, 0, 513, 4095, 2048):
+        ids = _route_ids(t, k, -1, e, 100 + t)
+        p.workspace.fill_(12345)
+        p.update(ids.cuda())
+        assert torch.equal(p.workspace.cpu(), host_plan(ids, e, 0, mt, p.block_m)), f"update to {t} tokens"
+
+
+def test_multi_route_graph_replay_with_changing_counts(moe):
+    """The multi-CTA route captured in a CUDA graph (PDL on) replays correctly while the live token count (the
+    tokens whose ids are not -1) changes between replays."""
+    e, k, mt = 192, 8, 4096
+    ids_buf = _route_ids(mt, k, 0, e, 3).cuda()
+    p = moe.plan(ids_buf, num_experts=e, max_tokens=mt)  # auto: 32768 pairs take the multi-CTA route
+    assert p.route == "multi"
+    graph = capture(lambda: p.update(ids_buf))
+    for active in (4096, 1, 1500, 0, 4000, 37):
+        new_ids = _route_ids(mt, k, 0, e, 200 + active)
+        new_ids[active:] = -1
+        ids_buf.copy_(new_ids.cuda())
+        p.workspace.fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(p.workspace.cpu(), host_plan(new_ids, e, 0, mt, p.block_m)), f"{active} active tokens"
+
+
+def test_route_choice_by_plan_size(moe, monkeypatch):
+    monkeypatch.delenv(moe.ROUTE_ENV, raising=False)
+    small = moe.plan(torch.zeros(64, 8, dtype=torch.int32, device="cuda"), num_experts=192)
+    big = moe.plan(torch.zeros(64, 8, dtype=torch.int32, device="cuda"), num_experts=192, max_tokens=4096)
+    assert (small.route, big.route) == ("one", "multi") and small.route_scratch() is None
+    monkeypatch.setenv(moe.ROUTE_ENV, "one")
+    assert moe.plan(torch.zeros(64, 8, dtype=torch.int32, device="cuda"), num_experts=192,
+                    max_tokens=4096).route == "one"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the top-k reduce alone: both kernels against the contract's combine, bit for bit
+
+REDUCE_CASES = [  # (T, K, E, expert_offset, id range, H, shared)
+    (1, 8, 192, 0, (0, 192), 4096, False),
+    (600, 8, 192, 0, (-1, 192), 4096, True),
+    (4096, 8, 192, 0, (0, 192), 4096, False),   # Hy3 TP8 at the measured large batch
+    (513, 8, 24, 24, (0, 192), 4096, True),     # EP: most slots remote (their ybuf rows are NaN here)
+    (333, 16, 64, 0, (0, 64), 192, True),       # K 16 (the 16 x 1 wide instantiation), a partial slab
+    (77, 3, 8, 0, (-2, 8), 320, False),         # K 3, slabs not a multiple of 512 columns
+    (2048, 1, 4, 0, (0, 4), 4096, True),
+]
+
+
+@pytest.mark.parametrize("variant", ["narrow", "wide", "auto"])
+@pytest.mark.parametrize("case", REDUCE_CASES)
+def test_reduce_kernels_bit_exact(moe, case, variant):
+    from hotpaths.reference.fused_moe import weighted_slot_sum
+    t, k, e, off, (lo, hi), h, shared = case
+    g = torch.Generator(device="cuda").manual_seed(t + k + h)
+    ids = torch.randint(lo, hi, (t, k), generator=g, device="cuda", dtype=torch.int32)
+    tw = torch.rand(t, k, generator=g, device="cuda")
+    y = torch.randn(t * k, h, generator=g, device="cuda").to(torch.bfloat16)
+    so = torch.randn(t, h, generator=g, device="cuda").to(torch.bfloat16) if shared else None
+    valid = ((ids.long() - off >= 0) & (ids.long() - off < e))
+    y_poison = y.clone()
+    y_poison[~valid.flatten()] = float("nan")  # rows of slots not routed here are never written by the down GEMM
+    exp = weighted_slot_sum(torch.where(valid.flatten()[:, None], y, 0).view(t, k, h), valid, tw, so)
+    out = torch.full((t, h), float("nan"), dtype=torch.bfloat16, device="cuda")
+    code = moe._lib().hp_moe_reduce(moe._ptr(ids), moe._ptr(tw), moe._ptr(y_poison), moe._ptr(so), moe._ptr(out), t,
+                                    k, e, off, h, moe.REDUCES[variant], 1, moe._stream(out.device))
+    moe._check(code, "reduce")
+    torch.cuda.synchronize()
+    bad = torch.nonzero(out.view(torch.int16) != exp.view(torch.int16))[:5].tolist()
+    assert not bad, f"{variant} reduce differs from the contract's combine at {bad}"
+
+
+@pytest.mark.parametrize("variant", ["narrow", "wide"])
+def test_reduce_variant_through_run(moe, monkeypatch, variant):
+    """$HOTPATHS_MOE_REDUCE reaches the launch: both kernels give the pipeline's bits."""
+    monkeypatch.setenv(moe.REDUCE_ENV, variant)
+    _, (_, _, out), (_, _, eo, _) = _run_case(moe, "small_i192", "pertensor", 40, shared=True)
+    assert_close(out, eo, f"reduce={variant}")
+    monkeypatch.setenv(moe.REDUCE_ENV, "narrow" if variant == "wide" else "wide")
+    _, (_, _, out2), _ = _run_case(moe, "small_i192", "pertensor", 40, shared=True)
+    assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # stages and the fused pipeline
 
@@ -335,7 +482,8 @@ def test_stages_and_pipeline_match_emulation(moe, name, mode, t, gemm):
 
 
 @pytest.mark.parametrize("gemm,block_m", [("mma", 8), ("mma", 16), ("mma", 64), ("wgmma", 16), ("wgmma", 64),
-                                          ("wgmma", 128)])
+                                          ("wgmma", 128), ("wgmma_ws", 16), ("wgmma_ws", 64), ("wgmma_ws", 128),
+                                          ("mma_tma", 8), ("mma_tma", 16), ("mma_tma", 64)])
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
 @pytest.mark.parametrize("name", ["h192_i64", "h192_i192"])
 @pytest.mark.parametrize("t", [1, 3, 5, 70])
@@ -405,8 +553,8 @@ def test_gemm_tile_on_exact_integers(moe, gemm, h, block_m, t):
     must equal bf16(aq . w2^T) bit for bit, and the gate-up act equals bf16(silu(g) * u) up to the SiLU's last ulp.
     A swizzle, descriptor, fragment-layout or row-mapping bug shows here as grossly wrong values, apart from the
     pipeline and routing tests. h = 192: a K tail of half a stage (gate-up) and a last down n-tile of 64 rows."""
-    if gemm == "mma" and block_m not in TILES["mma"]:
-        pytest.skip("block_m 128 is a wgmma tile")
+    if block_m not in TILES[gemm]:
+        pytest.skip(f"block_m {block_m} is not a {gemm} tile")
     inter, e = 64 if h == 256 else 192, 1
     x = _small_ints((t, h), seed=block_m + t).to(torch.bfloat16)
     w13f, w2f = _small_ints((e, 2 * inter, h), seed=1), _small_ints((e, h, inter), seed=2)
@@ -445,7 +593,7 @@ def test_wgmma_and_mma_agree_on_hy3_tp8(moe):
     w13, w2, sc = weights("hy3_tp8", "pertensor")
     x, ids, tw = make_tokens(512, k, h, hi, seed=77)
     res = {}
-    for gemm in GEMMS:
+    for gemm in ("mma", "wgmma"):
         p = moe.plan(ids, num_experts=e, gemm=gemm)
         out = moe.run(p, x, w13, w2, tw, scales="pertensor", **sc)
         act, _ = p.buffers(h, i)
@@ -456,9 +604,64 @@ def test_wgmma_and_mma_agree_on_hy3_tp8(moe):
     assert_close(res["wgmma"][1], res["mma"][1], "out wgmma vs mma")
 
 
+def _layer_by_path(moe, mode, t, seed, gemms):
+    """The Hy3 TP8 layer on the same inputs under each GEMM path of `gemms` (buffers NaN-poisoned first): per path
+    (act by sorted position, ybuf of the valid pairs, out, the plan's split factors, its block_m)."""
+    e, k, h, i, off, (lo, hi) = SHAPES["hy3_tp8"]
+    w13, w2, sc = weights("hy3_tp8", mode)
+    x, ids, tw = make_tokens(t, k, h, hi, seed=seed)
+    res = {}
+    for gemm in gemms:
+        p = moe.plan(ids, num_experts=e, gemm=gemm)
+        act, ybuf = p.buffers(h, i)
+        act.fill_(float("nan"))
+        ybuf.fill_(float("nan"))
+        out = moe.run(p, x, w13, w2, tw, scales=mode, **sc)
+        nvalid = int(p.fields()["header"][0])
+        vp = torch.nonzero(ids.reshape(-1) >= 0).flatten()
+        res[gemm] = (act[:nvalid].clone(), ybuf[vp].clone(), out.clone(), p.split_factors(h, i, mode), p.block_m)
+    return res
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
+@pytest.mark.parametrize("t", [4, 64, 512])
+def test_mma_tma_matches_mma(moe, mode, t):
+    """The TMA-fed mma.sync kernel runs the same units, k32 slices, fixed-order warp sum and split-K order as
+    expert_gemm_kernel whenever both take the same split factor, so act, ybuf and the output are bit-identical then;
+    with different factors (their grids differ) they agree to fp32 summation order. A wrong swizzle offset, ring
+    phase or stale slot shows as gross differences. t = 512 at block_m 64: many units per CTA, the ring wraps and
+    crosses unit boundaries; t = 4: split-K units."""
+    res = _layer_by_path(moe, mode, t, 70 + t, ("mma", "mma_tma"))
+    assert res["mma"][4] == res["mma_tma"][4]
+    same_split = res["mma"][3] == res["mma_tma"][3]
+    for j, what in enumerate(("act", "ybuf", "out")):
+        if same_split:
+            assert torch.equal(res["mma_tma"][j], res["mma"][j]), f"{mode}/T={t}: {what} mma_tma vs mma not bit-equal"
+        else:
+            assert_close(res["mma_tma"][j], res["mma"][j], f"{mode}/T={t}: {what} mma_tma vs mma", cos_min=0.99999,
+                         rel_max=5e-3)
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
+@pytest.mark.parametrize("t", [64, 512, 4096])
+def test_wgmma_ws_matches_wgmma(moe, mode, t):
+    """The warp-specialized kernel computes each output from the same operands with the same wgmma k32 steps in the
+    same K order as expert_wgmma_kernel (who loads, which warpgroup holds which half and the instruction's N, narrowed
+    to the tile's rows, differ), so act and ybuf agree to the last fp32 rounding: rel L2 <= 1e-3 (in practice 0 or
+    a few flipped bf16 roundings). A wrong ring phase, a stale slot, a lost row or a narrowed N that drops occupied
+    rows shows as gross differences.
+    t = 4096: block_m 128, many items per CTA: the ring wraps many times and crosses item boundaries."""
+    res = _layer_by_path(moe, mode, t, 90 + t, ("wgmma", "wgmma_ws"))
+    assert res["wgmma"][4] == res["wgmma_ws"][4]
+    for j, what in enumerate(("act", "ybuf", "out")):
+        assert_close(res["wgmma_ws"][j], res["wgmma"][j], f"{mode}/T={t}: {what} wgmma_ws vs wgmma", cos_min=0.999999,
+                     rel_max=1e-3)
+
+
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
 @pytest.mark.parametrize("name,t", [("hy3_tp8", 1), ("hy3_tp8", 2), ("hy3_tp1_ep8", 1)])
-def test_split_k_on_off(moe, name, mode, t):
+@pytest.mark.parametrize("gemm", ["mma", "mma_tma"])
+def test_split_k_on_off(moe, name, mode, t, gemm):
     """Split-K across CTAs vs no split at sizes whose items leave CTA slots idle: the plan reports the factor the
     launches take (hp_moe_split_factor, the kernel's own formula) and the case is built so the gate-up GEMM must
     split (EP8 at batch 1: exactly one local pair, 1 tile x 2I/32 = 96 items of 32 K stages against >= 2 x 132
@@ -471,7 +674,7 @@ def test_split_k_on_off(moe, name, mode, t):
     if off:
         ids.fill_(-1)  # exactly one local pair: a single tile whatever the seed
     ids[0, 0] = off + 3
-    p = moe.plan(ids, num_experts=e, expert_offset=off, block_m=8)
+    p = moe.plan(ids, num_experts=e, expert_offset=off, block_m=8, gemm=gemm)
     act, ybuf = p.buffers(h, i)
     nvalid = int(p.fields()["header"][0])
     split_gu, split_dn = p.split_factors(h, i, mode)
@@ -553,14 +756,7 @@ def test_graph_replay_with_changing_tokens(moe, gemm):
     p = moe.plan(ids_buf, num_experts=e, max_tokens=tmax, gemm=gemm)
     out = torch.empty(tmax, h, dtype=torch.bfloat16, device="cuda")
     moe.run(p, x, w13, w2, tw, scales="block", out=out, **sc)  # warm-up allocates the plan's buffers
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        p.update(ids_buf)
-        moe.run(p, x, w13, w2, tw, scales="block", out=out, **sc)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph = capture(lambda: (p.update(ids_buf), moe.run(p, x, w13, w2, tw, scales="block", out=out, **sc)))
     for active in (48, 1, 17, 0, 30):
         _, new_ids, _ = make_tokens(tmax, k, h, hi, seed=100 + active)
         new_ids[active:] = -1  # inactive tokens: the token count of this step is `active`

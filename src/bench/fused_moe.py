@@ -16,10 +16,11 @@ import sys
 
 OP = "fused_moe"
 IMPLS = ("fused", "hpc_ops", "torch_grouped_mm_bf16", "torch_scaled_grouped_mm_fp8", "triton_fused_moe",
-         "flashinfer_cutlass", "fused_mma", "fused_wgmma")
-# our kernel under each GEMM path: "fused" lets the plan choose (gemm=None: $HOTPATHS_MOE_GEMM or auto); the other
-# two force one path on the same inputs, so one run A/Bs them (checked like "fused": vs exact and vs emulation)
-FUSED_GEMM = {"fused": None, "fused_mma": "mma", "fused_wgmma": "wgmma"}
+         "flashinfer_cutlass", "fused_mma", "fused_wgmma", "fused_wgmma_ws", "fused_mma_tma")
+# our kernel under each GEMM path: "fused" lets the plan choose (gemm=None: $HOTPATHS_MOE_GEMM or auto); the others
+# force one path on the same inputs, so one run A/Bs them (checked like "fused": vs exact and vs emulation)
+FUSED_GEMM = {"fused": None, "fused_mma": "mma", "fused_wgmma": "wgmma", "fused_wgmma_ws": "wgmma_ws",
+              "fused_mma_tma": "mma_tma"}
 DEFAULT_IMPLS = "fused,hpc_ops,triton_fused_moe,torch_grouped_mm_bf16"
 STAGES = ("route", "gate_up", "down", "reduce", "all", "all_no_pdl")
 # published H20 column of data/reported/moe_hy3_*_h20.csv per impl ("fused" is the published HPC-Ops design)
@@ -219,8 +220,8 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
 def stage_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str = "pertensor", experts=None,
                topk=None, hidden=None, inter=None, seed: int = 0, iters: int = 100,
                impl: str = "fused") -> list[dict]:
-    """Stage breakdown of our fused pipeline (impl: "fused", "fused_mma" or "fused_wgmma", the GEMM path of
-    FUSED_GEMM): route, gate_up (with the fused SiLU-and-mul + FP8 requant), down, reduce, each timed alone on a
+    """Stage breakdown of our fused pipeline (impl: "fused" or a forced GEMM path of FUSED_GEMM, e.g.
+    "fused_wgmma_ws"): route, gate_up (with the fused SiLU-and-mul + FP8 requant), down, reduce, each timed alone on a
     warm plan (its inputs left by a full run), then all stages with and without PDL; ``pdl_saves_us`` on the all
     row. Without SM90 (or the kernel) one row per stage with the reason and no timing. Columns: tables.COLUMNS +
     batch, mode, scales, model, stage, pdl_saves_us, reason."""

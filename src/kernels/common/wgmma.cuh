@@ -108,16 +108,19 @@ __device__ __forceinline__ int acc_col(int lane, int j) {
 namespace hp {
 namespace wg {
 
-// D[64 x N] (fp32, N / 2 per thread) (+)= A[64 x 32] . B[N x 32]^T, e4m3 (the wgmma m64nNk32 for N = 16, 32, 64).
+// D[64 x N] (fp32, N / 2 per thread) (+)= A[64 x 32] . B[N x 32]^T, e4m3 (the wgmma m64nNk32 for N = 16, 32, 64,
+// 128).
 template <int N>
 __device__ __forceinline__ void mma_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  static_assert(N == 16 || N == 32 || N == 64, "instantiated N: 16, 32, 64");
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128, "instantiated N: 16, 32, 64, 128");
   if constexpr (N == 16)
     HP_WGMMA_E4M3(16, 8, "%8", "%9", "%10");
   else if constexpr (N == 32)
     HP_WGMMA_E4M3(32, 16, "%16", "%17", "%18");
-  else
+  else if constexpr (N == 64)
     HP_WGMMA_E4M3(64, 32, "%32", "%33", "%34");
+  else
+    HP_WGMMA_E4M3(128, 64, "%64", "%65", "%66");
 }
 
 }  // namespace wg

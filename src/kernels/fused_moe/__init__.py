@@ -16,11 +16,21 @@ the activation pre-pass outputs ``xq`` e4m3 [max_tokens, H] and ``aq`` e4m3 [max
 contiguously). Rows of pairs that are not routed here are never written. Per GEMM, a split-K workspace (int32
 counters that are 0 between launches, then fp32 partials; ``MoEPlan.splitk_workspace``; mma path only).
 
-Two GEMM paths, one numerics contract (``MoEPlan.gemm``): ``"mma"`` (expert_gemm.cu: mma.sync m16n8k32, tiles of
-8-64 pairs, split-K; the decode sizes) and ``"wgmma"`` (expert_wgmma.cu: warpgroup MMA with the tile's pairs as N,
-tiles of 16-128 pairs; many pairs per expert). ``plan(gemm="auto")`` picks by the average rows per expert
-(``resolve_gemm``); ``$HOTPATHS_MOE_GEMM`` (auto / mma / wgmma) is the default when ``gemm`` is not given, so one
-process can be switched without code changes.
+GEMM paths, one numerics contract (``MoEPlan.gemm``): ``"mma"`` (expert_gemm.cu: mma.sync m16n8k32, tiles of
+8-64 pairs, split-K; the decode sizes), ``"wgmma"`` (expert_wgmma.cu: warpgroup MMA with the tile's pairs as N,
+tiles of 16-128 pairs; many pairs per expert) and ``"wgmma_ws"`` (expert_wgmma.cu's warp-specialized kernel: a
+producer warp feeding the weights by TMA and the token rows by cp.async through an mbarrier ring, two consumer
+warpgroups; same tiles as wgmma). ``plan(gemm="auto")`` picks mma or wgmma by the average rows per expert
+(``resolve_gemm``); ``$HOTPATHS_MOE_GEMM`` (any name of ``GEMMS``) is the default when ``gemm`` is not given, so one
+process can be switched without code changes. ``"mma_tma"`` is the mma.sync GEMM fed the same way (TMA weight boxes
+through a deep mbarrier ring that runs across work units; the decode sizes).
+
+Route paths, one plan (``MoEPlan.route``, fixed at plan time from max_pairs so a captured graph replays the same
+launches at any live token count): ``"one"`` (route.cu's one-CTA kernel: a few us at decode sizes) and ``"multi"``
+(per-chunk expert histograms, then every CTA places its chunk at its (expert, chunk) offset: the large batches);
+``plan(route="auto")`` takes multi from ROUTE_MULTI_MIN_PAIRS (``resolve_route``; default ``$HOTPATHS_MOE_ROUTE``).
+The reduce takes its wide kernel (a GPU-covering grid of warps, 256 B in flight per lane) from 512 tokens;
+``$HOTPATHS_MOE_REDUCE`` = narrow / wide forces one (the same bits either way).
 """
 
 from __future__ import annotations
@@ -39,7 +49,10 @@ from hotpaths.reference.fused_moe import PlanSize
 OP = "fused_moe"
 BLOCK_MS = (8, 16, 32, 64)   # pairs per tile the mma.sync kernels are instantiated for
 WGMMA_BLOCK_MS = (16, 32, 64, 128)  # pairs per tile the wgmma kernels are instantiated for
-GEMMS = ("auto", "mma", "wgmma")
+GEMMS = ("auto", "mma", "wgmma", "wgmma_ws", "mma_tma")
+MMA_GEMMS = ("mma", "mma_tma")       # the paths with mma.sync tiles (BLOCK_MS) and split-K
+WGMMA_GEMMS = ("wgmma", "wgmma_ws")  # the paths with warpgroup-MMA tiles (WGMMA_BLOCK_MS)
+_GEMM_SUFFIX = {"mma": "", "mma_tma": "_tma", "wgmma": "_wg", "wgmma_ws": "_ws"}  # C entry points per path
 GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
 # "auto" takes wgmma from this many routed pairs per expert on average (Hy3 TP8: batch >= 192). Measured on the
 # H200 (Hy3 TP8 per-tensor, same run): batch 64 (2.7 rows per expert) mma 210 vs wgmma 219 us, batch 256 (10.7)
@@ -47,7 +60,15 @@ GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
 # 266 vs 238 us; the plan is built before the scale format is known, so one threshold serves both.) Below it an
 # expert's tile is a few n8 blocks, where the mma.sync kernel skips the empty ones and splits K across idle CTAs.
 WGMMA_MIN_ROWS = 8.0
-MAX_EXPERTS = 512            # the route kernel keeps 32 x E counters in shared memory
+MAX_EXPERTS = 512            # the route kernels keep 32 x E counters in shared memory
+ROUTES = ("auto", "one", "multi")
+ROUTE_ENV = "HOTPATHS_MOE_ROUTE"  # default of plan(route=None)
+# "auto" takes the multi-CTA route from this many pairs (max_tokens x K; Hy3 TP8: batch >= 512). The one-CTA kernel
+# passes every pair through one SM: on the H200, 8.4 / 11.4 / 24.7 / 77.2 us at 512 / 2048 / 8192 / 32768 pairs;
+# the multi-CTA path pays a second launch (a few us) and scales with the grid.
+ROUTE_MULTI_MIN_PAIRS = 4096
+REDUCES = {"auto": 0, "narrow": 1, "wide": 2}  # hp_moe_reduce's variant argument
+REDUCE_ENV = "HOTPATHS_MOE_REDUCE"
 MAX_TOPK = 16
 SCALE_MODES = ("pertensor", "block")
 STAGES = ("route", "gate_up", "down", "reduce")
@@ -109,19 +130,21 @@ def _lib() -> ctypes.CDLL:
     lib.hp_moe_workspace_len.restype = ctypes.c_longlong
     lib.hp_moe_item_rows.argtypes = [i, i]
     lib.hp_moe_item_rows.restype = i
-    lib.hp_moe_route.argtypes = [vp, vp, i, i, i, i, i, i, vp]
+    lib.hp_moe_route.argtypes = [vp, vp, vp, i, i, i, i, i, i, vp]
     lib.hp_moe_route.restype = i
+    lib.hp_moe_route_ctas.argtypes = [i]
+    lib.hp_moe_route_ctas.restype = i
     lib.hp_moe_splitk_ints.argtypes = [i, i, i]
     lib.hp_moe_splitk_ints.restype = ctypes.c_longlong
     gemm = [vp, vp, vp, vp, vp, vp, vp, i, i, i, i, i, i, i, i, vp, vp]
-    for name in ("hp_moe_gate_up", "hp_moe_down", "hp_moe_gate_up_wg", "hp_moe_down_wg"):
+    for name in (f"hp_moe_{g}{sfx}" for g in ("gate_up", "down") for sfx in _GEMM_SUFFIX.values()):
         getattr(lib, name).argtypes = gemm
         getattr(lib, name).restype = i
     lib.hp_moe_quant.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, i, vp]
     lib.hp_moe_quant.restype = i
-    lib.hp_moe_split_factor.argtypes = [i, i, i, i, i, i, i, i]
+    lib.hp_moe_split_factor.argtypes = [i, i, i, i, i, i, i, i, i]
     lib.hp_moe_split_factor.restype = ctypes.c_longlong
-    lib.hp_moe_reduce.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, i, i, vp]
+    lib.hp_moe_reduce.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, i, i, i, vp]
     lib.hp_moe_reduce.restype = i
     return lib
 
@@ -176,7 +199,7 @@ def _fits(what: str, nbytes: int, device) -> None:
 
 
 def choose_block_m(max_pairs: int, num_experts: int, gemm: str = "mma") -> int:
-    """Pairs per tile: the smallest instantiated tile of the GEMM path (mma: 8..64, wgmma: 16..128) holding
+    """Pairs per tile: the smallest instantiated tile of the GEMM path (mma*: 8..64, wgmma*: 16..128) holding
     avg + 2 sqrt(avg) + 1 rows, avg = max_pairs / E.
 
     An expert whose rows spill past one tile reads its weights once per tile, and with random routing an expert's
@@ -186,9 +209,9 @@ def choose_block_m(max_pairs: int, num_experts: int, gemm: str = "mma") -> int:
     blocks of a tile (no MMA or quantization work for them). Under EP the local average is lower than this bound
     (ids outside the rank count in max_pairs), which errs toward a larger tile: same cost argument.
     """
-    if gemm not in ("mma", "wgmma"):
-        raise ValueError(f"gemm: expected 'mma' or 'wgmma', got {gemm!r}")
-    sizes = WGMMA_BLOCK_MS if gemm == "wgmma" else BLOCK_MS
+    if gemm not in (*MMA_GEMMS, *WGMMA_GEMMS):
+        raise ValueError(f"gemm: expected one of {(*MMA_GEMMS, *WGMMA_GEMMS)}, got {gemm!r}")
+    sizes = WGMMA_BLOCK_MS if gemm in WGMMA_GEMMS else BLOCK_MS
     avg = max_pairs / max(num_experts, 1)
     need = avg + 2.0 * math.sqrt(avg) + 1.0 if avg > 0 else 0.0
     for bm in sizes:
@@ -197,16 +220,23 @@ def choose_block_m(max_pairs: int, num_experts: int, gemm: str = "mma") -> int:
     return sizes[-1]
 
 
+def _named_choice(value: str | None, arg: str, env: str, choices) -> str:
+    """``value``, or (None) ``$env`` lower-cased, else "auto"; ValueError naming the argument or the variable when it
+    is not one of ``choices``."""
+    src = arg
+    if value is None:
+        value, src = os.environ.get(env, "auto").strip().lower() or "auto", f"${env}"
+    if value not in choices:
+        raise ValueError(f"{src}: expected one of {tuple(choices)}, got {value!r}")
+    return value
+
+
 def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: int | None = None) -> str:
     """The GEMM path of a plan: ``gemm`` None -> ``$HOTPATHS_MOE_GEMM`` or "auto"; "auto" -> "wgmma" when the
     average rows per expert (max_pairs / E) reach WGMMA_MIN_ROWS or block_m is a wgmma-only tile (128), else "mma"
     (always for an mma-only tile, 8). Raises ValueError on an unknown name (the environment variable's
     included)."""
-    src = "gemm"
-    if gemm is None:
-        gemm, src = os.environ.get(GEMM_ENV, "auto").strip().lower() or "auto", f"${GEMM_ENV}"
-    if gemm not in GEMMS:
-        raise ValueError(f"{src}: expected one of {GEMMS}, got {gemm!r}")
+    gemm = _named_choice(gemm, "gemm", GEMM_ENV, GEMMS)
     if gemm != "auto":
         return gemm
     if block_m in WGMMA_BLOCK_MS and block_m not in BLOCK_MS:
@@ -214,6 +244,22 @@ def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: in
     if block_m in BLOCK_MS and block_m not in WGMMA_BLOCK_MS:
         return "mma"
     return "wgmma" if max_pairs / max(num_experts, 1) >= WGMMA_MIN_ROWS else "mma"
+
+
+def resolve_route(route: str | None, max_pairs: int) -> str:
+    """The route path of a plan: ``route`` None -> ``$HOTPATHS_MOE_ROUTE`` or "auto"; "auto" -> "multi" from
+    ROUTE_MULTI_MIN_PAIRS pairs (max_tokens x K), else "one". Raises ValueError on an unknown name (the environment
+    variable's included)."""
+    route = _named_choice(route, "route", ROUTE_ENV, ROUTES)
+    if route != "auto":
+        return route
+    return "multi" if max_pairs >= ROUTE_MULTI_MIN_PAIRS else "one"
+
+
+def reduce_variant() -> int:
+    """hp_moe_reduce's variant from ``$HOTPATHS_MOE_REDUCE`` (auto: by batch; narrow; wide). Raises ValueError on
+    an unknown name."""
+    return REDUCES[_named_choice(None, "reduce", REDUCE_ENV, REDUCES)]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -231,7 +277,8 @@ class MoEPlan(PlanSize):
     max_tokens: int
     topk: int
     block_m: int
-    gemm: str = "mma"  # GEMM path: "mma" (mma.sync, expert_gemm.cu) or "wgmma" (expert_wgmma.cu)
+    gemm: str = "mma"  # GEMM path (GEMMS): mma / mma_tma (expert_gemm.cu), wgmma / wgmma_ws (expert_wgmma.cu)
+    route: str = "one"  # route path (ROUTES less auto): one (one CTA), multi (histograms, then placement)
     _bufs: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -266,12 +313,23 @@ class MoEPlan(PlanSize):
         self._route(pdl)
         return self
 
+    def route_scratch(self) -> torch.Tensor | None:
+        """int32 [ctas x E] per-chunk expert histograms of the multi-CTA route (every entry rewritten per launch),
+        allocated once; None on the one-CTA route."""
+        if self.route != "multi":
+            return None
+        if "route" not in self._bufs:
+            n = int(_lib().hp_moe_route_ctas(self.max_pairs)) * self.num_experts
+            self._bufs["route"] = torch.empty(n, dtype=torch.int32, device=self.device)
+        return self._bufs["route"]
+
     def _route(self, pdl: bool) -> None:
-        code = _lib().hp_moe_route(_ptr(self.topk_ids), _ptr(self.workspace), self.num_tokens * self.topk,
+        code = _lib().hp_moe_route(_ptr(self.topk_ids), _ptr(self.workspace), _ptr(self.route_scratch()),
+                                   self.num_tokens * self.topk,
                                    self.num_experts, self.expert_offset, self.max_pairs, self.block_m, int(pdl),
                                    _stream(self.device))
         _check(code, f"fused_moe route (tokens={self.num_tokens}, topk={self.topk}, experts={self.num_experts}, "
-                     f"expert_offset={self.expert_offset}, block_m={self.block_m})")
+                     f"expert_offset={self.expert_offset}, block_m={self.block_m}, route={self.route})")
 
     def buffers(self, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(act bf16 [max_pairs, I], ybuf bf16 [max_pairs, H]), allocated once per (H, I)."""
@@ -301,11 +359,12 @@ class MoEPlan(PlanSize):
         Reads the plan's header on the host (a sync): for tests and diagnostics, not hot paths."""
         if scales not in SCALE_MODES:
             raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
-        if self.gemm == "wgmma":
-            return 1, 1  # the wgmma GEMMs never split K (their tiles are many and long)
+        if self.gemm not in MMA_GEMMS:
+            return 1, 1  # only the mma.sync GEMMs split K (the wgmma tiles are many and long)
         tiles = int(self.fields()["header"][1])
         out = tuple(int(_lib().hp_moe_split_factor(g, self.block_m, int(scales == "block"), tiles, self.num_experts,
-                                                   self.max_pairs, hidden, inter)) for g in (1, 0))
+                                                   self.max_pairs, hidden, inter, int(self.gemm == "mma_tma")))
+                    for g in (1, 0))
         return out[0], out[1]
 
     def splitk_workspace(self, gate_up: bool) -> torch.Tensor:
@@ -347,14 +406,15 @@ def _validate_ids(topk_ids, num_experts, *, device=None, check_device=True) -> N
 
 
 def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, max_tokens: int | None = None,
-         block_m: int | None = None, pdl: bool = True, gemm: str | None = None) -> MoEPlan:
+         block_m: int | None = None, pdl: bool = True, gemm: str | None = None, route: str | None = None) -> MoEPlan:
     """Allocate the routing workspace once and launch the route kernel (no host sync).
 
     Shape/Dtype: topk_ids int32 [T, K], contiguous, CUDA; global expert ids, -1 or any id outside
     [expert_offset, expert_offset + num_experts) is skipped here. num_experts: local experts E (1..512).
-    max_tokens: the largest T ``update`` will see (default T). block_m: pairs per tile (mma: 8, 16, 32, 64;
-    wgmma: 16, 32, 64, 128; default from the average rows per expert). gemm: "auto", "mma" or "wgmma" (None:
+    max_tokens: the largest T ``update`` will see (default T). block_m: pairs per tile (mma, mma_tma: 8, 16, 32, 64;
+    wgmma, wgmma_ws: 16, 32, 64, 128; default from the average rows per expert). gemm: a name of ``GEMMS`` (None:
     ``$HOTPATHS_MOE_GEMM``, else "auto"; ``resolve_gemm``), kept in the plan and used by every ``run`` on it.
+    route: a name of ``ROUTES`` (None: ``$HOTPATHS_MOE_ROUTE``, else "auto"; ``resolve_route``), fixed per plan.
     Raises TypeError / ValueError on bad input, ResourceError if the workspace does not fit, RuntimeError
     without an SM90 GPU.
     """
@@ -368,19 +428,20 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
     if block_m is not None and not isinstance(block_m, int):
         raise ValueError(f"block_m: expected an int, got {block_m!r}")
     gemm = resolve_gemm(gemm, max_tokens * k, num_experts if isinstance(num_experts, int) else 1, block_m)
-    sizes = WGMMA_BLOCK_MS if gemm == "wgmma" else BLOCK_MS
+    sizes = WGMMA_BLOCK_MS if gemm in WGMMA_GEMMS else BLOCK_MS
     if block_m is None:
         block_m = choose_block_m(max_tokens * k, num_experts, gemm)
     if block_m not in sizes:
         raise ValueError(f"block_m: expected one of {sizes} for gemm={gemm!r}, got {block_m!r}")
     if max_tokens * k >= 2**31 - 2**20:
         raise ValueError(f"max_tokens: {max_tokens} x top-k {k} pairs overflow the int32 plan")
+    route = resolve_route(route, max_tokens * k)
     _cuda(topk_ids, "topk_ids", None)
     n = workspace_len(num_experts, max_tokens * k, block_m)
     _fits(f"fused_moe plan (E={num_experts}, max_tokens={max_tokens}, K={k})", 4 * n, topk_ids.device)
     _require_sm90(topk_ids.device)
     ws = torch.empty(n, dtype=torch.int32, device=topk_ids.device)
-    p = MoEPlan(ws, topk_ids, num_experts, expert_offset, max_tokens, k, block_m, gemm)
+    p = MoEPlan(ws, topk_ids, num_experts, expert_offset, max_tokens, k, block_m, gemm, route)
     p._route(pdl)
     return p
 
@@ -472,6 +533,7 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
         raise ValueError(f"stages: expected 'all' or names from {STAGES}, got {stages!r}")
     t, h, i = _validate_run(p, x, w13, w2, topk_weights, scales, w13_scale, w2_scale, a1_scale, a2_scale,
                             shared_out, out)
+    variant = reduce_variant() if "reduce" in todo else 0
     if out is None:
         _fits("fused_moe out", 2 * t * h, p.device)
         out = torch.empty(t, h, dtype=torch.bfloat16, device=p.device)
@@ -483,7 +545,7 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     act, ybuf = p.buffers(h, i)
     xq, xsc, aq, asc = p.quant_buffers(h, i)
     lib, stream, block = _lib(), _stream(p.device), int(scales == "block")
-    mma = p.gemm == "mma"
+    mma = p.gemm in MMA_GEMMS
     sk_gu = p.splitk_workspace(True) if mma and split_k and "gate_up" in todo else None
     sk_dn = p.splitk_workspace(False) if mma and split_k and "down" in todo else None
     if "route" in todo:
@@ -494,7 +556,8 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     # (a stage run alone) it waits first, since a predecessor that launched early may still read xq.
     nvalid = p.workspace[:1]
     # Each GEMM stage: its activation pre-pass (rows of x or act -> fp8 + group scales), then the grouped GEMM.
-    gu_fn, dn_fn = (lib.hp_moe_gate_up, lib.hp_moe_down) if mma else (lib.hp_moe_gate_up_wg, lib.hp_moe_down_wg)
+    suffix = _GEMM_SUFFIX[p.gemm]
+    gu_fn, dn_fn = getattr(lib, f"hp_moe_gate_up{suffix}"), getattr(lib, f"hp_moe_down{suffix}")
     gemms = {"gate_up": (gu_fn, x, xq, xsc, a1_scale, None, t, h, int("route" not in todo),
                          w13, w13_scale, act, sk_gu),
              "down": (dn_fn, act, aq, asc, a2_scale, _ptr(nvalid), p.max_pairs, i, 1,
@@ -511,7 +574,7 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
                     p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), _ptr(sk), stream), what)
     if "reduce" in todo:
         _check(lib.hp_moe_reduce(_ptr(p.topk_ids), _ptr(topk_weights), _ptr(ybuf), _ptr(shared_out), _ptr(out), t,
-                                 p.topk, p.num_experts, p.expert_offset, h, int(pdl), stream),
+                                 p.topk, p.num_experts, p.expert_offset, h, variant, int(pdl), stream),
                f"fused_moe reduce (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, "
                f"expert_offset={p.expert_offset})")
     return out

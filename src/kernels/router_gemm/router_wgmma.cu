@@ -30,12 +30,9 @@
 //   wg128n96  2 WG, 128 x  96, 4 stages (160 KB)    wg128n128 2 WG, 128 x 128, 4 stages (192 KB; N = 256)
 #include <cooperative_groups.h>
 #include <cstdint>
-#if !defined(__CUDACC_RTC__)
-#include <cuda.h>          // CUtensorMap and its enums (types only: the encoder comes via the runtime)
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
-#endif
 
 #include "common/launch.cuh"
+#include "common/tma.cuh"
 #include "common/wgmma.cuh"
 #include "router_gemm.cuh"
 #include "router_variants.cuh"
@@ -256,76 +253,20 @@ __global__ void __launch_bounds__(WGS * 128, 1)
 // Every mbarrier wait is bounded (kHangNs of %globaltimer) and then traps (no printf: see mbar_hang_report), so a
 // protocol bug fails the launch with an error instead of hanging the device.
 
-constexpr unsigned long long kHangNs = 4000000000ull;  // 4 s: legitimate waits here are microseconds
-
-// The 128-byte CUtensorMap, opaque to the device code (cuda.h is host-only; layout checked on the host).
-struct alignas(128) TmaMap {
-  unsigned long long opaque[16];
-};
-
+// TMA map, mbarrier protocol pieces and the bounded wait: common/tma.cuh.
 using hp::smem_u32;
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-// CTA scope: enough for this CTA's own TMA completions and its own warps' arrivals.
-__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
-// A timed-out wait traps (the launch fails with an error instead of hanging the device). code > 0: the "full"
-// wait of local k-tile code - 1 timed out; code < 0: the issuer's "empty" wait for the slot of k-tile -code - 1.
-// No printf: any call (printf is one) in a kernel after its first wgmma makes ptxas serialise every wgmma
-// (warning C7510), so the code is only kept in a register for cuda-gdb / the SASS dump of a trapped launch.
-__device__ __forceinline__ void mbar_hang_report(int code) {
-  asm volatile("mov.b32 %0, %0;\n trap;\n" : "+r"(code)::"memory");
-}
-// Wait until the phase with parity `parity` of the mbarrier at shared address `bar` has completed; false after
-// kHangNs without completing.
-__device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
-  if (mbar_try_wait(bar, parity)) return true;
-  const unsigned long long t0 = global_ns();
-  while (!mbar_try_wait(bar, parity))
-    if (global_ns() - t0 > kHangNs) return false;
-  return true;
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Arrive on this CTA's mbarrier (release at CTA scope): a cluster-scope release would put a cluster-wide fence on
-// the consumers' path every k-tile, and the barrier's only waiter is this CTA's issuer.
-__device__ __forceinline__ void mbar_arrive_local(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
+using hp::tma::global_ns;
+using hp::tma::kHangNs;
+using hp::tma::mbar_arrive_expect_tx;
+using hp::tma::mbar_arrive_local;
+using hp::tma::mbar_hang_report;
+using hp::tma::mbar_init;
+using hp::tma::mbar_wait;
+using hp::tma::tma_load_2d;
+using hp::tma::tma_load_2d_hint;
+using hp::tma::TmaMap;
 __device__ __forceinline__ void cluster_sync_all() {  // every thread of every CTA of the cluster (non-.aligned)
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// 2-D TMA load of the box at (c0 = k, c1 = row) into this CTA's shared memory, completing on `bar`.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const TmaMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-// The same with an L2 cache policy (createpolicy) for the loaded lines.
-__device__ __forceinline__ void tma_load_2d_hint(uint32_t dst, const TmaMap* map, int c0, int c1, uint32_t bar,
-                                                 uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
-      : "memory");
 }
 
 // Diagnostic timeline (HP_ROUTER_TRACE builds only; studies/gpu_router_trace.py): once hp_router_set_trace() has
@@ -759,26 +700,10 @@ cudaError_t launch_wg(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
 // 128-byte swizzle; rows past `rows` read as zeros. cuTensorMapEncodeTiled comes from the driver through the
 // runtime's entry-point query (no -lcuda link); resolved once per process.
 cudaError_t encode_bf16_map(TmaMap* map, const void* ptr, int rows, int K, int box_rows) {
-  static_assert(sizeof(TmaMap) == sizeof(CUtensorMap) && alignof(TmaMap) == alignof(CUtensorMap), "CUtensorMap");
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (!encode) return cudaErrorNotSupported;
-  if (reinterpret_cast<uintptr_t>(ptr) % 16) return cudaErrorInvalidValue;  // TMA global address alignment
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * 2};  // bytes, row to row (K % 64 == 0: 16 B multiple)
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kWgBK), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem[2] = {1, 1};
-  const CUresult r =
-      encode(reinterpret_cast<CUtensorMap*>(map), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims,
-             strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  const uint64_t dims[2] = {static_cast<uint64_t>(K), static_cast<uint64_t>(rows)};
+  const uint64_t strides[1] = {static_cast<uint64_t>(K) * 2};  // bytes, row to row (K % 64 == 0: 16 B multiple)
+  const uint32_t box[2] = {static_cast<uint32_t>(kWgBK), static_cast<uint32_t>(box_rows)};
+  return hp::tma::encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, ptr, dims, strides, box);
 }
 
 template <int STAGES, int KP, int RS>
