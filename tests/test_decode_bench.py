@@ -377,9 +377,17 @@ def test_auto_variant_choice_on_the_published_cases():
         lens = torch.tensor(expand_lengths(parse_cases(case)), dtype=torch.int32)
         assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132) == v, case
         assert K.choose_variant(lens, num_kv_heads=1, kv_dtype=torch.float8_e4m3fn, num_sms=132) == v, case
-        for kw in (dict(kv_dtype="bf16"), dict(kv_dtype=None), dict(kv_dtype="fp8", mode="static_count"),
-                   dict(kv_dtype="fp8", num_ctas=264)):
+        assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="bf16", num_sms=132) == "v3b", case
+        assert K.choose_variant(lens, num_kv_heads=1, kv_dtype=torch.bfloat16, num_sms=132) == "v3b", case
+        for kw in (dict(kv_dtype=None), dict(kv_dtype="fp8", mode="static_count"), dict(kv_dtype="fp8", num_ctas=264),
+                   dict(kv_dtype="bf16", mode="static_chunk"), dict(kv_dtype="bf16", num_ctas=264),
+                   dict(kv_dtype="bf16", rows=16)):
             assert K.choose_variant(lens, num_kv_heads=1, num_sms=132, **kw) == K.AUTO_FALLBACK, (case, kw)
+    # BF16's fuse-all estimate at v3b's grid (2 per SM, 264 CTAs): 64x0.5K 4 + 1, 64x4K 4 + 1 and
+    # 32x0.125K+32x4K 8 + 1 fuse; 1x128K+31x4K (128 + 1) keeps the combine
+    for case, longest in (("64x0.5K", 5), ("64x4K", 5), ("32x0.125K+32x4K", 9), ("1x128K+31x4K", 129)):
+        lens = torch.tensor(expand_lengths(parse_cases(case)), dtype=torch.int32)
+        assert K._auto_choice(lens, num_kv_heads=1, kv_dtype="bf16", num_sms=132) == ("v3b", longest), case
     # the estimate behind fuse-all (AUTO_FUSE_ALL_MAX_CHUNKS): 64x4K 8 + 1, 64x0.5K 4 + 1, 32x0.125K+32x4K 16 + 1
     for case, longest in (("64x4K", 9), ("64x0.5K", 5), ("32x0.125K+32x4K", 17)):
         lens = torch.tensor(expand_lengths(parse_cases(case)), dtype=torch.int32)

@@ -164,11 +164,13 @@ def test_new_gemm_paths_share_their_family_tiles(gemm, base):
 
 def test_resolve_gemm_auto_env_and_explicit(monkeypatch):
     monkeypatch.delenv(moe.GEMM_ENV, raising=False)
-    assert moe.resolve_gemm(None, 64 * 8, 192) == "mma"        # 2.7 rows per expert: decode
-    assert moe.resolve_gemm(None, 192 * 8, 192) == "wgmma"     # 8 rows per expert: the threshold
+    assert moe.resolve_gemm(None, 4 * 8, 192) == "wgmma_ws"        # 0.17 rows per expert: decode
+    assert moe.resolve_gemm(None, 1024 * 8, 192) == "wgmma_ws"     # 42.7 rows per expert
+    assert moe.resolve_gemm(None, 2304 * 8, 192) == "wgmma"        # 96 rows per expert: the threshold
+    assert moe.resolve_gemm("auto", 2296 * 8, 192) == "wgmma_ws"   # just below it
     assert moe.resolve_gemm("auto", 4096 * 8, 192) == "wgmma"
-    assert moe.resolve_gemm("auto", 4 * 8, 192, block_m=128) == "wgmma"  # only wgmma has 128-pair tiles
-    assert moe.resolve_gemm("auto", 4096 * 8, 192, block_m=8) == "mma"   # only mma has 8-pair tiles
+    assert moe.resolve_gemm("auto", 4 * 8, 192, block_m=128) == "wgmma_ws"  # a wgmma tile: the wgmma family
+    assert moe.resolve_gemm("auto", 4096 * 8, 192, block_m=8) == "mma"      # only mma has 8-pair tiles
     assert moe.resolve_gemm("mma", 4096 * 8, 192) == "mma"
     monkeypatch.setenv(moe.GEMM_ENV, "wgmma")
     assert moe.resolve_gemm(None, 4 * 8, 192) == "wgmma"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -176,13 +177,16 @@ def test_gemm_path_choice_compares_auto_with_the_faster_path():
     from hotpaths.bench import fused_moe as bm
 
     rows = [dict(scales="pertensor", model="hy3", mode="tp8ep1", batch=b, impl=i, median_us=u)
-            for b, i, u in ((64, "fused_mma", 210.0), (64, "fused_wgmma", 219.0),
-                            (1024, "fused_mma", 842.0), (1024, "fused_wgmma", 345.0),
+            for b, i, u in ((64, "fused_mma", 210.0), (64, "fused_wgmma_ws", 184.0), (64, "fused_mma_tma", 196.0),
+                            (4096, "fused_wgmma", 787.0), (4096, "fused_wgmma_ws", 834.0),
                             (256, "fused_mma", 300.0))]  # one path only: left out
     got = bm.gemm_path_choice(pd.DataFrame(rows)).set_index("batch")
-    assert list(got.index) == [64, 1024]
-    assert got.loc[64, "auto_pick"] == "mma" and got.loc[64, "auto_over_faster"] == 1.0  # 2.7 pairs per expert
-    assert got.loc[1024, "auto_pick"] == "wgmma" and got.loc[1024, "faster"] == "wgmma"
-    rows[0]["median_us"] = 230.0  # mma now the slower at 64: auto (mma) over the faster (wgmma)
+    assert list(got.index) == [64, 4096]
+    assert got.loc[64, "auto_pick"] == "wgmma_ws" and got.loc[64, "auto_over_faster"] == 1.0  # 2.7 pairs per expert
+    assert got.loc[64, "mma_tma_us"] == 196.0 and np.isnan(got.loc[64, "wgmma_us"])
+    assert got.loc[4096, "auto_pick"] == "wgmma" and got.loc[4096, "faster"] == "wgmma"
+    rows[1]["median_us"] = 230.0  # wgmma_ws now the slowest at 64: auto over the faster (mma_tma)
     assert bm.gemm_path_choice(pd.DataFrame(rows)).set_index("batch").loc[64, "auto_over_faster"] == \
-        pytest.approx(230 / 219)
+        pytest.approx(230 / 196)
+    rows[1]["impl"] = "fused_wgmma"  # auto's path not timed at 64
+    assert np.isnan(bm.gemm_path_choice(pd.DataFrame(rows)).set_index("batch").loc[64, "auto_over_faster"])

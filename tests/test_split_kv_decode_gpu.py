@@ -325,6 +325,9 @@ def test_variant_from_environment(monkeypatch):
     assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == K.AUTO_FALLBACK  # dtype unknown: v2, no host read
     assert K.plan(kv, num_kv_heads=1, q_heads=8, kv_dtype="fp8").variant == "v3s2c4"  # 2 + 2 tiles: few chunks
     assert K.ctas_per_sm("v3s2c4") == 4  # what choose_variant assumes for the budget
+    p = K.plan(kv, num_kv_heads=1, q_heads=8, kv_dtype="bf16")
+    assert (p.variant, p.fuse_max) == (K.AUTO_BF16, K.FUSE_ALL)  # BF16: v3b, few chunks: fuse-all
+    assert K.ctas_per_sm(K.AUTO_BF16) == K.AUTO_BF16_CTAS_PER_SM
     monkeypatch.setenv(K.VARIANT_ENV, "v3")
     assert K.plan(kv, num_kv_heads=1, q_heads=8).variant == "v3"
     assert K.plan(kv, num_kv_heads=1, q_heads=8, variant="v2").variant == "v2"  # the argument wins
@@ -538,7 +541,8 @@ NINE_CASES = "64x0.5K;64x4K;32x0.125K+32x4K;2x32K+30x4K;1x64K+15x4K;1x128K+31x4K
 @pytest.mark.parametrize("case", NINE_CASES.split(";"))
 def test_new_configs_on_the_nine_cases(case, q_len):
     """The benchmark's nine batches at q_len 1-4: auto (FP8: v3m above 8 rows where the chunk estimate allows it,
-    always above 16; BF16: v2) and v3m within the tolerance of the exact reference on the same quantized inputs."""
+    always above 16; BF16: v3b at 8 rows, v2 above) and v3m within the tolerance of the exact reference on the same
+    quantized inputs."""
     K, R = _mods()
     from hotpaths.harness.shapes import expand_lengths, parse_cases
 
@@ -550,7 +554,7 @@ def test_new_configs_on_the_nine_cases(case, q_len):
             p = K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, q_len=q_len, variant=v,
                        kv_dtype=inp["k_cache"].dtype)
             if v == "auto" and kv_dtype == "bf16":
-                assert p.variant == "v2", p.variant
+                assert p.variant == ("v3b" if q_len == 1 else "v2"), p.variant
             elif v == "auto" and q_len > 1:  # 8:1: 16 rows at q_len 2, 24-32 above
                 assert p.variant == "v3m" if q_len > 2 else p.variant in ("v3m", "v2"), p.variant
             out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")

@@ -285,15 +285,18 @@ def table_rows(table: str, *, scales: str = "pertensor", batches=None, impls=IMP
 # ----------------------------------------------------------------------------------------------------------------
 
 def gemm_path_choice(df):
-    """Per (scales, batch) of a table holding both forced paths (impls fused_mma and fused_wgmma, with model, mode,
-    batch, median_us): the path ``plan(gemm="auto")`` takes at that batch (resolve_gemm on the model's local
-    experts), the faster one measured, and auto's time over the faster. Returns a pandas DataFrame."""
+    """Per (scales, batch) of a table holding forced GEMM paths (impls fused_<path> for the paths of GEMMS, with
+    model, mode, batch, median_us): the path ``plan(gemm="auto")`` takes at that batch (resolve_gemm on the model's
+    local experts), the fastest one measured, each path's time (<path>_us) and auto's time over the fastest (NaN
+    when auto's path was not timed). Batches with fewer than two timed paths are left out. Returns a pandas
+    DataFrame."""
     import pandas as pd
 
-    from hotpaths.kernels.fused_moe import resolve_gemm  # plain Python: imports without a GPU
+    from hotpaths.kernels.fused_moe import GEMMS, resolve_gemm  # plain Python: imports without a GPU
     from hotpaths.reference import fused_moe as fm
 
-    timed = df[df["impl"].isin(["fused_mma", "fused_wgmma"]) & df["median_us"].notna()]
+    paths = [g for g in GEMMS if g != "auto"]
+    timed = df[df["impl"].isin([f"fused_{g}" for g in paths]) & df["median_us"].notna()]
     out = []
     for (scales, model, mode, batch), g in timed.groupby(["scales", "model", "mode", "batch"], sort=True):
         t = {str(i)[len("fused_"):]: float(u) for i, u in zip(g["impl"], g["median_us"])}
@@ -302,8 +305,9 @@ def gemm_path_choice(df):
         d = fm.model_dims(model, mode)
         pick = resolve_gemm("auto", int(batch) * d["topk"], d["experts"])
         best = min(t, key=t.get)
-        out.append({"scales": scales, "batch": int(batch), "auto_pick": pick, "faster": best, "mma_us": t["mma"],
-                    "wgmma_us": t["wgmma"], "auto_over_faster": t[pick] / t[best]})
+        out.append({"scales": scales, "batch": int(batch), "auto_pick": pick, "faster": best,
+                    **{f"{p}_us": t.get(p, float("nan")) for p in paths},
+                    "auto_over_faster": t[pick] / t[best] if pick in t else float("nan")})
     return pd.DataFrame(out)
 
 

@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(__file__).resolve().parents[2]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wheels-txt", type=Path, default=root / "tools/gpu/wheels.txt")
-    ap.add_argument("--wheel-dir", type=Path, default=None, help="downloaded wheels (e.g. .whl); omit to check the list only")
+    ap.add_argument("--wheel-dir", type=Path, default=None,
+                    help="downloaded wheels (e.g. .whl); omit to check the list only")
     args = ap.parse_args(argv)
     pins = parse_wheels_txt(args.wheels_txt.read_text())
     problems = check_bundle(pins, args.wheel_dir)

@@ -87,7 +87,12 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, int smem_byt
                    const LaunchOptions& opt, Args&&... args) {
   const int cluster_size = opt.cluster * (opt.cluster_z > 0 ? opt.cluster_z : 1);
   cudaError_t err = FuncAttributeCache::instance().ensure(kernel, smem_bytes, cluster_size);
-  if (err != cudaSuccess) return err;
+  // A refused attribute or launch also sets the thread's last error: consume it here, where it is reported, or the
+  // next op's launch would report it under its own name.
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return err;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -115,7 +120,11 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, int smem_byt
   cfg.attrs = attr;
   cfg.numAttrs = n;
   err = cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return err;
+  }
+  return cudaGetLastError();
 }
 
 // Per-device cached query (SM count, co-resident CTAs of a kernel, ...): `compute(device)` runs once per device.
@@ -138,8 +147,12 @@ template <typename Kernel>
 int ctas_per_sm(std::atomic<int> (&slots)[16], Kernel kernel, int threads, int smem_bytes) {
   return per_device_cached(slots, [&](int) {
     int n = 0;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes) != cudaSuccess) n = 1;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess)
+      (void)cudaGetLastError();  // the launch reports a size the kernel cannot take, under the op's name
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = 1;
+    }
     return n > 0 ? n : 1;
   });
 }

@@ -54,12 +54,15 @@ MMA_GEMMS = ("mma", "mma_tma")       # the paths with mma.sync tiles (BLOCK_MS) 
 WGMMA_GEMMS = ("wgmma", "wgmma_ws")  # the paths with warpgroup-MMA tiles (WGMMA_BLOCK_MS)
 _GEMM_SUFFIX = {"mma": "", "mma_tma": "_tma", "wgmma": "_wg", "wgmma_ws": "_ws"}  # C entry points per path
 GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
-# "auto" takes wgmma from this many routed pairs per expert on average (Hy3 TP8: batch >= 192). Measured on the
-# H200 (Hy3 TP8 per-tensor, same run): batch 64 (2.7 rows per expert) mma 210 vs wgmma 219 us, batch 256 (10.7)
-# mma 361 vs wgmma 251, 1024: 842 vs 345, 4096: 2699 vs 871. (Block-wise scales already favour wgmma at batch 64,
-# 266 vs 238 us; the plan is built before the scale format is known, so one threshold serves both.) Below it an
-# expert's tile is a few n8 blocks, where the mma.sync kernel skips the empty ones and splits K across idle CTAs.
-WGMMA_MIN_ROWS = 8.0
+# "auto" takes the warp-specialized TMA-fed wgmma kernel (wgmma_ws) below this many routed pairs per expert on
+# average, the cp.async wgmma kernel from it (Hy3 TP8: batch >= 2048). Measured on the H200 (Hy3 TP8 per-tensor, one
+# run, us): batch 4 (0.17 rows per expert) mma 56.9, mma_tma 55.2, wgmma 59.1, wgmma_ws 53.1; 16: 121.4 / 110.1 /
+# 131.4 / 114.3; 64: 207.8 / 196.0 / 219.5 / 183.5; 256: 357.3 / 559.2 / 249.0 / 214.0; 1024 (42.7): 825.9 / 1236.9
+# / 331.3 / 301.6; 4096 (171): 2602.7 / 4043.3 / 786.9 / 833.5. The producer warp keeps weight boxes in flight across
+# work units, which pays while the weight stream is the cost; at many rows per expert the tile math is, and the
+# cp.async kernel's two full consumer warpgroups win. (The plan is built before the scale format is known, so one
+# threshold serves both formats.)
+WS_MAX_ROWS = 96.0
 MAX_EXPERTS = 512            # the route kernels keep 32 x E counters in shared memory
 ROUTES = ("auto", "one", "multi")
 ROUTE_ENV = "HOTPATHS_MOE_ROUTE"  # default of plan(route=None)
@@ -232,18 +235,15 @@ def _named_choice(value: str | None, arg: str, env: str, choices) -> str:
 
 
 def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: int | None = None) -> str:
-    """The GEMM path of a plan: ``gemm`` None -> ``$HOTPATHS_MOE_GEMM`` or "auto"; "auto" -> "wgmma" when the
-    average rows per expert (max_pairs / E) reach WGMMA_MIN_ROWS or block_m is a wgmma-only tile (128), else "mma"
-    (always for an mma-only tile, 8). Raises ValueError on an unknown name (the environment variable's
-    included)."""
+    """The GEMM path of a plan: ``gemm`` None -> ``$HOTPATHS_MOE_GEMM`` or "auto"; "auto" -> "mma" for an mma-only
+    tile (block_m 8), else "wgmma_ws" while the average rows per expert (max_pairs / E) stay below WS_MAX_ROWS and
+    "wgmma" from there. Raises ValueError on an unknown name (the environment variable's included)."""
     gemm = _named_choice(gemm, "gemm", GEMM_ENV, GEMMS)
     if gemm != "auto":
         return gemm
-    if block_m in WGMMA_BLOCK_MS and block_m not in BLOCK_MS:
-        return "wgmma"
     if block_m in BLOCK_MS and block_m not in WGMMA_BLOCK_MS:
         return "mma"
-    return "wgmma" if max_pairs / max(num_experts, 1) >= WGMMA_MIN_ROWS else "mma"
+    return "wgmma_ws" if max_pairs / max(num_experts, 1) < WS_MAX_ROWS else "wgmma"
 
 
 def resolve_route(route: str | None, max_pairs: int) -> str:

@@ -95,7 +95,10 @@ struct Traits {
   static constexpr int STAGE_BYTES = TMA ? (STAGE_RAW + 1023) / 1024 * 1024 : STAGE_RAW;
   static constexpr int RED_STRIDE = BM + 1;  // floats per reduced row
   static constexpr int RED_BYTES = 4 * ROWS * RED_STRIDE * 4;
-  static constexpr int TMA_FIT = (227 * 1024 - 2048 - RED_BYTES) / STAGE_BYTES;  // slots beside red and the head
+  // TMA: slots beside red, the head, the 1024-byte alignment slack and the kernel's static shared memory (the
+  // block limit of 227 KB counts static and dynamic together: a ring that fills it exactly fails to launch).
+  static constexpr int STATIC_RESERVE = 64;
+  static constexpr int TMA_FIT = (227 * 1024 - 2048 - STATIC_RESERVE - RED_BYTES) / STAGE_BYTES;
   static constexpr int TMA_STAGES = GATE_UP ? 10 : 8;
   static constexpr int STAGES = TMA       ? (TMA_FIT < TMA_STAGES ? TMA_FIT : TMA_STAGES)
                                 : GATE_UP ? (NN == 1   ? 8
@@ -120,7 +123,7 @@ struct Traits {
   static constexpr int BOX_ROWS = GATE_UP ? ROWS / 2 : ROWS;  // TMA: weight rows per box (gate-up: two boxes)
   static_assert(!TMA || (BOX_ROWS * kBK) % 1024 == 0, "TMA boxes on swizzle-atom boundaries");
   static_assert(!TMA || HEAD >= STAGES * (16 + 16) + 4 * BM, "barriers, unit fields and pair_of fit the head");
-  static_assert(SMEM <= 227 * 1024, "shared memory per block (sm_90)");
+  static_assert(SMEM + (TMA ? STATIC_RESERVE : 0) <= 227 * 1024, "shared memory per block (sm_90)");
 };
 
 // Byte offset of (row, byte) in a stage's A or B region: padded rows (cp.async) or the 128-byte swizzle (TMA).

@@ -99,7 +99,11 @@ MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_h
 # 32x0.125K+32x4K, 2x32K+30x4K), but it cuts a long request into twice the chunks and the combine pays one more L2
 # round trip per 32 of them, so on batches dominated by one long request (1x64K+15x4K, 1x128K+31x4K: 171-342
 # chunks) v2 is faster (numbers: docs/ops/split_kv_decode.md).
-# AUTO_FALLBACK (v2) is also what BF16 KV, the static modes and an explicit num_ctas get.
+# AUTO_FALLBACK (v2) is also what the static modes, an explicit num_ctas and an unknown KV dtype get.
+# BF16 KV in dynamic mode with at most 8 query rows per pair picks AUTO_BF16 (v3b: the transposed BF16 layout, 2
+# stages, 2 CTAs per SM), with fuse-all by the same chunk rule: on the H200, one run, the nine cases took 14.7 / 48.0
+# / 31.7 / 41.1 / 33.0 / 50.7 / 15.8 / 28.8 / 41.8 us against v2's 17.0 / 51.8 / 35.9 / 43.7 / 35.4 / 53.0 / 16.0 /
+# 31.0 / 44.5 (v3bs3 and v3bc3 were within 1-5% of v3b, never ahead by more than 0.6%; docs/ops/split_kv_decode.md).
 # With more than 8 query rows per (request, KV head) (q_len x GQA ratio > 8: MTP at 8:1, or 12:1 / 16:1), "auto" on FP8
 # KV in dynamic mode picks AUTO_MTP (v3m): one row group of up to 32 rows reads each K/V tile once, on a grid sized
 # for the kernel that runs (v3s2c4's 4-per-SM grid ran the 2-per-SM 16-row kernel in two waves, and q_len 3-4 read
@@ -110,6 +114,8 @@ AUTO = "auto"
 AUTO_FINE = "v3s2c4"
 AUTO_MTP = "v3m"
 AUTO_FALLBACK = "v2"
+AUTO_BF16 = "v3b"
+AUTO_BF16_CTAS_PER_SM = 2  # v3b's grid (CONFIGS note above): the chunk estimate of its fuse-all rule
 AUTO_MAX_CHUNKS = 128
 AUTO_MTP_ALWAYS_ROWS = 16
 DEFAULT_VARIANT = AUTO
@@ -197,13 +203,15 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     when the longest (head, request) is cut into at most AUTO_MAX_CHUNKS chunks at that grid's per-CTA budget
     (max(ceil(tiles / CTAs), min_tiles), plus one for a bin boundary), else AUTO_FALLBACK (v2). rows = GQA ratio x
     q_len (query rows per pair): above 8, AUTO_MTP (v3m, 2 CTAs per SM) takes AUTO_FINE's place, with the chunk
-    estimate at its own grid; above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP whatever the estimate.
+    estimate at its own grid; above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP whatever the estimate. BF16 KV in dynamic mode
+    with the default grid: AUTO_BF16 (v3b) at rows <= 8 (the estimate at its grid), AUTO_FALLBACK above.
 
-    Shape/Dtype: kv_lens [batch] int32 (any device: read on the host, one sync, only when FP8 / dynamic / default
-    grid; kv_dtype None = unknown, which also gives the fallback without reading anything). num_sms defaults to
-    the device's SM count (132 without a GPU). Returns (variant, the estimated chunk count of the longest pair at
-    AUTO_FINE's budget, or None when nothing was read)."""
-    if _kv_is_fp8(kv_dtype) is not True or mode != "dynamic" or num_ctas is not None:
+    Shape/Dtype: kv_lens [batch] int32 (any device: read on the host, one sync, only when dynamic / default grid /
+    a known dtype; kv_dtype None = unknown, which also gives the fallback without reading anything). num_sms
+    defaults to the device's SM count (132 without a GPU). Returns (variant, the estimated chunk count of the
+    longest pair at the chosen variant's budget, or None when nothing was read)."""
+    fp8 = _kv_is_fp8(kv_dtype)
+    if fp8 is None or mode != "dynamic" or num_ctas is not None or (not fp8 and rows > 8):
         return AUTO_FALLBACK, None
     tiles = [_cdiv(max(int(x), 0), TILE) for x in kv_lens.tolist()]
     total = sum(tiles) * int(num_kv_heads)
@@ -213,6 +221,9 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
         torch = _torch()
         num_sms = (torch.cuda.get_device_properties(kv_lens.device).multi_processor_count
                    if kv_lens.device.type == "cuda" else 132)
+    if not fp8:
+        cps = AUTO_BF16_CTAS_PER_SM
+        return AUTO_BF16, _longest_chunks(tiles, int(num_kv_heads), cps * int(num_sms), min_tiles)
     fine, cps = (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4)  # CTAs per SM of the fine variant's grid
     longest = _longest_chunks(tiles, int(num_kv_heads), cps * int(num_sms), min_tiles)
     if rows > AUTO_MTP_ALWAYS_ROWS:
@@ -372,7 +383,7 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
         rows_auto = (q_heads // num_kv_heads) * q_len if num_kv_heads >= 1 and q_heads >= 1 else 8
         variant, longest = _auto_choice(kv_lens, num_kv_heads=num_kv_heads, kv_dtype=kv_dtype, mode=mode,
                                         num_ctas=num_ctas, min_tiles=min_tiles, rows=rows_auto)
-        if fuse_max is None and variant in (AUTO_FINE, AUTO_MTP) and longest <= AUTO_FUSE_ALL_MAX_CHUNKS:
+        if fuse_max is None and variant in (AUTO_FINE, AUTO_MTP, AUTO_BF16) and longest <= AUTO_FUSE_ALL_MAX_CHUNKS:
             fuse_max = FUSE_ALL
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} unsupported by the SM90 kernel (supported: {HEAD_DIMS}; 64/256 are "
