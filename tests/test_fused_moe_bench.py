@@ -79,6 +79,21 @@ def test_peers_refuse_on_cpu_with_a_reason():
         peers.emulate("nope", inp)
 
 
+def test_flashinfer_cutlass_needs_the_jit_opt_in(monkeypatch):
+    """Without $HOTPATHS_PEER_JIT=1 the CUTLASS MoE peer refuses before touching FlashInfer's compiler, with a reason
+    naming the variable (the GPU and the bundle stood in for, so the gate itself is what refuses)."""
+    inp = fm.make_moe_inputs(4, experts=16, hidden=128, inter=1024)
+    monkeypatch.setattr(peers, "_need_cuda", lambda inputs: None)
+    monkeypatch.setattr(peers, "import_flashinfer_072", lambda: None)
+    monkeypatch.setattr(peers, "import_peer_attr", lambda *a, **k: pytest.fail("reached FlashInfer without opt-in"))
+    monkeypatch.delenv(peers.PEER_JIT_ENV, raising=False)
+    fn, reason = peers.try_make("flashinfer_cutlass", inp)
+    assert fn is None and reason.startswith("skipped:") and peers.PEER_JIT_ENV in reason
+    monkeypatch.setenv(peers.PEER_JIT_ENV, "1")  # opted in: the adapter goes on to import the peer
+    with pytest.raises(pytest.fail.Exception, match="without opt-in"):
+        peers.make_flashinfer_cutlass(inp)
+
+
 def test_hpc_ops_dir_from_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HOTPATHS_HPC_OPS_DIR", str(tmp_path))
     assert peers.hpc_ops_dir() == tmp_path
