@@ -221,11 +221,11 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
         torch = _torch()
         num_sms = (torch.cuda.get_device_properties(kv_lens.device).multi_processor_count
                    if kv_lens.device.type == "cuda" else 132)
-    if not fp8:
-        cps = AUTO_BF16_CTAS_PER_SM
-        return AUTO_BF16, _longest_chunks(tiles, int(num_kv_heads), cps * int(num_sms), min_tiles)
-    fine, cps = (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4)  # CTAs per SM of the fine variant's grid
+    # the variant and the CTAs per SM of its grid (the chunk estimate's budget)
+    fine, cps = ((AUTO_BF16, AUTO_BF16_CTAS_PER_SM) if not fp8 else (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4))
     longest = _longest_chunks(tiles, int(num_kv_heads), cps * int(num_sms), min_tiles)
+    if not fp8:  # BF16: the transposed layout whatever the estimate (it only sets fuse-all)
+        return fine, longest
     if rows > AUTO_MTP_ALWAYS_ROWS:
         return AUTO_MTP, longest
     return (fine if longest <= AUTO_MAX_CHUNKS else AUTO_FALLBACK), longest
