@@ -30,11 +30,15 @@ environment variable HOTPATHS_DECODE_VARIANT (default DEFAULT_VARIANT).
 Early work before the PDL wait (plan(early=...), default on; $HOTPATHS_DECODE_EARLY=0 turns it off): update()
 launches the assign kernel with PDL so that it reads kv_lens and builds the map in registers and shared memory while
 the previous kernel (in a decode step, the attention prologue) still runs, waiting only before its first workspace
-write; run()'s attention kernel prefetches the task map, kv_lens and the block table into L2 before its wait (a
-hint: no value read changes). Contract of early: kv_lens must not be written by the kernel launched just before
-update() (an input written before the step's first kernel is fine). early=False is the old behaviour (assign a
-plain stream-ordered launch, no prefetch), kept for A/B runs and for callers that compute kv_lens on the device
-right before update().
+write; run()'s attention kernel prefetches the task map, kv_lens and the block table into L2 before its wait (a hint:
+no value read changes). Contract of early: kv_lens must be final when the kernel launched just before update()
+signals its dependents (PDL trigger, or its exit): not written by that kernel, nor by an earlier one that it lets run
+on past its trigger. The prologue, attention and combine kernels trigger at or after their own PDL wait (only assign
+itself and fused_moe's quant_rows kernel with wait_first off trigger first), and a launch without PDL (torch, cuBLAS,
+a memcpy) orders everything before it, so a producer of kv_lens two launches back (decode_step: meta, then the
+prologue, then update()) is fine; plan() itself launches the workspace fill right before its first assign.
+early=False is the old behaviour (assign a plain stream-ordered launch, no prefetch), kept for A/B runs and for
+callers that compute kv_lens on the device right before update().
 
 The static modes size their grid from the lengths on the host (plan() reads kv_lens, or takes max_kv_len): later
 updates must not exceed that maximum. The dynamic mode never reads lengths on the host.
@@ -340,7 +344,11 @@ class DecodePlan:
     def update(self, kv_lens) -> "DecodePlan":
         """Re-plan for new lengths into the same buffers (dynamic: launches assign; no host sync; capturable).
 
-        Shape/Dtype: kv_lens [batch] int32 on the plan's device, batch <= max_batch.
+        Shape/Dtype: kv_lens [batch] int32 on the plan's device, batch <= max_batch. With self.early (the default)
+        assign is a PDL launch that reads kv_lens BEFORE its wait for the previous kernel: kv_lens must not be
+        written by the kernel launched just before update() (nor by an earlier one that kernel lets run past its PDL
+        trigger; module docstring). Writing it two launches back (decode_step: meta -> prologue -> update), on the
+        host, or by a plain copy is fine; if it comes from the immediately preceding kernel, set self.early = False.
         Raises TypeError/ValueError for a wrong dtype, device, shape or batch > max_batch.
         """
         torch = _torch()
@@ -394,7 +402,8 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
     combine_warps: one of COMBINE_WARPS (default 8); 32 runs the online combine with 32 warps per (row, pair);
     "auto": 32 when the longest pair has more than AUTO_COMBINE_WIDE_CHUNKS chunks (reads kv_lens on the host).
     early: the kernels' work before the PDL wait (module docstring; None: resolve_early(), default True). With it,
-    kv_lens must not be written by the kernel launched just before plan() / update(); False gives the old launches.
+    kv_lens must not be written by the kernel launched just before a later update() (DecodePlan.update); plan()'s
+    own assign follows the workspace fill plan() launches, so any kv_lens is safe here. False gives the old launches.
     Raises ValueError/TypeError for an unknown mode or variant, a bad $HOTPATHS_DECODE_EARLY, unsupported head_dim /
     GQA ratio / q_len, batch > max_batch, combine_warps not in COMBINE_WARPS, or non-positive sizes.
     """
