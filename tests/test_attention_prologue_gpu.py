@@ -216,14 +216,23 @@ def test_bad_input_refused_before_launch(ap):
 
 
 @pytest.mark.parametrize("case,q_len,kv_dtype", [("8x0.5K", 1, "fp8"), ("4x1K+3x100", 2, "fp8"),
-                                                 ("6x300", 4, "bf16")])
+                                                 ("6x300", 4, "bf16"), ("5x700+2x64", 4, "fp8"),
+                                                 ("3x200+1x1K", 1, "bf16")])
 def test_chain_into_decode_equals_separate_runs(case, q_len, kv_dtype):
+    """Eager and graph-replayed chains, with the prologue's trigger on and off, the decode plan's early work
+    (assign before its PDL wait, L2 prefetch before the attention's wait) off and on, and with the step's assign
+    kernel inside the chain: every output bit-equal to the prologue, a full sync, then decode."""
     from hotpaths.bench import attention_prologue as bap
 
     results = []
-    for trigger, graph in ((True, False), (False, False), (True, True), (False, True)):
+    for trigger, graph, early, assign in ((True, False, False, False), (False, False, False, False),
+                                          (True, True, False, False), (False, True, False, False),
+                                          (True, False, True, False), (True, True, True, False),
+                                          (True, True, False, True), (True, True, True, True),
+                                          (False, True, True, True), (True, False, True, True)):
         ci = bap.make_chain_inputs(case, q_len=q_len, kv_dtype=kv_dtype, seed=3)
-        chain, pf, dec = bap.make_chain(ci, trigger=trigger)
+        chain, pf, dec = bap.make_chain(ci, trigger=trigger, early=early, assign=assign)
+        assert chain.plan.early is early
         if graph:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -232,6 +241,8 @@ def test_chain_into_decode_equals_separate_runs(case, q_len, kv_dtype):
                 out = chain()
             torch.cuda.current_stream().wait_stream(s)
             out.fill_(float("nan"))
+            if assign:  # the graph's assign must rebuild the map: poison it too
+                chain.plan.workspace.fill_(-7)
             g.replay()
         else:
             out = chain()
@@ -245,7 +256,8 @@ def test_chain_into_decode_equals_separate_runs(case, q_len, kv_dtype):
         sep = dec().clone()
         torch.cuda.synchronize()
         assert torch.isfinite(sep.float()).all() and torch.isfinite(chained.float()).all()
-        assert torch.equal(chained, sep), f"chain (trigger={trigger}, graph={graph}) differs"
+        assert torch.equal(chained, sep), f"chain (trigger={trigger}, graph={graph}, early={early}, " \
+                                          f"assign={assign}) differs"
     assert all(torch.equal(results[0], r) for r in results[1:])
 
 
@@ -287,4 +299,8 @@ def test_bench_rows_on_gpu():
             assert r.get("median_us") or r.get("note"), f"{peer}: neither a time nor a reason"
     crow = bap.chain_rows(["8x0.5K"], iters=20)
     names = {r["impl"] for r in crow}
-    assert names == {"prologue", "decode", "chain_pdl", "chain_no_trigger", "sum_alone"}
+    assert names == {"prologue", "decode", "chain_pdl", "chain_no_trigger", "sum_alone", "chain_pdl_early",
+                     "decode_assign", "chain_assign_pdl", "chain_assign_pdl_early", "sum_alone_assign"}
+    for r in crow:
+        if r["impl"].startswith("chain"):
+            assert r["median_us"] > 0 and r["saved_us"] is not None, r["impl"]
