@@ -6,7 +6,8 @@
 // 256), every lane holding 8 consecutive elements (one 16-byte bf16 load); units are numbered token-major over the
 // q_heads + 2*kv_heads heads of a token, 128 threads per CTA, one unit per lane group. (Deeper per-thread queues
 // (2-8 units per group, all loads issued first) and reading the step's parameters before the PDL wait were measured
-// and lost or changed nothing: docs/ops/attention_prologue.md.)
+// and lost or changed nothing: docs/ops/attention_prologue.md.) The pair, tokwarp2, stream2 and async3 variants
+// below change the launch shape and the load schedule, never the per-unit arithmetic or the bytes written.
 // Reductions (sum of squares, amax) are xor butterflies inside the group; neox RoPE takes its partner's 8 elements
 // with one indexed shuffle per element (partner lane +-rotary_dim/16); interleaved pairs are adjacent inside a lane.
 // Why a lane group per head and not a warp per head or a CTA per token: a warp per head at head_dim 128 gives each
@@ -26,9 +27,9 @@
 // PDL: griddepcontrol.wait before reading anything (qkv, slots and the caches may be written by the predecessor).
 // Trigger (launch_dependents: the decode kernel launched next may be scheduled; its own wait still waits for this
 // whole grid's completion and memory flush, so no trigger position can let it read Q, q_scale or a cache row early):
-// 0 none, 1 right after the wait. Not after the loads: the first use of a loaded value (the position that indexes
-// cos/sin, the static scales) sits before any later point, so a trigger placed "after the loads" waited one memory
-// round trip for nothing.
+// 0 none, 1 right after the wait. Not "after the loads": every point after them also follows the first use of a
+// loaded value (the position that addresses cos/sin, the static scales' reciprocals), so a trigger there waited one
+// memory round trip for nothing.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -65,7 +66,7 @@ struct Params {
   int q_mode;       // 0: fp8 computed scale, 1: fp8 static scale, 2: bf16
   int kv_fp8;
   int pos64;
-  int trigger;  // 0 none, 1 after the loads
+  int trigger;  // 0 none, 1 right after the PDL wait
 };
 
 __device__ __forceinline__ uint16_t fp8x2(float lo, float hi) {
@@ -755,6 +756,13 @@ __device__ __forceinline__ int clamp_pos_words(const Params& p, int lo, int hi) 
   return stream_pos(p, st);
 }
 
+// The lane's unit of this warp's item j (warp + j * stride), inactive at and past the warp's n-th item.
+template <int S>
+__device__ __forceinline__ Unit item_unit(const Params& p, unsigned j, unsigned n, unsigned warp, unsigned stride,
+                                          unsigned items, int hslot, int heads) {
+  return unit_at(p, (j < n ? warp + j * stride : items) * S + unsigned(hslot), heads);
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads) async_kernel(const Params p) {
   constexpr int P = D / (2 * kElems);
@@ -778,18 +786,18 @@ __global__ void __launch_bounds__(kThreads) async_kernel(const Params p) {
 
   hp::pdl_wait();                                   // everything read below may be written by the previous kernel
   if (p.trigger == 1) hp::pdl_launch_dependents();  // as early as is safe: header, "PDL"
-  // item j's unit (inactive at and past this warp's n-th item)
-#define HP_ASYNC_UNIT(j) unit_at(p, ((j) < n ? warp + (j) * stride : items) * S + hslot, heads)
-  // fill: items 0 .. A-1 (their positions read and waited on here, once), then the position of item A
+  // fill: the positions of items 0 .. A (one round trip, not A in series), then items 0 .. A-1's copies
+  int fill_lo[A], fill_hi[A];
+#pragma unroll
+  for (int j = 0; j < A; ++j)
+    async_pos(p, item_unit<S>(p, unsigned(j), n, warp, stride, items, hslot, heads), fill_lo[j], fill_hi[j]);
+  int pos_lo[2], pos_hi[2];  // the position of item j + A, read one item before its copies are issued
+  async_pos(p, item_unit<S>(p, unsigned(A), n, warp, stride, items, hslot, heads), pos_lo[A % 2], pos_hi[A % 2]);
 #pragma unroll
   for (int j = 0; j < A; ++j) {
-    const Unit u = HP_ASYNC_UNIT(unsigned(j));
-    int lo, hi;
-    async_pos(p, u, lo, hi);
-    async_issue<D>(p, u, heads, clamp_pos_words(p, lo, hi), ca, cb, m, rotated, async_stage(ring, j, lane));
+    async_issue<D>(p, item_unit<S>(p, unsigned(j), n, warp, stride, items, hslot, heads), heads,
+                   clamp_pos_words(p, fill_lo[j], fill_hi[j]), ca, cb, m, rotated, async_stage(ring, j, lane));
   }
-  int pos_lo[2], pos_hi[2];  // the position of item j + A, read one item before its copies are issued
-  async_pos(p, HP_ASYNC_UNIT(unsigned(A)), pos_lo[A % 2], pos_hi[A % 2]);
   const Scales sc = load_scales(p);
 
   for (unsigned base = 0; base < n; base += U) {
@@ -799,15 +807,15 @@ __global__ void __launch_bounds__(kThreads) async_kernel(const Params p) {
       if (j >= n) break;  // warp-uniform
       // issue item j + A into the stage read an item ago, from the position read an item ago; read the position of
       // item j + A + 1
-      const Unit ua = HP_ASYNC_UNIT(j + A);
+      const Unit ua = item_unit<S>(p, j + A, n, warp, stride, items, hslot, heads);
       const int pa = (k + A) % 2;
       async_issue<D>(p, ua, heads, clamp_pos_words(p, pos_lo[pa], pos_hi[pa]), ca, cb, m, rotated,
                      async_stage(ring, (k + A) % NS, lane));
-      async_pos(p, HP_ASYNC_UNIT(j + A + 1), pos_lo[1 - pa], pos_hi[1 - pa]);
+      async_pos(p, item_unit<S>(p, j + A + 1, n, warp, stride, items, hslot, heads), pos_lo[1 - pa], pos_hi[1 - pa]);
       // item j: its group is the oldest of the A + 1 committed since
       async_wait<A>();
       const uint4* st = async_stage(ring, k % NS, lane);
-      const Unit u = HP_ASYNC_UNIT(j);
+      const Unit u = item_unit<S>(p, j, n, warp, stride, items, hslot, heads);
       uint4 xr[2] = {st[0], st[32]};
       PairAngles ang;
 #pragma unroll
@@ -829,7 +837,6 @@ __global__ void __launch_bounds__(kThreads) async_kernel(const Params p) {
       write_unit<D, 2>(p, u, slot, amax, sc, sub == 0, x, chunk);
     }
   }
-#undef HP_ASYNC_UNIT
   async_wait<0>();  // no copy may still target shared memory when the CTA exits
 }
 
@@ -847,7 +854,15 @@ int launch_d(const Params& p, int variant, int pdl, cudaStream_t stream) {
     constexpr int S = 32 / (D / (2 * kElems));
     const long long items = (units + S - 1) / S;
     const long long want = (items + kThreads / 32 - 1) / (kThreads / 32);
-    static std::atomic<int> occ[16];
+    static std::atomic<int> occ[16], carve[16];
+    // 4 CTAs x 57 KB (with the per-CTA reserve) fill the SM's 228 KB only with the largest shared-memory carveout;
+    // ask for it once per device (a refusal only costs residency, the grid stays correct at any residency)
+    hp::per_device_cached(carve, [](int) {
+      if (cudaFuncSetAttribute(async_kernel<D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               int(cudaSharedmemCarveoutMaxShared)) != cudaSuccess)
+        (void)cudaGetLastError();
+      return 1;
+    });
     const long long cap = (long long)hp::sm_count() * hp::ctas_per_sm(occ, async_kernel<D>, kThreads, kAsyncSmem);
     const dim3 grid(unsigned(want < cap || cap <= 0 ? want : cap));
     return int(hp::launch(async_kernel<D>, grid, dim3(kThreads), kAsyncSmem, stream, opt, p));
