@@ -11,8 +11,8 @@ Tables:
   rounds differently (division instead of a reciprocal, another eps, FMA) shows thousands, which says nothing
   about its accuracy: its rows say so in the note). Without an SM90 GPU, ``fused`` and the
   torch impls run their CPU emulation (impl ``*_emulation``, untimed) and the GPU-only peers give their reason.
-- ``chain_rows``: prologue + split-KV decode attention in one CUDA graph with the prologue's PDL trigger after its loads
-  (``chain_pdl``) and without it (``chain_no_trigger``: the decode kernel launches only when the prologue has
+- ``chain_rows``: prologue + split-KV decode attention in one CUDA graph with the prologue's PDL trigger right after its
+  wait (``chain_pdl``) and without it (``chain_no_trigger``: the decode kernel launches only when the prologue has
   finished, as without PDL), against each alone and their sum; both with the decode plan's early work off (the old
   launches). ``chain_pdl_early``: as chain_pdl with the plan's early work on (the attention kernel prefetches its
   start-up arrays into L2 before its PDL wait). The step's assign kernel (plan.update) in the chain:
@@ -519,8 +519,8 @@ def register(subparsers) -> None:
     p.add_argument("--impl", default=",".join(IMPLS),
                    help=f"comma-separated impls among {', '.join(IMPLS)}")
     p.add_argument("--variants", default=None, metavar="NAMES",
-                   help="comma-separated kernel variants (auto, baseline, pair, tokwarp2): 'fused' in --impl "
-                   "becomes one row per variant (fused_<name>), all on the same inputs")
+                   help="comma-separated kernel variants (auto, baseline, pair, tokwarp2, stream2, async3): 'fused' "
+                   "in --impl becomes one row per variant (fused_<name>), all on the same inputs")
     p.add_argument("--check", action="store_true", help="bit-exact comparison with the emulation")
     p.add_argument("--chain", type=case_list_arg, default=None, metavar="CASES",
                    help="time prologue + decode attention for these decode cases (e.g. 64x0.5K,32x4K)")
