@@ -22,10 +22,11 @@ GEMM paths, one numerics contract (``MoEPlan.gemm``): ``"mma"`` (expert_gemm.cu:
 tiles of 16-128 pairs; many pairs per expert) and ``"wgmma_ws"`` (expert_wgmma.cu's warp-specialized kernel: a
 producer warp feeding the weights by TMA and the token rows by cp.async through an mbarrier ring, two consumer
 warpgroups; same tiles as wgmma; its gate-up splits K across CTAs when the items do not fill whole rounds of the
-one-CTA-per-SM grid: splitk.cuh's splitk_factor_rounds, modeled by hotpaths.reference.fused_moe.ws_gate_up_load). ``plan(gemm="auto")`` picks mma or wgmma by the average rows per expert
-(``resolve_gemm``); ``$HOTPATHS_MOE_GEMM`` (any name of ``GEMMS``) is the default when ``gemm`` is not given, so one
-process can be switched without code changes. ``"mma_tma"`` is the mma.sync GEMM fed the same way (TMA weight boxes
-through a deep mbarrier ring that runs across work units; the decode sizes).
+one-CTA-per-SM grid: splitk.cuh's splitk_factor_rounds, modeled by hotpaths.reference.fused_moe.ws_gate_up_load).
+``plan(gemm="auto")`` picks mma or wgmma by the average rows per expert (``resolve_gemm``); ``$HOTPATHS_MOE_GEMM``
+(any name of ``GEMMS``) is the default when ``gemm`` is not given, so one process can be switched without code
+changes. ``"mma_tma"`` is the mma.sync GEMM fed the same way (TMA weight boxes through a deep mbarrier ring that runs
+across work units; the decode sizes).
 
 Route paths, one plan (``MoEPlan.route``, fixed at plan time from max_pairs so a captured graph replays the same
 launches at any live token count): ``"one"`` (route.cu's one-CTA kernel: a few us at decode sizes) and ``"multi"``
