@@ -412,7 +412,7 @@ struct WsTraits {
   // Split-K partial slots (gate-up at decode sizes, splitk_factor_rounds): 32 MB of fp32 partials whatever BM.
   static constexpr int SPLIT_UNITS = 4096 * 16 / BM;
   // block_m 128 (>= ~60 rows per expert: many items, no split to gain) never splits: its block-mode consumer (64 + 64
-  // accumulators) sits at the register cap of 288 threads, and the split path's end would spill it.
+  // accumulators) sits at 167-168 registers, where ptxas starts spilling, and the split path's end would add more.
   static constexpr bool SPLIT = BM <= 64;
   static constexpr long long SPLIT_INTS = splitk_counter_ints(SPLIT_UNITS) + (long long)SPLIT_UNITS * kItemRows * BM;
   static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "wgmma N instantiated: 16, 32, 64, 128");
@@ -772,9 +772,10 @@ int launch_wgmma(const GemmArgs& a, int pdl, cudaStream_t stream) {
   }
 }
 
-// a.splitk: the ws kernel splits K across CTAs when given (ws_unit_schedule); the cp.async kernel ignores it. The tiles are 64-row halves of the weights and k32 steps of
-// 128-wide stages: H and I (kdim and dst_cols, in either order) must be multiples of 64. Tr: the traits family of
-// the kernel (WgTraits: expert_wgmma_kernel; WsTraits: expert_wgmma_ws_kernel).
+// a.splitk: the ws kernel splits K across CTAs when given (ws_unit_schedule); the cp.async kernel ignores it. The
+// tiles are 64-row halves of the weights and k32 steps of 128-wide stages: H and I (kdim and dst_cols, in either
+// order) must be multiples of 64. Tr: the traits family of the kernel (WgTraits: expert_wgmma_kernel; WsTraits:
+// expert_wgmma_ws_kernel).
 template <template <int, bool, bool> class Tr, bool GATE_UP, bool BLOCK>
 int family_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
   if (a.kdim % 64 != 0 || a.dst_cols % 64 != 0) return (int)cudaErrorInvalidValue;
