@@ -331,3 +331,54 @@ def test_ws_gate_up_load_no_split_from_whole_rounds():
     ids, _ = fm.make_topk_ids(1024, model="hy3", mode="tp8ep1", seed=1)
     p = fm.build_routing_plan(ids, num_experts=192, block_m=64)
     assert fm.ws_gate_up_load(p, hidden=4096, inter=192)["split"] == 1
+
+
+# (items, grid, K stages, partial slots) -> (S, K stages per range), worked by hand from the modeled busiest-CTA cost
+# ceil(items S / grid) x (kps + 1): also what splitk.cuh's splitk_factor_rounds answers (the same integers).
+WS_SPLIT_CASES = [
+    ((90, 132, 32, 4096), (4, 8)),    # S=1 33, S=2 34, S=3 36, S=4 27, S=5 32, S=6 35, S=7 30, S=8 30
+    ((282, 132, 32, 4096), (4, 8)),   # 99, 85, 84, 81, 88, 91, 90, 90
+    ((264, 132, 32, 4096), (1, 32)),  # two whole rounds: 66 against 68 at S=2
+    ((34, 132, 32, 4096), (3, 11)),   # S=3 (1 round x 12) ties S=7 (2 x 6): the smaller S
+    ((67, 132, 32, 4096), (3, 11)),   # S=3, 5, 7 tie at 24
+    ((1, 2, 32, 4096), (2, 16)),      # 33, 17, 24, 18, ...
+    ((2048, 132, 32, 4096), (1, 32)),  # S=2 fits the slots exactly but models worse (544 > 528)
+    ((2049, 132, 32, 4096), (1, 32)),  # S=2 would need 4098 partial slots
+    ((5, 132, 3, 4096), (2, 2)),      # ranges of 2 + 1 stages; S=3 would leave 1-stage ranges
+    ((5, 132, 1, 4096), (1, 1)),      # one stage: nothing to cut
+    ((0, 132, 32, 4096), (1, 32)),    # no items
+    ((90, 0, 32, 4096), (1, 32)),     # no grid
+]
+
+
+@pytest.mark.parametrize("args,want", WS_SPLIT_CASES)
+def test_ws_split_factor_hand_cases(args, want):
+    assert fm.ws_split_factor(*args) == want
+
+
+def test_ws_split_constants_match_the_kernel_sources():
+    """The CPU model's constants are the kernels' (splitk.cuh, expert_wgmma.cu's WsTraits): a change on one side
+    alone would make MoEPlan.split_factors and the model disagree only on a GPU."""
+    import re
+    from pathlib import Path
+
+    src = Path(fm.__file__).resolve().parents[1] / "kernels" / "fused_moe"
+    sk = (src / "splitk.cuh").read_text()
+    wg = (src / "expert_wgmma.cu").read_text()
+    assert int(re.search(r"constexpr int kMaxSplit = (\d+);", sk).group(1)) == fm.WS_MAX_SPLIT
+    assert int(re.search(r"constexpr int kSplitUnitCost = (\d+);", sk).group(1)) == fm.WS_SPLIT_UNIT_COST
+    units = re.search(r"SPLIT_UNITS = (\d+) \* (\d+) / BM;", wg)
+    for bm in (16, 32, 64, 128):
+        assert int(units.group(1)) * int(units.group(2)) // bm == fm.ws_split_units(bm)
+    assert int(re.search(r"bool SPLIT = BM <= (\d+);", wg).group(1)) == fm.WS_SPLIT_MAX_BLOCK_M
+    assert re.search(r"constexpr int kWgBK = (\d+);", wg).group(1) == str(fm.WS_STAGE_K)
+
+
+def test_ws_gate_up_load_never_splits_block_m_128():
+    """WsTraits<128>::SPLIT is false (the kernel ignores the workspace there): the model must not split either,
+    although the rule alone would at these few items."""
+    ids, _ = fm.make_topk_ids(4, model="hy3", mode="tp8ep1", seed=4)
+    p = fm.build_routing_plan(ids, num_experts=192, block_m=128)
+    r = fm.ws_gate_up_load(p, hidden=4096, inter=192)
+    assert fm.ws_split_factor(r["items"], r["grid"], 32, fm.ws_split_units(128))[0] > 1
+    assert r["split"] == 1 and r["units"].sum() == r["items"]

@@ -491,7 +491,6 @@ def persistent_schedule(plan: RoutingPlan, num_ctas: int) -> np.ndarray:
     return load
 
 
-
 # The warp-specialized wgmma GEMM's split-K (expert_wgmma.cu, splitk.cuh): a CPU model of the per-CTA work of one
 # launch. An item is 128 weight rows (gate-up: 64 gate + 64 up) x all K stages of 128 columns; the persistent grid
 # (one CTA per SM) walks units u = blockIdx + i * grid, a unit being (item, K range) with u = item * S + range.
@@ -499,6 +498,7 @@ WS_ITEM_ROWS = 128      # weight rows per item
 WS_STAGE_K = 128        # K columns per stage (one block-scale group: a split never cuts one)
 WS_MAX_SPLIT = 8        # kMaxSplit
 WS_SPLIT_UNIT_COST = 1  # kSplitUnitCost: a unit's end (partial store, arrival, epilogue) in K stages
+WS_SPLIT_MAX_BLOCK_M = 64  # WsTraits::SPLIT: block_m 128 never splits (its consumers sit at the register limit)
 
 
 def ws_split_units(block_m: int) -> int:
@@ -557,7 +557,9 @@ def ws_gate_up_load(plan: PlanSize, *, hidden: int, inter: int, num_tiles: int |
                     split: bool = True) -> dict:
     """The ws gate-up launch of a plan: num_tiles (the plan's tile count; default plan.num_tiles) x
     I / 64 items of ceil(H / 128) stages on min(grid, the plan's largest item count) CTAs, split as the kernel
-    decides (split=False: as with no workspace). Returns ws_unit_load's dict plus ``grid``."""
+    decides (split=False: as with no workspace; block_m > WS_SPLIT_MAX_BLOCK_M never splits, as the kernel).
+    Returns ws_unit_load's dict plus ``grid``."""
+    split = split and plan.block_m <= WS_SPLIT_MAX_BLOCK_M
     if num_tiles is None:
         num_tiles = int(plan.num_tiles)
     n_tiles = inter // 64

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hotpaths.reference.common import check_fits, expect_tensor
-from hotpaths.reference.fused_moe import PlanSize
+from hotpaths.reference.fused_moe import WS_SPLIT_MAX_BLOCK_M, PlanSize
 
 OP = "fused_moe"
 BLOCK_MS = (8, 16, 32, 64)   # pairs per tile the mma.sync kernels are instantiated for
@@ -368,6 +368,8 @@ class MoEPlan(PlanSize):
             raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
         tiles = int(self.fields()["header"][1])
         if self.gemm == "wgmma_ws":  # only its gate-up takes the workspace (the down GEMM's items are short and many)
+            if tiles == 0 or self.block_m > WS_SPLIT_MAX_BLOCK_M:
+                return 1, 1  # no items, or WsTraits::SPLIT false: no library call (nor build) needed to say so
             return int(_lib().hp_moe_ws_split_factor(1, self.block_m, int(scales == "block"), tiles, self.num_experts,
                                                      self.max_pairs, hidden, inter)), 1
         if self.gemm not in MMA_GEMMS:
@@ -381,15 +383,20 @@ class MoEPlan(PlanSize):
         """int32 split-K workspace of the gate-up (or down) GEMM at this plan's block_m: per-item arrival counters
         (zero between launches: the kernel's last unit of an item puts its counter back) then fp32 partials.
         Allocated zeroed once, sized for the launch's CTA slots (either scale mode); wgmma_ws: for its partial slots
-        (32 MB, WsTraits::SPLIT_UNITS)."""
-        key = ("splitk", bool(gate_up))
+        (32 MB, WsTraits::SPLIT_UNITS). Keyed by the kernel family and block_m: the two layouts differ in size, and a
+        kernel handed the other's (smaller) workspace would index past it.
+        Raises ValueError on a block_m the path has no kernel for, ResourceError when it does not fit."""
+        ws = self.gemm == "wgmma_ws"
+        key = ("splitk", bool(gate_up), ws, self.block_m)
         if key not in self._bufs:
-            if self.gemm == "wgmma_ws":
+            if ws:
                 n = int(_lib().hp_moe_ws_splitk_ints(self.block_m))
             else:
                 n = max(int(_lib().hp_moe_splitk_ints(int(gate_up), self.block_m, b)) for b in (0, 1))
             if n < 0:
-                raise ValueError(f"block_m: expected one of {BLOCK_MS}, got {self.block_m!r}")
+                raise ValueError(f"block_m: expected one of {WGMMA_BLOCK_MS if ws else BLOCK_MS}, "
+                                 f"got {self.block_m!r}")
+            _fits(f"fused_moe split-K workspace (gemm={self.gemm}, block_m={self.block_m})", 4 * n, self.device)
             self._bufs[key] = torch.zeros(n, dtype=torch.int32, device=self.device)
         return self._bufs[key]
 
@@ -557,12 +564,15 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     if (h, i) not in p._bufs:
         nbytes = 2 * p.max_pairs * (h + i) + p.max_tokens * h * 1.04 + p.max_pairs * i * 1.04
         _fits(f"fused_moe buffers (max_pairs={p.max_pairs}, H={h}, I={i})", int(nbytes), p.device)
+    mma = p.gemm in MMA_GEMMS
+    # wgmma_ws: only its gate-up splits, and never at block_m 128 (WsTraits::SPLIT): no 32 MB workspace there. The
+    # workspaces first: their size check (ResourceError) comes before the layer's buffers are allocated.
+    ws_split = p.gemm == "wgmma_ws" and p.block_m <= WS_SPLIT_MAX_BLOCK_M
+    sk_gu = p.splitk_workspace(True) if (mma or ws_split) and split_k and "gate_up" in todo else None
+    sk_dn = p.splitk_workspace(False) if mma and split_k and "down" in todo else None
     act, ybuf = p.buffers(h, i)
     xq, xsc, aq, asc = p.quant_buffers(h, i)
     lib, stream, block = _lib(), _stream(p.device), int(scales == "block")
-    mma = p.gemm in MMA_GEMMS
-    sk_gu = p.splitk_workspace(True) if (mma or p.gemm == "wgmma_ws") and split_k and "gate_up" in todo else None
-    sk_dn = p.splitk_workspace(False) if mma and split_k and "down" in todo else None
     if "route" in todo:
         p._route(pdl)
     # The gate_up and down stages each include their activation pre-pass (x -> xq; act -> aq over the plan's
