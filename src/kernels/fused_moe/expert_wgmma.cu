@@ -414,10 +414,17 @@ struct WsTraits {
   // block_m 128 (>= ~60 rows per expert: many items, no split to gain) never splits: its block-mode consumer (64 + 64
   // accumulators) sits at 167-168 registers, where ptxas starts spilling, and the split path's end would add more.
   static constexpr bool SPLIT = BM <= 64;
-  static constexpr long long SPLIT_INTS = splitk_counter_ints(SPLIT_UNITS) + (long long)SPLIT_UNITS * kItemRows * BM;
   static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "wgmma N instantiated: 16, 32, 64, 128");
   static_assert(SMEM <= 227 * 1024, "shared memory per block (sm_90)");
 };
+
+// int32 elements of the ws kernel's split-K workspace at block_m BM (counters, then the partial slots); a function,
+// not a WsTraits member: nvcc warns (#177) for each instantiation whose unused member it sees.
+template <int BM>
+constexpr long long ws_split_ints() {
+  constexpr int units = WsTraits<BM, true, true>::SPLIT_UNITS;
+  return splitk_counter_ints(units) + (long long)units * kItemRows * BM;
+}
 
 __device__ __forceinline__ void consumer_bar_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kWsEpiBar), "n"(kWsConsumers) : "memory");
@@ -842,13 +849,13 @@ HP_MOE_GEMM_ENTRY(hp_moe_down_ws, false, hp_moe::ws_dispatch)
 long long hp_moe_ws_splitk_ints(int block_m) {
   switch (block_m) {
     case 16:
-      return hp_moe::WsTraits<16, true, true>::SPLIT_INTS;
+      return hp_moe::ws_split_ints<16>();
     case 32:
-      return hp_moe::WsTraits<32, true, true>::SPLIT_INTS;
+      return hp_moe::ws_split_ints<32>();
     case 64:
-      return hp_moe::WsTraits<64, true, true>::SPLIT_INTS;
+      return hp_moe::ws_split_ints<64>();
     case 128:
-      return hp_moe::WsTraits<128, true, true>::SPLIT_INTS;
+      return hp_moe::ws_split_ints<128>();
     default:
       return -1;
   }
