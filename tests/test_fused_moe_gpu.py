@@ -915,11 +915,11 @@ def _ids_on_experts(t, k, e, d, seed):
 @pytest.mark.parametrize("t,tiles,want", [(4, 30, 4), (16, 92, 4), (64, 182, 2), (256, 192, 2)])
 def test_ws_split_on_off_hy3_tp8(moe, mode, t, tiles, want):
     """Hy3 TP8 at the decode batches the ws gate-up splits, on the tile counts of typical random routings (the CPU
-    model's S = 4, 4, 2, 2 at 30, 92, 182, 192 tiles on 132 SMs): the factor the launch takes (hp_moe_ws_split_factor, the
-    kernel's own formula from the plan's tile count) equals the CPU model's; split vs no split gives the same act up
-    to fp32 summation order and the same output within the emulation tolerance; two split runs on poisoned buffers
-    are bit-identical (partials summed in range order whichever unit arrives last) and leave every arrival counter at
-    0 (a stale counter skips an epilogue: NaN)."""
+    model's S = 4, 4, 2, 2 at 30, 92, 182, 192 tiles on 132 SMs): the factor the launch takes
+    (hp_moe_ws_split_factor, the kernel's own formula from the plan's tile count) equals the CPU model's; split vs no
+    split gives the same act up to fp32 summation order and the same output within the emulation tolerance; two
+    split runs on poisoned buffers are bit-identical (partials summed in range order whichever unit arrives last) and
+    leave every arrival counter at 0 (a stale counter skips an epilogue: NaN)."""
     e, k, h, i, off, (lo, hi) = SHAPES["hy3_tp8"]
     w13, w2, sc = weights("hy3_tp8", mode)
     x, _, tw = make_tokens(t, k, h, hi, seed=300 + t)
