@@ -130,6 +130,25 @@ def test_launch_options_match_emulation(ap, pdl, trigger, T, D, style):
                           trigger=trigger)
 
 
+@pytest.mark.parametrize("T,hq,hk,D,style,rot,pos_dtype", [
+    (16384, 8, 1, 128, "neox", 128, torch.int64), (4096, 64, 8, 128, "neox", 64, torch.int32),
+    (9001, 8, 2, 64, "interleaved", 32, torch.int64), (3001, 4, 1, 256, "neox", 256, torch.int32)])
+def test_streaming_variants_walk_many_items_per_warp(ap, T, hq, hk, D, style, rot, pos_dtype):
+    """The persistent variants (stream2, async3) at sizes where every warp walks more items than its queue holds
+    (ring wrap-around, a last round shorter than the unroll, the position ring's parity): the same bytes as pair,
+    which the emulation tests pin (comparing with pair keeps the CPU emulation off these large sizes)."""
+    units_per_item = 32 // (D // 16)
+    warps = torch.cuda.get_device_properties(0).multi_processor_count * 4 * 4  # both run 4 CTAs of 4 warps per SM
+    assert T * (hq + 2 * hk) // units_per_item >= 4 * warps, "case too small to wrap the queues"
+    inp = ref.make_prologue_inputs(T, q_heads=hq, kv_heads=hk, head_dim=D, rotary_dim=rot, rope=style, page_size=64,
+                                   pad_every=7, pos_dtype=pos_dtype, seed=T + D)
+    want = run_kernel(ap, inp, variant="pair")
+    for v in ("stream2", "async3"):
+        got = run_kernel(ap, inp, variant=v)
+        for name, a, b in zip(("q", "q_scale", "k_cache", "v_cache"), got, want):
+            assert torch.equal(_bytes(a), _bytes(b)), f"{v} T={T} {hq}q{hk}kv D{D}: {name} differs from pair"
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_pads_write_q_but_not_the_cache(ap, variant):
     inp = ref.make_prologue_inputs(24, q_heads=4, kv_heads=1, head_dim=64, page_size=16, pad_every=2, seed=4)
@@ -216,14 +235,23 @@ def test_bad_input_refused_before_launch(ap):
 
 
 @pytest.mark.parametrize("case,q_len,kv_dtype", [("8x0.5K", 1, "fp8"), ("4x1K+3x100", 2, "fp8"),
-                                                 ("6x300", 4, "bf16")])
+                                                 ("6x300", 4, "bf16"), ("5x700+2x64", 4, "fp8"),
+                                                 ("3x200+1x1K", 1, "bf16")])
 def test_chain_into_decode_equals_separate_runs(case, q_len, kv_dtype):
+    """Eager and graph-replayed chains, with the prologue's trigger on and off, the decode plan's early work
+    (assign before its PDL wait, L2 prefetch before the attention's wait) off and on, and with the step's assign
+    kernel inside the chain: every output bit-equal to the prologue, a full sync, then decode."""
     from hotpaths.bench import attention_prologue as bap
 
     results = []
-    for trigger, graph in ((True, False), (False, False), (True, True), (False, True)):
+    for trigger, graph, early, assign in ((True, False, False, False), (False, False, False, False),
+                                          (True, True, False, False), (False, True, False, False),
+                                          (True, False, True, False), (True, True, True, False),
+                                          (True, True, False, True), (True, True, True, True),
+                                          (False, True, True, True), (True, False, True, True)):
         ci = bap.make_chain_inputs(case, q_len=q_len, kv_dtype=kv_dtype, seed=3)
-        chain, pf, dec = bap.make_chain(ci, trigger=trigger)
+        chain, pf, dec = bap.make_chain(ci, trigger=trigger, early=early, assign=assign)
+        assert chain.plan.early is early
         if graph:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -232,6 +260,8 @@ def test_chain_into_decode_equals_separate_runs(case, q_len, kv_dtype):
                 out = chain()
             torch.cuda.current_stream().wait_stream(s)
             out.fill_(float("nan"))
+            if assign:  # the graph's assign must rebuild the map: poison it too
+                chain.plan.workspace.fill_(-7)
             g.replay()
         else:
             out = chain()
@@ -245,7 +275,8 @@ def test_chain_into_decode_equals_separate_runs(case, q_len, kv_dtype):
         sep = dec().clone()
         torch.cuda.synchronize()
         assert torch.isfinite(sep.float()).all() and torch.isfinite(chained.float()).all()
-        assert torch.equal(chained, sep), f"chain (trigger={trigger}, graph={graph}) differs"
+        assert torch.equal(chained, sep), f"chain (trigger={trigger}, graph={graph}, early={early}, " \
+                                          f"assign={assign}) differs"
     assert all(torch.equal(results[0], r) for r in results[1:])
 
 
@@ -287,4 +318,8 @@ def test_bench_rows_on_gpu():
             assert r.get("median_us") or r.get("note"), f"{peer}: neither a time nor a reason"
     crow = bap.chain_rows(["8x0.5K"], iters=20)
     names = {r["impl"] for r in crow}
-    assert names == {"prologue", "decode", "chain_pdl", "chain_no_trigger", "sum_alone"}
+    assert names == {"prologue", "decode", "chain_pdl", "chain_no_trigger", "sum_alone", "chain_pdl_early",
+                     "decode_assign", "chain_assign_pdl", "chain_assign_pdl_early", "sum_alone_assign"}
+    for r in crow:
+        if r["impl"].startswith("chain"):
+            assert r["median_us"] > 0 and r["saved_us"] is not None, r["impl"]

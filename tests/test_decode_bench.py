@@ -406,6 +406,24 @@ def test_auto_variant_choice_on_the_published_cases():
         K.resolve_variant("fastest")
 
 
+
+def test_resolve_early_argument_and_environment(monkeypatch):
+    """plan(early=None) reads $HOTPATHS_DECODE_EARLY: unset -> on, "0" -> the old launches; an argument wins; any
+    other value is refused naming the variable (CPU: no plan is built)."""
+    from hotpaths.kernels import split_kv_decode as K
+
+    monkeypatch.delenv(K.EARLY_ENV, raising=False)
+    assert K.resolve_early() is True
+    assert K.resolve_early(False) is False
+    monkeypatch.setenv(K.EARLY_ENV, "0")
+    assert K.resolve_early() is False and K.resolve_early(True) is True
+    monkeypatch.setenv(K.EARLY_ENV, "1")
+    assert K.resolve_early() is True
+    monkeypatch.setenv(K.EARLY_ENV, "yes")
+    with pytest.raises(ValueError, match="HOTPATHS_DECODE_EARLY"):
+        K.resolve_early()
+    assert K.DecodePlan.__dataclass_fields__["early"].default is True
+
 def test_cli_q_len_and_dtype_lists_and_hpc_rows():
     import json
     import subprocess

@@ -652,7 +652,9 @@ def test_wgmma_ws_matches_wgmma(moe, mode, t):
     to the tile's rows, differ), so act and ybuf agree to the last fp32 rounding: rel L2 <= 1e-3 (in practice 0 or
     a few flipped bf16 roundings). A wrong ring phase, a stale slot, a lost row or a narrowed N that drops occupied
     rows shows as gross differences.
-    t = 4096: block_m 128, many items per CTA: the ring wraps many times and crosses item boundaries."""
+    t = 4096: block_m 128, many items per CTA: the ring wraps many times and crosses item boundaries. t = 64: the ws
+    gate-up usually splits K (splitk_factor_rounds; S = 1 or 2 by the routed tile count), its act then summing the
+    ranges' partials: the same bound."""
     res = _layer_by_path(moe, mode, t, 90 + t, ("wgmma", "wgmma_ws"))
     assert res["wgmma"][4] == res["wgmma_ws"][4]
     for j, what in enumerate(("act", "ybuf", "out")):
@@ -879,3 +881,131 @@ def test_fused_moe_captured_with_allocations_inside_the_graph(moe):
     torch.cuda.synchronize()
     _, _, eo, _ = emulate(x, ids, tw, w13, w2, "pertensor", **sc)
     assert_close(out, eo, "captured fused_moe")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the warp-specialized gate-up's split-K (splitk_factor_rounds; CPU model: hotpaths.reference.fused_moe.ws_*)
+
+def _ws_counters_zero(moe, p):
+    """The arrival counters of the ws gate-up's split-K workspace are all 0 (each item's last unit put its back)."""
+    from hotpaths.reference import fused_moe as fm
+
+    n = (fm.ws_split_units(p.block_m) + 3) // 4 * 4
+    return int(torch.count_nonzero(p.splitk_workspace(True)[:n])) == 0
+
+
+def _ws_model_split(p, h, i):
+    from hotpaths.reference import fused_moe as fm
+
+    tiles = int(p.fields()["header"][1])
+    sms = torch.cuda.get_device_properties(p.device).multi_processor_count
+    return fm.ws_gate_up_load(p, hidden=h, inter=i, num_tiles=tiles, grid=sms)["split"]
+
+
+def _ids_on_experts(t, k, e, d, seed):
+    """topk_ids [t, k] whose t k pairs cycle over d distinct experts of e drawn at random: exactly d tiles while the
+    rows per expert fit one tile, so the split factor does not hang on the routing's luck (uniform ids at batch 16 or
+    64 land on either side of a factor change: S = 1 at 78-88 or <= 176 tiles)."""
+    g = torch.Generator().manual_seed(seed)
+    experts = torch.randperm(e, generator=g)[:d]
+    return experts[torch.arange(t * k) % d].reshape(t, k).to(torch.int32).cuda()
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
+@pytest.mark.parametrize("t,tiles,want", [(4, 30, 4), (16, 92, 4), (64, 182, 2), (256, 192, 2)])
+def test_ws_split_on_off_hy3_tp8(moe, mode, t, tiles, want):
+    """Hy3 TP8 at the decode batches the ws gate-up splits, on the tile counts of typical random routings (the CPU
+    model's S = 4, 4, 2, 2 at 30, 92, 182, 192 tiles on 132 SMs): the factor the launch takes
+    (hp_moe_ws_split_factor, the kernel's own formula from the plan's tile count) equals the CPU model's; split vs no
+    split gives the same act up to fp32 summation order and the same output within the emulation tolerance; two
+    split runs on poisoned buffers are bit-identical (partials summed in range order whichever unit arrives last) and
+    leave every arrival counter at 0 (a stale counter skips an epilogue: NaN)."""
+    e, k, h, i, off, (lo, hi) = SHAPES["hy3_tp8"]
+    w13, w2, sc = weights("hy3_tp8", mode)
+    x, _, tw = make_tokens(t, k, h, hi, seed=300 + t)
+    ids = _ids_on_experts(t, k, e, tiles, seed=300 + t)
+    p = moe.plan(ids, num_experts=e, gemm="wgmma_ws")
+    assert int(p.fields()["header"][1]) == tiles, f"T={t}: the routing should make {tiles} tiles"
+    split_gu, split_dn = p.split_factors(h, i, mode)
+    assert (split_gu, split_dn) == (_ws_model_split(p, h, i), 1)
+    if torch.cuda.get_device_properties(p.device).multi_processor_count == 132:  # the H200's grid: S as tabled
+        assert split_gu == want, f"T={t}: the ws gate-up should split in {want} here (block_m {p.block_m})"
+    act, ybuf = p.buffers(h, i)
+    nvalid = int(p.fields()["header"][0])
+    runs = []
+    for split in (False, True, True):
+        act.fill_(float("nan"))
+        ybuf.fill_(float("nan"))
+        out = moe.run(p, x, w13, w2, tw, scales=mode, split_k=split, **sc)
+        torch.cuda.synchronize()
+        runs.append((act[:nvalid].clone(), out.clone()))
+        assert _ws_counters_zero(moe, p), f"T={t} split={split}: arrival counters not reset"
+    assert torch.count_nonzero(p.splitk_workspace(True)) > 0, "the ws gate-up wrote no split-K partial"
+    (a0, o0), (a1, o1), (a2, o2) = runs
+    assert torch.isfinite(a1).all() and torch.isfinite(o1).all(), f"T={t}: split run left unwritten rows"
+    assert torch.equal(a1, a2) and torch.equal(o1, o2), "split runs differ: counters not reset or order-dependent"
+    assert_close(a1, a0, f"{mode}/T={t}: act split vs no split", cos_min=0.999999, rel_max=1e-3)
+    assert_close(o1, o0, f"{mode}/T={t}: out split vs no split")
+    _, _, eo, _ = emulate(x, ids, tw, w13, w2, mode, **sc)
+    assert_close(o1, eo, f"{mode}/T={t}: split output vs emulation")
+
+
+@pytest.mark.parametrize("t", [1, 13, 40])
+def test_ws_split_exact_integers(moe, t):
+    """One expert (I = 192: 3 items per tile), top-1, H = 4096 (32 K stages), small-integer operands with unit
+    scales: every fp32 sum is exact, so the split act must equal the unsplit act bit for bit and match
+    bf16(silu(g) * u) to the SiLU's last ulp. Few items against a grid of (max tiles x 3) CTAs: the launch splits."""
+    h, inter, e = 4096, 192, 1
+    x = _small_ints((t, h), seed=500 + t).to(torch.bfloat16)
+    w13f = _small_ints((e, 2 * inter, h), seed=11)
+    w13, w2 = w13f.to(FP8), _small_ints((e, h, inter), seed=12).to(FP8)
+    ones = dict(w13_scale=torch.ones(e, device="cuda"), w2_scale=torch.ones(e, device="cuda"),
+                a1_scale=torch.ones(1, device="cuda"), a2_scale=torch.ones(1, device="cuda"))
+    ids = torch.zeros(t, 1, dtype=torch.int32, device="cuda")
+    tw = torch.ones(t, 1, device="cuda")
+    p = moe.plan(ids, num_experts=e, block_m=16, gemm="wgmma_ws")
+    split = p.split_factors(h, inter)[0]
+    assert split == _ws_model_split(p, h, inter) and split > 1, f"T={t}: expected a split, factor {split}"
+    act, _ = p.buffers(h, inter)
+    got = []
+    for sk in (False, True):
+        act.fill_(float("nan"))
+        moe.run(p, x, w13, w2, tw, scales="pertensor", stages=("route", "gate_up"), split_k=sk, **ones)
+        torch.cuda.synchronize()
+        got.append(act[:t].clone())
+    assert torch.equal(got[0], got[1]), f"T={t}: split act differs from the unsplit one on exact sums"
+    g = x.float() @ w13f[0, :inter].t()
+    u = x.float() @ w13f[0, inter:].t()
+    exp_act = (g * torch.sigmoid(g) * u).to(torch.bfloat16).float()
+    bad = (got[1].float() - exp_act).abs() > 1e-2 * exp_act.abs() + 1e-3
+    assert not bad.any(), f"T={t}: {int(bad.sum())} act values wrong, first at {torch.nonzero(bad)[0].tolist()}"
+    assert _ws_counters_zero(moe, p)
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
+def test_ws_split_graph_replay_with_changing_tokens(moe, mode):
+    """plan.update + run (wgmma_ws) captured once at max_tokens 64 and replayed as the live token count changes: the
+    split factor is recomputed on the device from each replay's tile count (S = 1 at 0 tokens, more at few), the
+    output matches the emulation each time and the counters stay at 0 between replays."""
+    e, k, h, i, off, (lo, hi) = SHAPES["hy3_tp8"]
+    w13, w2, sc = weights("hy3_tp8", mode)
+    tmax = 64
+    x, ids0, tw = make_tokens(tmax, k, h, hi, seed=7)
+    ids_buf = ids0.clone()
+    p = moe.plan(ids_buf, num_experts=e, max_tokens=tmax, gemm="wgmma_ws")
+    out = torch.empty(tmax, h, dtype=torch.bfloat16, device="cuda")
+    moe.run(p, x, w13, w2, tw, scales=mode, out=out, **sc)  # warm-up allocates the plan's buffers
+    graph = capture(lambda: (p.update(ids_buf), moe.run(p, x, w13, w2, tw, scales=mode, out=out, **sc)))
+    factors = set()
+    for active in (64, 4, 16, 0, 1, 40):
+        _, new_ids, _ = make_tokens(tmax, k, h, hi, seed=600 + active)
+        new_ids[active:] = -1
+        ids_buf.copy_(new_ids)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        factors.add(p.split_factors(h, i, mode)[0])
+        _, _, eo, _ = emulate(x, ids_buf, tw, w13, w2, mode, **sc)
+        assert_close(out, eo, f"ws split graph replay ({mode}), {active} active tokens")
+        assert _ws_counters_zero(moe, p), f"{active} active tokens: arrival counters not reset"
+    assert len(factors) >= 2, f"the replays should take different split factors, got {factors}"

@@ -258,3 +258,127 @@ def test_fp8_input_reference_isolates_the_activation_error(scales):
     e_fp8 = fm.error_vs(emu, fm.fused_moe_ref(*a, **kw, fp8_input=True))
     # x's rounding is ~half the error: what remains is the activation requant and the bf16 roundings
     assert e_fp8["rel_l2_err"] < 0.75 * e_bf16["rel_l2_err"] and e_fp8["cosine"] > 0.9993
+
+
+# ---- the ws gate-up's split-K: CPU model of the per-CTA (item, K stage) load ----
+
+def _hy3_ws_plan(batch):
+    ids, _ = fm.make_topk_ids(batch, model="hy3", mode="tp8ep1", seed=batch)
+    avg = batch * 8 / 192
+    bm = next(b for b in (16, 32, 64, 128) if avg + 2 * avg ** 0.5 + 1 <= b)  # choose_block_m's rule (wgmma*)
+    return fm.build_routing_plan(ids, num_experts=192, block_m=bm)
+
+
+@pytest.mark.parametrize("items", [0, 1, 24, 87, 90, 131, 132, 133, 264, 276, 546, 576, 5000])
+@pytest.mark.parametrize("kt", [2, 3, 32, 56])
+def test_ws_split_factor_rule(items, kt):
+    """The factor keeps >= 2 stages per range, no empty range, fits the partial slots, never models worse than no
+    split, and is the smallest S of the best modeled cost."""
+    grid, cap = 132, fm.ws_split_units(16)
+    s, kps = fm.ws_split_factor(items, grid, kt, cap)
+    assert 1 <= s <= fm.WS_MAX_SPLIT and fm.cdiv(kt, kps) == s and items * s <= max(cap, items)
+    if s > 1:
+        assert kps >= 2
+
+    def cost(s_, kps_):
+        return fm.cdiv(items * s_, grid) * (kps_ + fm.WS_SPLIT_UNIT_COST)
+    legal = [(t, fm.cdiv(kt, t)) for t in range(1, 9)
+             if t == 1 or (fm.cdiv(kt, t) >= 2 and fm.cdiv(kt, fm.cdiv(kt, t)) == t and items * t <= cap)]
+    best = min(cost(*x) for x in legal) if items else cost(1, kt)
+    assert cost(s, kps) == best and s == min(t for t, k in legal if cost(t, k) == best)
+    if items == 264 and kt == 32:
+        assert s == 1, "whole rounds of the grid: nothing to balance"
+    if kt == 2:
+        assert s == 1, "a K of 2 stages (the down GEMM at Hy3) never splits"
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 4, 5, 8])
+def test_ws_unit_load_covers_every_stage_once(split):
+    kt, items, grid = 32, 90, 132
+    r = fm.ws_unit_load(items, grid, kt, split)
+    assert r["stages"].sum() == items * kt and r["units"].sum() == items * split
+    assert r["cost"].max() >= r["cost"].mean() > 0 and 0 < r["balance"] <= 1
+    with pytest.raises(ValueError, match="kps"):
+        fm.ws_unit_load(items, grid, kt, 3, kps=8)
+    with pytest.raises(ValueError):
+        fm.ws_unit_load(items, 0, kt)
+    with pytest.raises(ValueError, match="block_m"):
+        fm.ws_split_units(8)
+
+
+# Hy3 TP8 (E=192, top-8, H=4096, I=192): busiest CTA's modeled cost (K stages + a stage per unit end) no split -> split
+# and the balance (mean / max) before and after, on the seeded routings (expected ~: batch 4: 33 -> 27, balance
+# 0.68 -> 0.91; 16: 99 -> 81, 0.70 -> 0.93; 64: 165 -> 153, 0.83 -> 0.92; 256: 165 -> 153, 0.87 -> 0.97).
+@pytest.mark.parametrize("batch,max_before,min_after", [(4, 0.72, 0.88), (16, 0.75, 0.9), (64, 0.86, 0.9),
+                                                         (256, 0.9, 0.95)])
+def test_ws_gate_up_split_balances_hy3(batch, max_before, min_after):
+    p = _hy3_ws_plan(batch)
+    before = fm.ws_gate_up_load(p, hidden=4096, inter=192, split=False)
+    after = fm.ws_gate_up_load(p, hidden=4096, inter=192)
+    items = p.num_tiles * 3
+    assert before["grid"] == after["grid"] == 132 and before["items"] == after["items"] == items
+    assert before["split"] == 1 and after["split"] > 1
+    assert before["stages"].sum() == after["stages"].sum() == items * 32  # the same weight bytes, redistributed
+    assert before["balance"] <= max_before, f"batch {batch}: no imbalance to fix? {before['balance']:.2f}"
+    assert after["balance"] >= min_after, f"batch {batch}: split balance {after['balance']:.2f}"
+    assert after["cost"].max() < before["cost"].max()
+    assert after["stages"].max() < before["stages"].max()  # the busiest CTA streams fewer weight bytes
+
+
+def test_ws_gate_up_load_no_split_from_whole_rounds():
+    """Past the decode sizes (Hy3 batch 1024, block_m 64: 576 items, 1152 units > the 1024 partial slots) the launch
+    keeps S = 1."""
+    ids, _ = fm.make_topk_ids(1024, model="hy3", mode="tp8ep1", seed=1)
+    p = fm.build_routing_plan(ids, num_experts=192, block_m=64)
+    assert fm.ws_gate_up_load(p, hidden=4096, inter=192)["split"] == 1
+
+
+# (items, grid, K stages, partial slots) -> (S, K stages per range), worked by hand from the modeled busiest-CTA cost
+# ceil(items S / grid) x (kps + 1): also what splitk.cuh's splitk_factor_rounds answers (the same integers).
+WS_SPLIT_CASES = [
+    ((90, 132, 32, 4096), (4, 8)),    # S=1 33, S=2 34, S=3 36, S=4 27, S=5 32, S=6 35, S=7 30, S=8 30
+    ((282, 132, 32, 4096), (4, 8)),   # 99, 85, 84, 81, 88, 91, 90, 90
+    ((264, 132, 32, 4096), (1, 32)),  # two whole rounds: 66 against 68 at S=2
+    ((34, 132, 32, 4096), (3, 11)),   # S=3 (1 round x 12) ties S=7 (2 x 6): the smaller S
+    ((67, 132, 32, 4096), (3, 11)),   # S=3, 5, 7 tie at 24
+    ((1, 2, 32, 4096), (2, 16)),      # 33, 17, 24, 18, ...
+    ((2048, 132, 32, 4096), (1, 32)),  # S=2 fits the slots exactly but models worse (544 > 528)
+    ((2049, 132, 32, 4096), (1, 32)),  # S=2 would need 4098 partial slots
+    ((5, 132, 3, 4096), (2, 2)),      # ranges of 2 + 1 stages; S=3 would leave 1-stage ranges
+    ((5, 132, 1, 4096), (1, 1)),      # one stage: nothing to cut
+    ((0, 132, 32, 4096), (1, 32)),    # no items
+    ((90, 0, 32, 4096), (1, 32)),     # no grid
+]
+
+
+@pytest.mark.parametrize("args,want", WS_SPLIT_CASES)
+def test_ws_split_factor_hand_cases(args, want):
+    assert fm.ws_split_factor(*args) == want
+
+
+def test_ws_split_constants_match_the_kernel_sources():
+    """The CPU model's constants are the kernels' (splitk.cuh, expert_wgmma.cu's WsTraits): a change on one side
+    alone would make MoEPlan.split_factors and the model disagree only on a GPU."""
+    import re
+    from pathlib import Path
+
+    src = Path(fm.__file__).resolve().parents[1] / "kernels" / "fused_moe"
+    sk = (src / "splitk.cuh").read_text()
+    wg = (src / "expert_wgmma.cu").read_text()
+    assert int(re.search(r"constexpr int kMaxSplit = (\d+);", sk).group(1)) == fm.WS_MAX_SPLIT
+    assert int(re.search(r"constexpr int kSplitUnitCost = (\d+);", sk).group(1)) == fm.WS_SPLIT_UNIT_COST
+    units = re.search(r"SPLIT_UNITS = (\d+) \* (\d+) / BM;", wg)
+    for bm in (16, 32, 64, 128):
+        assert int(units.group(1)) * int(units.group(2)) // bm == fm.ws_split_units(bm)
+    assert int(re.search(r"bool SPLIT = BM <= (\d+);", wg).group(1)) == fm.WS_SPLIT_MAX_BLOCK_M
+    assert re.search(r"constexpr int kWgBK = (\d+);", wg).group(1) == str(fm.WS_STAGE_K)
+
+
+def test_ws_gate_up_load_never_splits_block_m_128():
+    """WsTraits<128>::SPLIT is false (the kernel ignores the workspace there): the model must not split either,
+    although the rule alone would at these few items."""
+    ids, _ = fm.make_topk_ids(4, model="hy3", mode="tp8ep1", seed=4)
+    p = fm.build_routing_plan(ids, num_experts=192, block_m=128)
+    r = fm.ws_gate_up_load(p, hidden=4096, inter=192)
+    assert fm.ws_split_factor(r["items"], r["grid"], 32, fm.ws_split_units(128))[0] > 1
+    assert r["split"] == 1 and r["units"].sum() == r["items"]

@@ -5,10 +5,16 @@ ownership, the same warp shuffle scans, the same closed-form chunk counts, the s
 same bin-thread binary search and the same write loops. Every store goes through `_Workspace.store`, which
 counts writes, so the tests also prove that every workspace entry is written exactly once (no entry left
 unwritten from a previous step, no two threads racing on one address). The generic path (the original two-scan
-kernel, used above FAST_MAX_PAIRS pairs) is mirrored as well.
+kernel, used above FAST_MAX_PAIRS pairs) is mirrored as well. early=True mirrors the PDL launch (plan(early=True)):
+the model marks the kernel's cudaGridDependencySynchronize, and a workspace store before it fails (a store there
+could race the previous kernel still reading or writing the workspace); test_assign_source_* pin the same ordering
+in assign.cu itself.
 """
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,11 +32,17 @@ U32 = 0xFFFFFFFF
 class _Workspace:
     """The int32 workspace with a write counter per entry (a second write to an entry is a race)."""
 
-    def __init__(self, C: int, max_pairs: int):
+    def __init__(self, C: int, max_pairs: int, early: bool = False):
         self.v = np.full(workspace_len(C, max_pairs), 0x5EED, dtype=np.int64)  # never a legal value
         self.count = np.zeros(len(self.v), dtype=np.int64)
+        self.early, self.waited = early, False
+
+    def wait(self) -> None:
+        """The kernel's PDL wait (hp::pdl_wait): from here on the previous kernel has completed."""
+        self.waited = True
 
     def store(self, i: int, x: int) -> None:
+        assert self.waited or not self.early, f"workspace store to {i} before the PDL wait (early launch)"
         assert 0 <= i < len(self.v), f"store out of bounds: {i} of {len(self.v)}"
         assert -2 ** 31 <= x < 2 ** 31, f"int32 overflow: {x}"
         self.v[i] = x
@@ -63,12 +75,12 @@ def _warp_inclusive_scan(vals: list[int]) -> list[int]:
     return x
 
 
-def assign_fast_model(lens, H: int, C: int, F: int, max_pairs: int) -> _Workspace:
+def assign_fast_model(lens, H: int, C: int, F: int, max_pairs: int, early: bool = False) -> _Workspace:
     """Mirror of assign_fast_kernel (batch * H <= FAST_MAX_PAIRS). Returns the written workspace."""
     batch = len(lens)
     n = batch * H
     assert n <= FAST_MAX_PAIRS and n <= max_pairs
-    ws = _Workspace(C, max_pairs)
+    ws = _Workspace(C, max_pairs, early)
     hdr, bs = 0, 8
     dsc = bs + C + 1
     cst = dsc + 4 * (max_pairs + C)
@@ -95,6 +107,8 @@ def assign_fast_model(lens, H: int, C: int, F: int, max_pairs: int) -> _Workspac
             if r == batch:
                 r, h = 0, h + 1
         s.update(p0=p0, cnt=cnt, rr=rr, hh=hh, len=ln, lane=tid & 31, warp=tid >> 5)
+
+    def write_fixed(tid: int) -> None:  # the data-independent entries (early: after the wait)
         if tid == 0:
             for j, v in enumerate((batch, H, C, F)):
                 ws.store(hdr + 4 + j, v)
@@ -103,6 +117,11 @@ def assign_fast_model(lens, H: int, C: int, F: int, max_pairs: int) -> _Workspac
             ws.store(nch + p, -1)
         for i in range(4 * (n + C - 1) + tid, 4 * (max_pairs + C), FAST_THREADS):
             ws.store(dsc + i, -1)
+
+    if not early:
+        ws.wait()  # a plain launch: the previous kernel completed before this one started
+        for tid in threads:
+            write_fixed(tid)
     divC = make_fastdiv(C)
 
     # 2. tiles, warp scan, barrier 1
@@ -163,7 +182,11 @@ def assign_fast_model(lens, H: int, C: int, F: int, max_pairs: int) -> _Workspac
         s_wchunks[w] = cinc[31]
     assert all(s_pair[p] is not None for p in range(n)), "a pair without an owner"
 
-    # 4. after barrier 2
+    # 4. after barrier 2 (early: the PDL wait, then the data-independent entries)
+    if early:
+        ws.wait()
+        for tid in threads:
+            write_fixed(tid)
     for tid, s in enumerate(st):
         wc, ndesc = [], 0
         for w in range(FAST_WARPS):
@@ -205,11 +228,13 @@ def assign_fast_model(lens, H: int, C: int, F: int, max_pairs: int) -> _Workspac
     return ws
 
 
-def assign_generic_model(lens, H: int, C: int, F: int, max_pairs: int) -> _Workspace:
+def assign_generic_model(lens, H: int, C: int, F: int, max_pairs: int, early: bool = False) -> _Workspace:
     """Mirror of assign_generic_kernel (the original kernel: contiguous pairs per thread, two block scans)."""
     batch = len(lens)
     n = batch * H
-    ws = _Workspace(C, max_pairs)
+    ws = _Workspace(C, max_pairs, early)
+    if not early:
+        ws.wait()
     bs = 8
     dsc = bs + C + 1
     cst = dsc + 4 * (max_pairs + C)
@@ -232,6 +257,8 @@ def assign_generic_model(lens, H: int, C: int, F: int, max_pairs: int) -> _Works
         my_c.append(c)
     cs0 = np.concatenate([[0], np.cumsum(my_c)[:-1]]).tolist()
     ndesc = int(sum(my_c))
+    if early:
+        ws.wait()  # passes 1-2 read only kv_lens; pass 3 writes
     for _tid, ((p0, p1), ts, cs) in enumerate(zip(rng, ts0, cs0)):
         for p in range(p0, p1):
             r, h, t = p % batch, p // batch, tiles[p]
@@ -263,18 +290,19 @@ def assign_generic_model(lens, H: int, C: int, F: int, max_pairs: int) -> _Works
     return ws
 
 
-def assign_model(lens, H: int, C: int, F: int, max_pairs: int) -> _Workspace:
+def assign_model(lens, H: int, C: int, F: int, max_pairs: int, early: bool = False) -> _Workspace:
     """The launcher's dispatch: the fast path up to FAST_MAX_PAIRS pairs, the generic kernel above."""
     n = len(lens) * H
     if n <= FAST_MAX_PAIRS:
-        return assign_fast_model(lens, H, C, F, max_pairs)
-    return assign_generic_model(lens, H, C, F, max_pairs)
+        return assign_fast_model(lens, H, C, F, max_pairs, early)
+    return assign_generic_model(lens, H, C, F, max_pairs, early)
 
 
-def _check(lens, H, C, F=2, extra=0, model=assign_model):
+def _check(lens, H, C, F=2, extra=0, model=assign_model, early=False):
     lens = [int(x) for x in lens]
     max_pairs = len(lens) * H + extra
-    ws = model(lens, H, C, F, max_pairs)
+    ws = model(lens, H, C, F, max_pairs, early)
+    assert ws.waited, "the model never reached the kernel's PDL wait"
     unwritten = np.nonzero(ws.count == 0)[0]
     assert len(unwritten) == 0, f"{len(unwritten)} entries never written, first flat {unwritten[0]}"
     twice = np.nonzero(ws.count > 1)[0]
@@ -305,12 +333,13 @@ EDGE = [
 ]
 
 
+@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("case", range(len(EDGE)))
-def test_model_edge_cases(case):
+def test_model_edge_cases(case, early):
     lens, H, C = EDGE[case]
     for F in (1, 2, 16):
-        _check(lens, H, C, F)
-    _check(lens, H, C, 2, extra=5)
+        _check(lens, H, C, F, early=early)
+    _check(lens, H, C, 2, extra=5, early=early)
 
 
 def test_model_random_distributions():
@@ -347,6 +376,7 @@ def test_generic_path_random():
         lens = rng.integers(0, 5000, batch)
         lens[0] = 200000
         _check(lens, H, C, int(rng.choice([1, 2, 8])), extra=3)
+        _check(lens, H, C, 2, extra=3, early=True)
 
 
 def test_fast_model_agrees_with_generic_model():
@@ -355,3 +385,53 @@ def test_fast_model_agrees_with_generic_model():
         lens = rng.integers(0, 6000, int(rng.integers(1, 300))).tolist()
         _check(lens, 1, 264, 2, model=assign_fast_model)
         _check(lens, 1, 264, 2, model=assign_generic_model)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The early (PDL) ordering in assign.cu itself: what the model above assumes of the kernel's text.
+
+_ASSIGN_CU = Path(__file__).resolve().parents[1] / "src" / "kernels" / "split_kv_decode" / "assign.cu"
+_STORE = re.compile(r"\b(desc|bin_start|chunk_start|num_chunks|d)\[[^\]]*\]\s*=(?!=)|write_header_\w+\(")
+
+
+def _kernel_bodies() -> dict[str, str]:
+    """name -> body text of every __global__ kernel in assign.cu (brace-matched)."""
+    src = re.sub(r"//[^\n]*", "", _ASSIGN_CU.read_text())
+    out = {}
+    for m in re.finditer(r"__global__[^{;]*?\b(assign_\w+_kernel)\s*\(", src):
+        i = src.index("{", m.end())
+        depth, j = 0, i
+        while True:
+            depth += {"{": 1, "}": -1}.get(src[j], 0)
+            j += 1
+            if depth == 0:
+                break
+        out[m.group(1)] = src[i:j]
+    return out
+
+
+def test_assign_source_every_cta_reaches_the_wait():
+    """No early exit in either assign kernel (one CTA each): a CTA that returned before hp::pdl_wait would let the
+    grid complete before its predecessor, and the attention kernel's wait (which covers only assign) would no longer
+    cover the prologue's Q and K/V writes."""
+    bodies = _kernel_bodies()
+    assert set(bodies) == {"assign_fast_kernel", "assign_generic_kernel"}, sorted(bodies)
+    for name, body in bodies.items():
+        assert "hp::pdl_wait()" in body, f"{name}: no PDL wait"
+        assert not re.search(r"\breturn\b", re.sub(r"\[&\]\([^)]*\)[^{]*\{[^{}]*(\{[^{}]*\}[^{}]*)*\}", "", body)), \
+            f"{name}: a return statement (outside a lambda) could skip the PDL wait"
+
+
+def test_assign_source_no_workspace_store_before_the_wait():
+    """In each kernel the text before hp::pdl_wait() stores nothing to the workspace, except the write_fixed lambda's
+    definition, whose only call there is under `if (!early)` (the plain launch)."""
+    for name, body in _kernel_bodies().items():
+        pre = body[:body.index("hp::pdl_wait()")]
+        lam = re.search(r"auto write_fixed = \[&\]\(\) \{.*?\n  \};", pre, re.S)
+        if lam:
+            pre = pre[:lam.start()] + pre[lam.end():]
+            calls = [m.start() for m in re.finditer(r"write_fixed\(\)", pre)]
+            assert all(pre[max(0, c - 20):c].rstrip().endswith("if (!early)") for c in calls), \
+                f"{name}: write_fixed() called before the wait outside `if (!early)`"
+        hit = _STORE.search(pre)
+        assert hit is None, f"{name}: workspace store before the PDL wait: {pre[hit.start():hit.start() + 60]!r}"

@@ -180,6 +180,72 @@ def test_cuda_graph_update_and_run(kv_dtype, variant):
         assert msg is None, msg
 
 
+@pytest.mark.parametrize("mode", ["dynamic", "static_count"])
+@pytest.mark.parametrize("q_len", [1, 4])
+@pytest.mark.parametrize("kv_dtype", ["fp8", "bf16"])
+def test_early_work_on_and_off_bit_identical(kv_dtype, q_len, mode):
+    """plan(early=True) (assign a PDL launch reading kv_lens before its wait; the attention kernel's L2 prefetch
+    before its wait) and early=False (the old launches) give bit-identical outputs and byte-identical task maps: run
+    alone (no predecessor: the waits are no-ops), after a producer kernel, and replayed in a CUDA graph (update + run)
+    with poisoned outputs and workspaces and the lengths changed between replays. A large batch (320 pairs x 4 KV
+    heads > 1024 pairs) takes assign's generic path."""
+    K, R = _mods()
+    for lens, H in (([3000, 700, 65, 4, 2000, 64], 1), ([70 + 13 * i for i in range(320)], 4)):
+        inp = _inputs(lens, kv_dtype, q_heads=8 * H, kv_heads=H, q_len=q_len, seed=6)
+        kv = inp["kv_lens"]
+        fp8 = kv_dtype == "fp8"
+        sc = dict(q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"]) if fp8 else {}
+        args = (inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], kv)
+        outs = {}
+        for early in (False, True):
+            p = K.plan(kv, num_kv_heads=H, q_heads=8 * H, q_len=q_len, mode=mode, early=early,
+                       kv_dtype=inp["k_cache"].dtype)
+            assert p.early is early
+            if mode == "dynamic":
+                msg = R.compare_workspaces(K.workspace_numpy(p), K.host_task_map(p, lens))
+                assert msg is None, f"early={early}: {msg}"
+            out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            K.run(p, *args, q_len=q_len, out=out, **sc)  # alone
+            torch.cuda.synchronize()
+            got = [out.clone()]
+            # after a producer kernel on the stream (the poison fill of the workspace and of out)
+            if mode == "dynamic":
+                p.workspace.fill_(-7)
+            out.fill_(float("nan"))
+            p.update(kv)
+            K.run(p, *args, q_len=q_len, out=out, **sc)
+            torch.cuda.synchronize()
+            got.append(out.clone())
+            g = torch.cuda.CUDAGraph()
+            st = torch.cuda.Stream()
+            st.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(st), torch.cuda.graph(g, stream=st):
+                p.update(kv)
+                K.run(p, *args, q_len=q_len, out=out, check_inputs=False, **sc)
+            torch.cuda.current_stream().wait_stream(st)
+            # static plans were sized for the first lengths: the replays only shorten them
+            for new in (lens, [max(q_len, x // 3) for x in lens], lens):
+                kv.copy_(torch.tensor(new, dtype=torch.int32))
+                if mode == "dynamic":
+                    p.workspace.fill_(-7)
+                out.fill_(float("nan"))
+                g.replay()
+                torch.cuda.synchronize()
+                if mode == "dynamic":
+                    msg = R.compare_workspaces(K.workspace_numpy(p), K.host_task_map(p, new))
+                    assert msg is None, f"early={early}, lens {new[:4]}...: {msg}"
+                got.append(out.clone())
+            kv.copy_(torch.tensor(lens, dtype=torch.int32))
+            for o in got:
+                assert torch.isfinite(o.float()).all(), f"early={early}: unwritten rows"
+            assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2]) and torch.equal(got[0], got[4])
+            outs[early] = got
+        for a, b in zip(outs[False], outs[True]):
+            assert torch.equal(a, b), "early on and off differ"
+        if H == 1:  # the emulation of the large batch would dominate the test's time
+            assert_close(outs[True][0], _emulate(inp, p, lens), op=OP, path=f"{kv_dtype}_vs_emulation")
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kv_dtype", ["fp8", "bf16"])
 def test_batch_invariant_bit_identical(kv_dtype, variant):

@@ -11,9 +11,14 @@ Tables:
   rounds differently (division instead of a reciprocal, another eps, FMA) shows thousands, which says nothing
   about its accuracy: its rows say so in the note). Without an SM90 GPU, ``fused`` and the
   torch impls run their CPU emulation (impl ``*_emulation``, untimed) and the GPU-only peers give their reason.
-- ``chain_rows``: prologue + split-KV decode attention in one CUDA graph with the prologue's PDL trigger after its loads
-  (``chain_pdl``) and without it (``chain_no_trigger``: the decode kernel launches only when the prologue has
-  finished, as without PDL), against each alone and their sum.
+- ``chain_rows``: prologue + split-KV decode attention in one CUDA graph with the prologue's PDL trigger right after its
+  wait (``chain_pdl``) and without it (``chain_no_trigger``: the decode kernel launches only when the prologue has
+  finished, as without PDL), against each alone and their sum; both with the decode plan's early work off (the old
+  launches). ``chain_pdl_early``: as chain_pdl with the plan's early work on (the attention kernel prefetches its
+  start-up arrays into L2 before its PDL wait). The step's assign kernel (plan.update) in the chain:
+  ``decode_assign`` (update + run alone, early off), ``chain_assign_pdl`` (prologue, update, run; early off: assign
+  a plain launch) and ``chain_assign_pdl_early`` (early on: assign overlaps the prologue), their ``saved_us`` against
+  prologue + decode_assign.
 
 Token layouts (``make_bench_inputs``): decode = one token per request (MTP shapes: ``q_len`` tokens per request)
 at the end of a KV sequence of 64-511 tokens; prefill = one request of ``tokens`` tokens from position 0. Our
@@ -402,16 +407,18 @@ def make_chain_inputs(case: str, *, q_len: int = 1, q_heads: int = 8, kv_heads: 
     return {"decode": dec, "prologue": pro, "lens": lens, "q_len": q_len}
 
 
-def make_chain(ci: dict, *, trigger: bool = True):
+def make_chain(ci: dict, *, trigger: bool = True, early: bool = False, assign: bool = False):
     """fn() running prologue then split-KV decode on its q / q_scale (capturable); returns the decode output.
-    Also returns the two halves: (chain, prologue_only, decode_only). trigger: as make_fused()."""
+    Also returns the two halves: (chain, prologue_only, decode_only). trigger: as make_fused(); early: the decode
+    plan's early work before its PDL waits (hotpaths.kernels.split_kv_decode.plan(early=...)); assign: the decode
+    half re-plans first (plan.update: the step's assign kernel, right after the prologue)."""
     from hotpaths.kernels import split_kv_decode as sk
 
     dec, pro = ci["decode"], ci["prologue"]
     H = dec["k_cache"].shape[2]
     Hq = dec["q"].shape[1]
     plan = sk.plan(dec["kv_lens"], num_kv_heads=H, q_heads=Hq, head_dim=128, q_len=ci["q_len"],
-                   kv_dtype=dec["k_cache"].dtype)
+                   kv_dtype=dec["k_cache"].dtype, early=early)
     pf = make_fused(pro, trigger=trigger)
     q, qs, _, _ = pf()
     out = torch.empty((q.shape[0], Hq, 128), dtype=torch.bfloat16, device=q.device)
@@ -419,6 +426,8 @@ def make_chain(ci: dict, *, trigger: bool = True):
     kws = dict(q_scale=qs, k_scale=dec["k_scale"], v_scale=dec["v_scale"]) if fp8 else {}
 
     def decode():
+        if assign:
+            plan.update(dec["kv_lens"])
         return sk.run(plan, q, dec["k_cache"], dec["v_cache"], dec["block_table"], dec["kv_lens"], q_len=ci["q_len"],
                       out=out, check_inputs=False, **kws)
 
@@ -431,8 +440,9 @@ def make_chain(ci: dict, *, trigger: bool = True):
 
 def chain_rows(cases, *, q_len: int = 1, q_heads: int = 8, kv_heads: int = 1, kv_dtype: str = "fp8",
                iters: int = 100, seed: int = 0) -> list[dict]:
-    """Rows (impl prologue / decode / sum_alone / chain_pdl / chain_no_trigger) per decode case: each alone, their
-    sum, and the two in one graph with the prologue's PDL trigger and without it; ``saved_us`` = sum - chain.
+    """Rows (impl prologue / decode / sum_alone / chain_pdl / chain_no_trigger / chain_pdl_early, and with the
+    step's assign decode_assign / sum_alone_assign / chain_assign_pdl / chain_assign_pdl_early: the module
+    docstring) per decode case: each alone, their sum, and the two in one graph; ``saved_us`` = sum - chain.
     SM90 only: without it one row per case says why. Raises ValueError for a bad case."""
     from hotpaths.harness import bench as hb
     from hotpaths.harness.env import device_tag, has_sm90, sm90_skip_reason
@@ -449,9 +459,16 @@ def chain_rows(cases, *, q_len: int = 1, q_heads: int = 8, kv_heads: int = 1, kv
         ci = make_chain_inputs(c, q_len=q_len, q_heads=q_heads, kv_heads=kv_heads, kv_dtype=kv_dtype, seed=seed)
         chain_t, pf_t, dec_fn = make_chain(ci, trigger=True)
         chain_n, pf_n, _ = make_chain(ci, trigger=False)
+        chain_e, _, _ = make_chain(ci, trigger=True, early=True)
+        chain_a, _, dec_a = make_chain(ci, trigger=True, assign=True)
+        chain_ae, _, _ = make_chain(ci, trigger=True, early=True, assign=True)
         times = {"prologue": hb.bench(pf_t, iters=iters), "decode": hb.bench(dec_fn, iters=iters),
-                 "chain_pdl": hb.bench(chain_t, iters=iters), "chain_no_trigger": hb.bench(chain_n, iters=iters)}
+                 "chain_pdl": hb.bench(chain_t, iters=iters), "chain_no_trigger": hb.bench(chain_n, iters=iters),
+                 "chain_pdl_early": hb.bench(chain_e, iters=iters), "decode_assign": hb.bench(dec_a, iters=iters),
+                 "chain_assign_pdl": hb.bench(chain_a, iters=iters),
+                 "chain_assign_pdl_early": hb.bench(chain_ae, iters=iters)}
         s = times["prologue"].median_us + times["decode"].median_us
+        sa = times["prologue"].median_us + times["decode_assign"].median_us
         base = {"op": OP, "case": f"chain-{c}-q{q_len}", "device": tag, "dtype": f"q {kv_dtype}, kv {kv_dtype}",
                 "tokens": len(ci["lens"]) * q_len, "mode": "decode", "q_heads": q_heads, "kv_heads": kv_heads,
                 "head_dim": 128, "floor_us": floor.median_us if floor else None,
@@ -460,9 +477,10 @@ def chain_rows(cases, *, q_len: int = 1, q_heads: int = 8, kv_heads: int = 1, kv
         for name, tm in times.items():
             r = dict(base, impl=name, timing=tm.method, **tm.as_row())
             if name.startswith("chain"):
-                r["saved_us"] = s - tm.median_us
+                r["saved_us"] = (sa if "assign" in name else s) - tm.median_us
             rows.append(r)
         rows.append(dict(base, impl="sum_alone", median_us=s))
+        rows.append(dict(base, impl="sum_alone_assign", median_us=sa))
     return rows
 
 
@@ -501,8 +519,8 @@ def register(subparsers) -> None:
     p.add_argument("--impl", default=",".join(IMPLS),
                    help=f"comma-separated impls among {', '.join(IMPLS)}")
     p.add_argument("--variants", default=None, metavar="NAMES",
-                   help="comma-separated kernel variants (auto, baseline, pair, tokwarp2): 'fused' in --impl "
-                   "becomes one row per variant (fused_<name>), all on the same inputs")
+                   help="comma-separated kernel variants (auto, baseline, pair, tokwarp2, stream2, async3): 'fused' "
+                   "in --impl becomes one row per variant (fused_<name>), all on the same inputs")
     p.add_argument("--check", action="store_true", help="bit-exact comparison with the emulation")
     p.add_argument("--chain", type=case_list_arg, default=None, metavar="CASES",
                    help="time prologue + decode attention for these decode cases (e.g. 64x0.5K,32x4K)")

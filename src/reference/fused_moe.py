@@ -491,6 +491,84 @@ def persistent_schedule(plan: RoutingPlan, num_ctas: int) -> np.ndarray:
     return load
 
 
+# The warp-specialized wgmma GEMM's split-K (expert_wgmma.cu, splitk.cuh): a CPU model of the per-CTA work of one
+# launch. An item is 128 weight rows (gate-up: 64 gate + 64 up) x all K stages of 128 columns; the persistent grid
+# (one CTA per SM) walks units u = blockIdx + i * grid, a unit being (item, K range) with u = item * S + range.
+WS_ITEM_ROWS = 128      # weight rows per item
+WS_STAGE_K = 128        # K columns per stage (one block-scale group: a split never cuts one)
+WS_MAX_SPLIT = 8        # kMaxSplit
+WS_SPLIT_UNIT_COST = 1  # kSplitUnitCost: a unit's end (partial store, arrival, epilogue) in K stages
+WS_SPLIT_MAX_BLOCK_M = 64  # WsTraits::SPLIT: block_m 128 never splits (its consumers sit at the register limit)
+
+
+def ws_split_units(block_m: int) -> int:
+    """Partial slots of the ws kernel's split-K workspace at block_m (WsTraits::SPLIT_UNITS: 32 MB of fp32
+    partials [128 rows x block_m] whatever block_m); a launch splits only while items x S fit them."""
+    if block_m not in (16, 32, 64, 128):
+        raise ValueError(f"block_m: expected one of (16, 32, 64, 128), got {block_m!r}")
+    return 4096 * 16 // block_m
+
+
+def ws_split_factor(num_items: int, grid: int, kt_count: int, max_units: int) -> tuple[int, int]:
+    """(S, K stages per range) of splitk_factor_rounds: the S in 1..8 minimising the busiest CTA's modeled time
+    ceil(items S / grid) x (kps + WS_SPLIT_UNIT_COST) under the round-robin unit order, kps = ceil(kt / S) >= 2, no
+    empty range, items x S <= max_units; ties to the smaller S. The same integers as the device (tested on the GPU
+    against hp_moe_ws_split_factor)."""
+    best, best_kps = 1, kt_count
+    if num_items > 0 and grid > 0:
+        best_cost = cdiv(num_items, grid) * (kt_count + WS_SPLIT_UNIT_COST)
+        for s in range(2, WS_MAX_SPLIT + 1):
+            kps = cdiv(kt_count, s)
+            if kps < 2 or cdiv(kt_count, kps) != s:
+                continue
+            if num_items * s > max_units:
+                break
+            cost = cdiv(num_items * s, grid) * (kps + WS_SPLIT_UNIT_COST)
+            if cost < best_cost:
+                best, best_kps, best_cost = s, kps, cost
+    return best, best_kps
+
+
+def ws_unit_load(num_items: int, grid: int, kt_count: int, split: int = 1, kps: int | None = None) -> dict:
+    """Per-CTA work of a ws launch over ``num_items`` items of ``kt_count`` K stages cut into ``split`` ranges of
+    ``kps`` stages (the last range of an item may be shorter): ``stages`` int64 [grid] (K stages each CTA streams:
+    its weight bytes / 16 KB), ``units`` int64 [grid] (unit ends: epilogues or partial stores), ``cost`` = stages +
+    WS_SPLIT_UNIT_COST x units, and ``balance`` = mean / max of cost (1.0: every CTA as busy as the busiest).
+    Raises ValueError on a bad argument."""
+    if grid < 1 or kt_count < 1 or split < 1 or num_items < 0:
+        raise ValueError(f"grid, kt_count, split >= 1 and num_items >= 0 expected, got {grid}, {kt_count}, {split}, "
+                         f"{num_items}")
+    kps = cdiv(kt_count, split) if kps is None else kps
+    if cdiv(kt_count, kps) != split:
+        raise ValueError(f"kps: {kps} stages per range do not cut {kt_count} stages into {split} ranges")
+    u = np.arange(num_items * split, dtype=np.int64)
+    ks = u % split
+    nk = np.minimum(kt_count, (ks + 1) * kps) - ks * kps
+    stages = np.zeros(grid, dtype=np.int64)
+    units = np.zeros(grid, dtype=np.int64)
+    np.add.at(stages, u % grid, nk)
+    np.add.at(units, u % grid, 1)
+    cost = stages + WS_SPLIT_UNIT_COST * units
+    bal = float(cost.mean() / cost.max()) if num_items else 1.0
+    return dict(stages=stages, units=units, cost=cost, balance=bal, split=split, kps=kps, items=num_items)
+
+
+def ws_gate_up_load(plan: PlanSize, *, hidden: int, inter: int, num_tiles: int | None = None, grid: int = 132,
+                    split: bool = True) -> dict:
+    """The ws gate-up launch of a plan: num_tiles (the plan's tile count; default plan.num_tiles) x
+    I / 64 items of ceil(H / 128) stages on min(grid, the plan's largest item count) CTAs, split as the kernel
+    decides (split=False: as with no workspace; block_m > WS_SPLIT_MAX_BLOCK_M never splits, as the kernel).
+    Returns ws_unit_load's dict plus ``grid``."""
+    split = split and plan.block_m <= WS_SPLIT_MAX_BLOCK_M
+    if num_tiles is None:
+        num_tiles = int(plan.num_tiles)
+    n_tiles = inter // 64
+    g = min(grid, max_tiles_for(plan.num_experts, plan.max_pairs, plan.block_m) * n_tiles)
+    kt = cdiv(hidden, WS_STAGE_K)
+    items = num_tiles * n_tiles
+    s, kps = ws_split_factor(items, g, kt, ws_split_units(plan.block_m)) if split else (1, kt)
+    return dict(ws_unit_load(items, g, kt, s, kps), grid=g)
+
 # ----------------------------------------------------------------------------------------------------------------
 # The staged emulation (what the kernels must match) and the exact reference
 # ----------------------------------------------------------------------------------------------------------------

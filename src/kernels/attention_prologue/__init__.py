@@ -9,8 +9,8 @@ BF16) and the paged K/V cache once; the math, layouts and precision are those of
 hotpaths.reference.attention_prologue (attention_prologue_emulation is bit-exact with the kernel by design).
 PDL: launched with programmatic stream serialization (it may start while its predecessor drains; it waits before
 reading anything), and with ``trigger`` it lets its successor (the decode attention kernel, also PDL-launched) be
-scheduled right after its loads. (Deeper per-thread queues, reads before the wait and an earlier trigger were
-measured and removed: docs/ops/attention_prologue.md.)
+scheduled right after that wait (the successor's own wait still covers this whole grid's writes). (Deeper per-thread
+queues in the one-shot kernels and reads before the wait were measured and removed: docs/ops/attention_prologue.md.)
 """
 
 from __future__ import annotations
@@ -31,10 +31,15 @@ _Q_MODE = {"dynamic": 0, "static": 1, "bf16": 2}
 # half the cos/sin loads, more bytes in flight per thread); "tokwarp2" one warp per token in that layout, cos/sin,
 # position, slot and norm weights read once per token, the qkv loads two head passes ahead. Every variant writes
 # the same bytes (the pair variants run the baseline for neox when rotary_dim / 16 is not a power of two). "auto"
-# picks per launch by the measured crossovers (choose_variant).
-VARIANTS = ("auto", "baseline", "pair", "tokwarp2")
+# picks per launch by the measured crossovers (choose_variant). Prefill candidates built for the bandwidth gap, not
+# yet measured (docs/ops/attention_prologue.md, "Why prefill reads at 1.8 TB/s"): "stream2", a persistent grid (SMs
+# x resident CTAs) of warps in the pair layout walking warp items with a stride of all warps, each warp keeping 2
+# items of qkv loads in flight in registers and the next item's cos/sin issued one item ahead; "async3", the same
+# schedule with every load of an item (qkv, cos/sin, slot) a cp.async into a lane-private shared-memory ring 3
+# items ahead (no registers held, so the angles no longer cost a round trip per item).
+VARIANTS = ("auto", "baseline", "pair", "tokwarp2", "stream2", "async3")
 DEFAULT_VARIANT = "auto"
-_KERNEL_CODE = {"baseline": 0, "pair": 1, "tokwarp2": 2}
+_KERNEL_CODE = {"baseline": 0, "pair": 1, "tokwarp2": 2, "stream2": 3, "async3": 4}
 # Crossovers measured on the H200 (same run, 8q/1kv and 64q/8kv, d128): the baseline's smaller units fill more SMs
 # while units (tokens x heads) stay below ~4K (1-7 tokens: 5.1 vs 5.3 us; level at 64-256 tokens of 8q/1kv), the
 # pair layout wins above (8q/1kv 4096 tokens 14.5 vs 18.0 us), and one warp per token wins once a token has many
@@ -43,11 +48,23 @@ _KERNEL_CODE = {"baseline": 0, "pair": 1, "tokwarp2": 2}
 _PAIR_MIN_UNITS = 4096
 _TOKWARP_MIN_HEADS = 40
 _TOKWARP_MIN_TOKENS = 2048
+# The streaming variants are wired into "auto" only through this switch, off until an H200 run measures them: set it
+# to "stream2" or "async3" (whichever the variants table shows ahead) to make auto run that variant from
+# STREAM_MIN_UNITS head units (tokens x heads) up, ahead of the tokwarp2 and pair rules; move STREAM_MIN_UNITS to the
+# measured crossover against pair (the prediction: between 4096 and 16384 units, docs/ops/attention_prologue.md).
+STREAM_PREFILL_VARIANT: str | None = None
+STREAM_MIN_UNITS = 16384
 
 
 def choose_variant(tokens: int, q_heads: int, kv_heads: int) -> str:
     """The variant "auto" runs for this launch size (the same bytes whichever runs; see the crossovers above)."""
     heads = q_heads + 2 * kv_heads
+    if STREAM_PREFILL_VARIANT is not None:
+        if STREAM_PREFILL_VARIANT not in ("stream2", "async3"):
+            raise ValueError(f"STREAM_PREFILL_VARIANT: expected None, 'stream2' or 'async3', got "
+                             f"{STREAM_PREFILL_VARIANT!r}")
+        if tokens * heads >= STREAM_MIN_UNITS:
+            return STREAM_PREFILL_VARIANT
     if heads >= _TOKWARP_MIN_HEADS and tokens >= _TOKWARP_MIN_TOKENS:
         return "tokwarp2"
     return "pair" if tokens * heads >= _PAIR_MIN_UNITS else "baseline"
@@ -111,7 +128,7 @@ def attention_prologue(qkv, q_norm_weight, k_norm_weight, cos_sin, positions, sl
     FP8 Q, else None): the layout hotpaths.kernels.split_kv_decode.run() reads. q_out / q_scale_out: preallocated
     outputs (CUDA-graph capture).
     pdl: launch with programmatic stream serialization; trigger: let the next PDL kernel be scheduled right after
-    this kernel's loads (False: never). variant: one of VARIANTS (the same bytes; launch shape only;
+    this kernel's own PDL wait (False: never). variant: one of VARIANTS (the same bytes; launch shape only;
     "auto": choose_variant).
     check_inputs (default: True unless a CUDA graph is being captured) reads slot_mapping and positions on the
     host to reject out-of-range values; without it the kernel skips out-of-range slots and clamps positions.

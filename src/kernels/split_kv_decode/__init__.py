@@ -27,6 +27,19 @@ chunks, else v2 (choose_variant); with more than 8 query rows per pair (q_len x 
 place, and above AUTO_MTP_ALWAYS_ROWS rows v3m is taken whatever the chunk estimate. plan(variant=None) reads the
 environment variable HOTPATHS_DECODE_VARIANT (default DEFAULT_VARIANT).
 
+Early work before the PDL wait (plan(early=...), default on; $HOTPATHS_DECODE_EARLY=0 turns it off): update()
+launches the assign kernel with PDL so that it reads kv_lens and builds the map in registers and shared memory while
+the previous kernel (in a decode step, the attention prologue) still runs, waiting only before its first workspace
+write; run()'s attention kernel prefetches the task map, kv_lens and the block table into L2 before its wait (a hint:
+no value read changes). Contract of early: kv_lens must be final when the kernel launched just before update()
+signals its dependents (PDL trigger, or its exit): not written by that kernel, nor by an earlier one that it lets run
+on past its trigger. The prologue, attention and combine kernels trigger at or after their own PDL wait (only assign
+itself and fused_moe's quant_rows kernel with wait_first off trigger first), and a launch without PDL (torch, cuBLAS,
+a memcpy) orders everything before it, so a producer of kv_lens two launches back (decode_step: meta, then the
+prologue, then update()) is fine; plan() itself launches the workspace fill right before its first assign.
+early=False is the old behaviour (assign a plain stream-ordered launch, no prefetch), kept for A/B runs and for
+callers that compute kv_lens on the device right before update().
+
 The static modes size their grid from the lengths on the host (plan() reads kv_lens, or takes max_kv_len): later
 updates must not exceed that maximum. The dynamic mode never reads lengths on the host.
 """
@@ -120,6 +133,7 @@ AUTO_MAX_CHUNKS = 128
 AUTO_MTP_ALWAYS_ROWS = 16
 DEFAULT_VARIANT = AUTO
 VARIANT_ENV = "HOTPATHS_DECODE_VARIANT"
+EARLY_ENV = "HOTPATHS_DECODE_EARLY"  # "0": plan(early=None) gives the old launches (resolve_early)
 
 _lib = None
 
@@ -129,9 +143,9 @@ def _load():
     if _lib is None:
         lib = _build.load("split_kv_decode")
         vp, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-        lib.hp_decode_assign.argtypes = [vp, vp, i, i, i, i, i, vp]
+        lib.hp_decode_assign.argtypes = [vp, vp, i, i, i, i, i, i, vp]
         lib.hp_decode_assign.restype = i
-        lib.hp_decode_attention.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp, i, vp, i]
+        lib.hp_decode_attention.argtypes = [vp] * 12 + [f] + [i] * 14 + [vp, i, vp, i, i]
         lib.hp_decode_attention.restype = i
         lib.hp_decode_combine.argtypes = [vp] * 5 + [i] * 10 + [vp, i, i, i]
         lib.hp_decode_combine.restype = i
@@ -159,6 +173,22 @@ def _torch():
 
 def _fp8():
     return _torch().float8_e4m3fn
+
+
+def resolve_early(early: bool | None = None) -> bool:
+    """Whether the decode kernels do their early work before the PDL wait (module docstring): `early` if given, else
+    $HOTPATHS_DECODE_EARLY ("1" / "0"; unset: True).
+
+    Raises ValueError for an environment value other than "0" or "1".
+    """
+    import os
+
+    if early is not None:
+        return bool(early)
+    v = os.environ.get(EARLY_ENV, "").strip()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"{EARLY_ENV} must be '0' or '1', got {v!r}")
+    return v != "0"
 
 
 def resolve_variant(variant: str | None = None) -> str:
@@ -279,7 +309,9 @@ class DecodePlan:
     map); partial_o [slots, rows, head_dim] fp32; partial_lse [slots, rows] fp32; batch and kv_lens of the last
     update; variant (one of VARIANTS: which attention kernel run() launches); fuse_max and counters
     [max_pairs * MAX_ROW_GROUPS] int32 (transposed layout's fused merge; zero between launches); combine_warps
-    (COMBINE_WARPS: the combine kernel's warps per (row, pair); 32 runs its online form).
+    (COMBINE_WARPS: the combine kernel's warps per (row, pair); 32 runs its online form); early (update()'s
+    assign and run()'s attention kernel do their early work before the PDL wait: module docstring; may be set
+    between calls to A/B the two).
     """
 
     mode: str
@@ -302,6 +334,7 @@ class DecodePlan:
     fuse_max: int = 0
     counters: object = None
     combine_warps: int = DEFAULT_COMBINE_WARPS
+    early: bool = True
     _extra: dict = field(default_factory=dict)
 
     @property
@@ -311,7 +344,11 @@ class DecodePlan:
     def update(self, kv_lens) -> "DecodePlan":
         """Re-plan for new lengths into the same buffers (dynamic: launches assign; no host sync; capturable).
 
-        Shape/Dtype: kv_lens [batch] int32 on the plan's device, batch <= max_batch.
+        Shape/Dtype: kv_lens [batch] int32 on the plan's device, batch <= max_batch. With self.early (the default)
+        assign is a PDL launch that reads kv_lens BEFORE its wait for the previous kernel: kv_lens must not be
+        written by the kernel launched just before update() (nor by an earlier one that kernel lets run past its PDL
+        trigger; module docstring). Writing it two launches back (decode_step: meta -> prologue -> update), on the
+        host, or by a plain copy is fine; if it comes from the immediately preceding kernel, set self.early = False.
         Raises TypeError/ValueError for a wrong dtype, device, shape or batch > max_batch.
         """
         torch = _torch()
@@ -326,7 +363,7 @@ class DecodePlan:
             with torch.cuda.device(kv_lens.device):
                 code = _load().hp_decode_assign(kv_lens.data_ptr(), self.workspace.data_ptr(), batch,
                                                 self.num_kv_heads, self.num_ctas, self.min_tiles, self.max_pairs,
-                                                stream_ptr(kv_lens.device))
+                                                int(bool(self.early)), stream_ptr(kv_lens.device))
             check_status(code, f"split_kv_decode assign (batch={batch}, kv_heads={self.num_kv_heads}, "
                               f"num_ctas={self.num_ctas}, max_pairs={self.max_pairs})")
         return self
@@ -343,7 +380,7 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
          num_ctas: int | None = None, min_tiles: int = DEFAULT_MIN_TILES, mode: str = "dynamic", num_splits: int | None = None,
          chunk_tiles: int | None = None, q_len: int = 1, max_kv_len: int | None = None,
          variant: str | None = None, fuse_max: int | str | None = None, kv_dtype=None,
-         combine_warps: int | str = DEFAULT_COMBINE_WARPS) -> DecodePlan:
+         combine_warps: int | str = DEFAULT_COMBINE_WARPS, early: bool | None = None) -> DecodePlan:
     """Allocate the step's buffers and build its schedule (dynamic: device assign kernel, no host sync).
 
     Shape/Dtype: kv_lens [batch] int32 on the GPU. num_ctas: see variant below; max_batch defaults to batch (sizes
@@ -364,13 +401,17 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
     else 0 (reads kv_lens on the host).
     combine_warps: one of COMBINE_WARPS (default 8); 32 runs the online combine with 32 warps per (row, pair);
     "auto": 32 when the longest pair has more than AUTO_COMBINE_WIDE_CHUNKS chunks (reads kv_lens on the host).
-    Raises ValueError/TypeError for an unknown mode or variant, unsupported head_dim / GQA ratio / q_len,
-    batch > max_batch, combine_warps not in COMBINE_WARPS, or non-positive sizes.
+    early: the kernels' work before the PDL wait (module docstring; None: resolve_early(), default True). With it,
+    kv_lens must not be written by the kernel launched just before a later update() (DecodePlan.update); plan()'s
+    own assign follows the workspace fill plan() launches, so any kv_lens is safe here. False gives the old launches.
+    Raises ValueError/TypeError for an unknown mode or variant, a bad $HOTPATHS_DECODE_EARLY, unsupported head_dim /
+    GQA ratio / q_len, batch > max_batch, combine_warps not in COMBINE_WARPS, or non-positive sizes.
     """
     torch = _torch()
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     variant = resolve_variant(variant)
+    early = resolve_early(early)
     _check_lens(kv_lens)
     fuse_auto = isinstance(fuse_max, str)
     if fuse_auto and fuse_max != "auto":
@@ -450,7 +491,7 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
                    partial_lse=torch.empty((slots, rows), dtype=torch.float32, device=dev), device=dev,
                    variant=variant, fuse_max=int(fuse_max),
                    counters=torch.zeros((max_pairs * MAX_ROW_GROUPS,), dtype=torch.int32, device=dev)
-                   if fuse_max else None, combine_warps=int(combine_warps))
+                   if fuse_max else None, combine_warps=int(combine_warps), early=early)
     return p.update(kv_lens)
 
 
@@ -475,7 +516,8 @@ _KERNEL_OPERAND = dict(contiguous=True, align=16)
 def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=None, k_scale=None, v_scale=None,
         sm_scale: float | None = None, q_len: int = 1, out=None, check_inputs: bool | None = None,
         stages: str = "all"):
-    """One layer of decode attention with the plan's schedule: attention then combine (PDL-chained).
+    """One layer of decode attention with the plan's schedule: attention then combine (PDL-chained; p.early: the
+    attention kernel prefetches its start-up arrays into L2 before its PDL wait).
 
     Shape/Dtype: q [batch*q_len, q_heads, 128] bf16, or float8_e4m3fn with q_scale [batch*q_len, q_heads] fp32;
     k_cache, v_cache [num_pages, page_size, H, 128] bf16 (with bf16 q) or float8_e4m3fn with k_scale, v_scale
@@ -582,7 +624,7 @@ def run(p: DecodePlan, q, k_cache, v_cache, block_table, kv_lens, *, q_scale=Non
         # the fused merge is the transposed layout's: off where this dtype / row count runs the row layout
         fuse = p.fuse_max if (p.fuse_max and runs_transposed(p.variant, fp8=fp8, rows=(q_heads // H) * q_len)) else 0
         if stages != "combine":
-            code = lib.hp_decode_attention(*args, CONFIGS[p.variant], ptr(p.counters), fuse)
+            code = lib.hp_decode_attention(*args, CONFIGS[p.variant], ptr(p.counters), fuse, int(bool(p.early)))
             check_status(code, f"split_kv_decode attention (variant={p.variant}, mode={p.mode}, batch={batch}, "
                                f"q_heads={q_heads}, kv_heads={H}, q_len={q_len}, page_size={page_size})")
         if stages == "attention" or fuse >= FUSE_ALL:  # fuse-all: the attention kernel wrote every row

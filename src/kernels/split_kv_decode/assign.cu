@@ -6,9 +6,17 @@
 // Launch: grid 1. Fast path (batch * H <= 1024 pairs): block 256, each thread owns up to 4 consecutive pairs.
 //   Generic path (more pairs): block 1024, the original two-scan kernel. No inter-CTA communication, so no
 //   co-residency assumption; CUDA-graph safe (reads lengths from device memory, writes a fixed-size workspace).
-//   The launch is a plain stream-ordered one (no PDL wait: kv_lens may come from the previous kernel), but the
-//   kernel triggers programmatic completion at once, so a PDL-launched attention kernel gets its CTAs resident
-//   early; it reads the workspace only after cudaGridDependencySynchronize (= after this grid completes).
+//   The kernel triggers programmatic completion at once, so a PDL-launched attention kernel gets its CTAs
+//   resident early; it reads the workspace only after cudaGridDependencySynchronize (= after this grid completes).
+//   early = 0: a plain stream-ordered launch (kv_lens may come from the previous kernel).
+//   early = 1: a PDL launch that overlaps the previous kernel (in a decode step, the attention prologue, which
+//   writes Q and the new K/V rows but not kv_lens nor the workspace). Everything up to the first workspace write
+//   (the kv_lens loads, both scans and their barriers: nearly all of the kernel's time) runs before
+//   cudaGridDependencySynchronize; the writes come after it. So (a) no write can race a reader or writer of the
+//   workspace before this kernel (the previous step's combine, plan()'s fill) and (b) this grid completes only
+//   after its predecessor has, so the attention kernel's own wait, which covers only its immediate predecessor
+//   (this grid), still covers the prologue's writes. Contract: kv_lens must not be written by the kernel launched
+//   just before (it is read before the wait); in a decode step it is an input written before the prologue.
 // Memory: reads batch*4 B, writes 4 * (9 + 5 C + 6 max_pairs) B (~11 KB at 256 pairs, C = 264).
 // Design (fast path), a chain of two __syncthreads and no serial per-pair loop:
 //   1. Issue the kv_lens loads first; while they are in flight write what does not depend on them (header
@@ -32,6 +40,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "common/launch.cuh"
 #include "task_map.cuh"
 
 namespace {
@@ -84,7 +93,7 @@ __device__ __forceinline__ void write_header_request(int* header, int batch, int
 
 __global__ void __launch_bounds__(kFastThreads, 1)
     assign_fast_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int batch, int H, int C, int F,
-                       int max_pairs) {
+                       int max_pairs, int early) {
   __shared__ __align__(16) int s_wtiles[kFastWarps];
   __shared__ __align__(16) int s_wchunks[kFastWarps];
   __shared__ int4 s_pair[kFastMaxPairs];  // (ts, te, warp-local chunk prefix, owner warp)
@@ -122,13 +131,16 @@ __global__ void __launch_bounds__(kFastThreads, 1)
       }
     }
   }
-  // Data-independent entries while the loads fly.
-  if (tid == 0) write_header_request(tm.header(), batch, H, C, F);
-  for (int p = n + tid; p < max_pairs; p += kFastThreads) {
-    chunk_start[p] = -1;
-    num_chunks[p] = -1;
-  }
-  for (int i = kDescInts * (n + C - 1) + tid; i < kDescInts * tm.desc_capacity(); i += kFastThreads) desc[i] = -1;
+  // Data-independent entries while the loads fly (early: after the wait below, as every workspace write).
+  auto write_fixed = [&]() {
+    if (tid == 0) write_header_request(tm.header(), batch, H, C, F);
+    for (int p = n + tid; p < max_pairs; p += kFastThreads) {
+      chunk_start[p] = -1;
+      num_chunks[p] = -1;
+    }
+    for (int i = kDescInts * (n + C - 1) + tid; i < kDescInts * tm.desc_capacity(); i += kFastThreads) desc[i] = -1;
+  };
+  if (!early) write_fixed();
   const FastDiv divC = make_fastdiv((unsigned)C);
 
   // 2. Tiles and their prefix.
@@ -195,6 +207,11 @@ __global__ void __launch_bounds__(kFastThreads, 1)
     return s;
   };
 
+  if (early) {  // all that precedes needed only kv_lens: the predecessor's writes matter from here on
+    hp::pdl_wait();
+    write_fixed();
+  }
+
   // 4a. The pair owner: chunk_start, num_chunks, and a first descriptor that does not open a bin.
   const int cs0 = warp_chunk_offset(warp) + cinc - my_c;
 #pragma unroll
@@ -260,7 +277,7 @@ __device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
 
 __global__ void __launch_bounds__(kAssignThreads, 1)
     assign_generic_kernel(const int* __restrict__ kv_lens, int* __restrict__ ws, int batch, int H, int C, int F,
-                          int max_pairs) {
+                          int max_pairs, int early) {
   __shared__ int warp_sums[33];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaTriggerProgrammaticLaunchCompletion();
@@ -311,6 +328,8 @@ __global__ void __launch_bounds__(kAssignThreads, 1)
   int ndesc;
   int cs0 = block_exclusive_scan(my_chunks, warp_sums, &ndesc);
 
+  if (early) hp::pdl_wait();  // passes 1-2 read only kv_lens; the workspace writes wait for the predecessor
+
   // Pass 3: write chunk_start, num_chunks, descriptors and the bin starts they open.
   {
     int ts = ts0, cs = cs0;
@@ -356,17 +375,20 @@ __global__ void __launch_bounds__(kAssignThreads, 1)
 
 // Host launcher: NVRTC (hotpaths.harness.nvrtc) compiles device code only, so it is guarded out there.
 #if !defined(__CUDACC_RTC__)
+// early: 0 a plain launch; 1 a PDL launch doing its kv_lens reads and scans before the wait (see the top).
 extern "C" int hp_decode_assign(const int* kv_lens, int* ws, int batch, int num_kv_heads, int num_ctas, int min_tiles,
-                                int max_pairs, void* stream) {
+                                int max_pairs, int early, void* stream) {
   if (batch < 0 || num_kv_heads <= 0 || num_ctas <= 0 || min_tiles <= 0 ||
       (long long)batch * num_kv_heads > (long long)max_pairs)
     return (int)cudaErrorInvalidValue;
   cudaStream_t s = (cudaStream_t)stream;
+  hp::LaunchOptions opt;
+  opt.pdl = early != 0;
+  const int e = early != 0;
   if (batch * num_kv_heads <= kFastMaxPairs)
-    assign_fast_kernel<<<1, kFastThreads, 0, s>>>(kv_lens, ws, batch, num_kv_heads, num_ctas, min_tiles, max_pairs);
-  else
-    assign_generic_kernel<<<1, kAssignThreads, 0, s>>>(kv_lens, ws, batch, num_kv_heads, num_ctas, min_tiles,
-                                                       max_pairs);
-  return (int)cudaGetLastError();
+    return (int)hp::launch(assign_fast_kernel, dim3(1), dim3(kFastThreads), 0, s, opt, kv_lens, ws, batch, num_kv_heads,
+                           num_ctas, min_tiles, max_pairs, e);
+  return (int)hp::launch(assign_generic_kernel, dim3(1), dim3(kAssignThreads), 0, s, opt, kv_lens, ws, batch,
+                         num_kv_heads, num_ctas, min_tiles, max_pairs, e);
 }
 #endif

@@ -64,6 +64,7 @@ struct Params {
   int mode, splits, chunk_tiles;
   int* counters;  // v3: per (pair, row group) arrival counters of the fused merge (self-resetting), or null
   int fuse_max;   // v3: pairs with 2..fuse_max chunks are merged by their last-arriving CTA (0: all by combine)
+  int early;      // 1: before the PDL wait, prefetch the start-up chain's arrays into L2 (prefetch_start_up)
 
   // The dynamic task map in the workspace (task_map.cuh).
   __device__ __forceinline__ TaskMap<const int> task_map() const { return TaskMap<const int>(ws, C, max_pairs); }
@@ -1402,8 +1403,38 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
 
 // The attention kernel: one template over Traits; the layout picks the body (both read the same task map and write
 // the same partial layout).
+// Work done before the PDL wait (Params::early). Every read of this kernel's start-up chain (bin bounds -> descriptors
+// and kv_lens -> block table -> first KV tile) is a dependent round trip to DRAM after a cold L2; the predecessor
+// (the prologue, or the assign kernel) runs for microseconds during which this grid is already resident. Here the
+// grid pulls the task map, kv_lens, the block table and the two FP8 scales into L2, one 128-byte line per thread,
+// lines dealt round-robin over the CTAs. Safe whatever the predecessor writes: a prefetch returns no value and
+// changes none that a later load returns (PTX memory model), and it targets L2 only, the GPU's point of coherence
+// (never L1, which is not coherent across SMs). Every real load stays after the wait, so the task map (written
+// by assign), Q and the new K/V rows (written by the prologue) are read exactly as before. Not prefetched: Q and
+// the cache (the predecessor's own writes land in L2; which KV tiles a CTA reads is known only from the task map).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+__device__ __forceinline__ void prefetch_lines(const void* base, long long bytes, long long first, long long step) {
+  const char* b = reinterpret_cast<const char*>(base);
+  if (b == nullptr || bytes <= 0) return;
+  const long long lines = (bytes + 127) >> 7;  // line i starts inside [base, base + bytes)
+  for (long long i = first; i < lines; i += step) prefetch_l2(b + (i << 7));
+}
+__device__ void prefetch_start_up(const Params& P) {
+  const long long ctas = (long long)gridDim.x * gridDim.y;
+  const long long first = (long long)threadIdx.x * ctas + (long long)blockIdx.y * gridDim.x + blockIdx.x;
+  const long long step = ctas * blockDim.x;
+  if (P.mode == kDynamic) prefetch_lines(P.ws, 4 * task_map_len(P.C, P.max_pairs), first, step);
+  prefetch_lines(P.kv_lens, 4LL * P.batch, first, step);
+  prefetch_lines(P.block_table, 4LL * P.batch * P.max_pages, first, step);
+  prefetch_lines(P.k_scale, 4, first, step);
+  prefetch_lines(P.v_scale, 4, first, step);
+}
+
 template <class T>
 __global__ void __launch_bounds__(kThreads, T::CPS) attention_kernel(const Params P) {
+  if (P.early) prefetch_start_up(P);  // before the PDL wait that opens either body
   if constexpr (T::TRANSPOSED)
     attention_transposed<T>(P);
   else
@@ -1652,7 +1683,8 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
                 splits,
                 chunk_tiles,
                 nullptr,  // counters: set by the launcher when the merge is fused
-                0};       // fuse_max
+                0,        // fuse_max
+                0};       // early
 }
 
 // Kernel configurations, by the id the Python loader passes (hotpaths.kernels.split_kv_decode.CONFIGS maps the
@@ -1778,20 +1810,22 @@ extern "C" long long hp_decode_workspace_len(int num_ctas, int max_pairs) {
 // [max_pairs * 8] int32, zero before the first launch (each launch leaves them zero), and fuse_max (pairs with
 // 2..fuse_max chunks are merged by their last-arriving CTA; 0 disables; >= kFuseAll, dynamic mode only: all of them,
 // and the empty pairs' zero rows too, so the caller runs no combine). The row layout must be called with
-// fuse_max = 0. Returns a cudaError_t (cudaErrorInvalidValue for bad shapes / configurations).
+// fuse_max = 0. early: 1 = prefetch the start-up chain's arrays into L2 before the PDL wait (prefetch_start_up;
+// no effect on any value read). Returns a cudaError_t (cudaErrorInvalidValue for bad shapes / configurations).
 extern "C" int hp_decode_attention(const void* q, const float* q_scale, const void* k, const void* v,
                                    const int* block_table, const int* kv_lens, const float* k_scale,
                                    const float* v_scale, void* out, float* part_o, float* part_lse, const int* ws,
                                    float sm_scale, int batch, int H, int q_heads, int q_len, int page_size,
                                    int max_pages, int num_pages, int C, int max_pairs, int mode, int splits,
                                    int chunk_tiles, int kv_fp8, int pdl, void* stream, int config, int* counters,
-                                   int fuse_max) {
+                                   int fuse_max, int early) {
   if (config < 0 || config >= kNumConfigs) return (int)cudaErrorInvalidValue;
   if (!valid_shape(batch, H, q_heads, q_len) || page_size <= 0 || (page_size & (page_size - 1)))
     return (int)cudaErrorInvalidValue;  // page_size: a power of two (shift/mask addressing)
   Params P =
       make_params(q, q_scale, k, v, block_table, kv_lens, k_scale, v_scale, out, part_o, part_lse, ws, sm_scale, batch,
                   H, q_heads, q_len, page_size, max_pages, num_pages, C, max_pairs, mode, splits, chunk_tiles);
+  P.early = early != 0;
   const cudaStream_t s = (cudaStream_t)stream;
   const bool transposed = runs_transposed(config, kv_fp8 != 0, P.R);
   if (!transposed) {
