@@ -205,26 +205,3 @@ def test_gemm_path_choice_compares_auto_with_the_faster_path():
         pytest.approx(230 / 196)
     rows[1]["impl"] = "fused_wgmma"  # auto's path not timed at 64
     assert np.isnan(bm.gemm_path_choice(pd.DataFrame(rows)).set_index("batch").loc[64, "auto_over_faster"])
-
-
-def test_nosplit_impl_runs_the_ws_path_without_split_k():
-    """fused_wgmma_ws_nosplit is the A/B twin of fused_wgmma_ws: the same forced path, run(split_k=False)."""
-    from hotpaths.bench import fused_moe as bm
-
-    assert bm.FUSED_GEMM["fused_wgmma_ws_nosplit"] == bm.FUSED_GEMM["fused_wgmma_ws"] == "wgmma_ws"
-    assert set(bm.FUSED_NO_SPLIT) <= set(bm.FUSED_GEMM) and "fused_wgmma_ws" not in bm.FUSED_NO_SPLIT
-    calls = []
-
-    class FakeKm:
-        def plan(self, ids, **kw):
-            calls.append(("plan", kw["gemm"]))
-            return "p"
-
-        def run(self, p, *a, **kw):
-            calls.append(("run", kw["split_k"]))
-
-    inputs = dict(topk_ids=None, num_experts=4, expert_offset=0, x=None, w13=None, w2=None, topk_weights=None,
-                  scales="pertensor", w13_scale=None, w2_scale=None, a1_scale=None, a2_scale=None, shared_out=None)
-    for impl in ("fused_wgmma_ws", "fused_wgmma_ws_nosplit"):
-        bm._fused_fn(FakeKm(), inputs, None, bm.FUSED_GEMM[impl], impl not in bm.FUSED_NO_SPLIT)()
-    assert calls == [("plan", "wgmma_ws"), ("run", True), ("plan", "wgmma_ws"), ("run", False)]

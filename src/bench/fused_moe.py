@@ -16,13 +16,11 @@ import sys
 
 OP = "fused_moe"
 IMPLS = ("fused", "hpc_ops", "torch_grouped_mm_bf16", "torch_scaled_grouped_mm_fp8", "triton_fused_moe",
-         "flashinfer_cutlass", "fused_mma", "fused_wgmma", "fused_wgmma_ws", "fused_mma_tma", "fused_wgmma_ws_nosplit")
+         "flashinfer_cutlass", "fused_mma", "fused_wgmma", "fused_wgmma_ws", "fused_mma_tma")
 # our kernel under each GEMM path: "fused" lets the plan choose (gemm=None: $HOTPATHS_MOE_GEMM or auto); the others
 # force one path on the same inputs, so one run A/Bs them (checked like "fused": vs exact and vs emulation)
 FUSED_GEMM = {"fused": None, "fused_mma": "mma", "fused_wgmma": "wgmma", "fused_wgmma_ws": "wgmma_ws",
-              "fused_mma_tma": "mma_tma", "fused_wgmma_ws_nosplit": "wgmma_ws"}
-# forced paths run with run(split_k=False): the A/B of the ws gate-up's split-K against none on the same inputs
-FUSED_NO_SPLIT = ("fused_wgmma_ws_nosplit",)
+              "fused_mma_tma": "mma_tma"}
 DEFAULT_IMPLS = "fused,hpc_ops,triton_fused_moe,torch_grouped_mm_bf16"
 STAGES = ("route", "gate_up", "down", "reduce", "all", "all_no_pdl")
 # published H20 column of data/reported/moe_hy3_*_h20.csv per impl ("fused" is the published HPC-Ops design)
@@ -79,14 +77,14 @@ def _repro(model, mode, scales, batch, impl, over) -> str:
             f"--impl {impl}{flags}")
 
 
-def _fused_fn(km, inputs, out, gemm=None, split_k=True):
+def _fused_fn(km, inputs, out, gemm=None):
     p = km.plan(inputs["topk_ids"], num_experts=inputs["num_experts"], expert_offset=inputs["expert_offset"],
                 gemm=gemm)
     kw = {k: inputs[k] for k in ("scales", "w13_scale", "w2_scale", "a1_scale", "a2_scale", "shared_out")}
 
     def fn(stages="all", pdl=True):
         return km.run(p, inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], out=out, stages=stages,
-                      pdl=pdl, split_k=split_k, **kw)
+                      pdl=pdl, **kw)
     return fn
 
 
@@ -142,7 +140,7 @@ def moe_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str =
                 if impl in FUSED_GEMM:
                     buf = torch.full((b, inputs["hidden"]), float("nan"), dtype=torch.bfloat16, device=dev)
                     try:
-                        f = _fused_fn(km, inputs, buf, FUSED_GEMM[impl], impl not in FUSED_NO_SPLIT)
+                        f = _fused_fn(km, inputs, buf, FUSED_GEMM[impl])
                         out = f().clone()
                         torch.cuda.synchronize()
                         timing = hb.bench(lambda f=f: f(), iters=iters)
@@ -247,7 +245,7 @@ def stage_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str
             continue
         inputs = fm.make_moe_inputs(b, model=model, mode=mode, scales=scales, seed=seed + b, device="cuda", **over)
         out = torch.empty(b, inputs["hidden"], dtype=torch.bfloat16, device="cuda")
-        f = _fused_fn(km, inputs, out, FUSED_GEMM[impl], impl not in FUSED_NO_SPLIT)
+        f = _fused_fn(km, inputs, out, FUSED_GEMM[impl])
         f()
         torch.cuda.synchronize()
         times = {}

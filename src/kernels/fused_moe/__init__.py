@@ -14,19 +14,16 @@ the activation pre-pass outputs ``xq`` e4m3 [max_tokens, H] and ``aq`` e4m3 [max
 [rows, ceil(cols/128)] in block mode): the GEMMs stream these fp8 rows (``MoEPlan.quant_buffers``);
 ``ybuf`` bf16 [max_pairs, H] indexed by the ORIGINAL pair index p = t*K + k (the reduce reads a token's slots
 contiguously). Rows of pairs that are not routed here are never written. Per GEMM, a split-K workspace (int32
-counters that are 0 between launches, then fp32 partials; ``MoEPlan.splitk_workspace``; the mma paths' GEMMs and the
-wgmma_ws gate-up).
+counters that are 0 between launches, then fp32 partials; ``MoEPlan.splitk_workspace``; mma path only).
 
 GEMM paths, one numerics contract (``MoEPlan.gemm``): ``"mma"`` (expert_gemm.cu: mma.sync m16n8k32, tiles of
 8-64 pairs, split-K; the decode sizes), ``"wgmma"`` (expert_wgmma.cu: warpgroup MMA with the tile's pairs as N,
 tiles of 16-128 pairs; many pairs per expert) and ``"wgmma_ws"`` (expert_wgmma.cu's warp-specialized kernel: a
 producer warp feeding the weights by TMA and the token rows by cp.async through an mbarrier ring, two consumer
-warpgroups; same tiles as wgmma; its gate-up splits K across CTAs when the items do not fill whole rounds of the
-one-CTA-per-SM grid: splitk.cuh's splitk_factor_rounds, modeled by hotpaths.reference.fused_moe.ws_gate_up_load).
-``plan(gemm="auto")`` picks mma or wgmma by the average rows per expert (``resolve_gemm``); ``$HOTPATHS_MOE_GEMM``
-(any name of ``GEMMS``) is the default when ``gemm`` is not given, so one process can be switched without code
-changes. ``"mma_tma"`` is the mma.sync GEMM fed the same way (TMA weight boxes through a deep mbarrier ring that runs
-across work units; the decode sizes).
+warpgroups; same tiles as wgmma). ``plan(gemm="auto")`` picks mma or wgmma by the average rows per expert
+(``resolve_gemm``); ``$HOTPATHS_MOE_GEMM`` (any name of ``GEMMS``) is the default when ``gemm`` is not given, so one
+process can be switched without code changes. ``"mma_tma"`` is the mma.sync GEMM fed the same way (TMA weight boxes
+through a deep mbarrier ring that runs across work units; the decode sizes).
 
 Route paths, one plan (``MoEPlan.route``, fixed at plan time from max_pairs so a captured graph replays the same
 launches at any live token count): ``"one"`` (route.cu's one-CTA kernel: a few us at decode sizes) and ``"multi"``
@@ -47,7 +44,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hotpaths.reference.common import check_fits, expect_tensor
-from hotpaths.reference.fused_moe import WS_SPLIT_MAX_BLOCK_M, PlanSize
+from hotpaths.reference.fused_moe import PlanSize
 
 OP = "fused_moe"
 BLOCK_MS = (8, 16, 32, 64)   # pairs per tile the mma.sync kernels are instantiated for
@@ -150,10 +147,6 @@ def _lib() -> ctypes.CDLL:
     lib.hp_moe_quant.restype = i
     lib.hp_moe_split_factor.argtypes = [i, i, i, i, i, i, i, i, i]
     lib.hp_moe_split_factor.restype = ctypes.c_longlong
-    lib.hp_moe_ws_splitk_ints.argtypes = [i]
-    lib.hp_moe_ws_splitk_ints.restype = ctypes.c_longlong
-    lib.hp_moe_ws_split_factor.argtypes = [i, i, i, i, i, i, i, i]
-    lib.hp_moe_ws_split_factor.restype = ctypes.c_longlong
     lib.hp_moe_reduce.argtypes = [vp, vp, vp, vp, vp, i, i, i, i, i, i, i, vp]
     lib.hp_moe_reduce.restype = i
     return lib
@@ -366,14 +359,9 @@ class MoEPlan(PlanSize):
         Reads the plan's header on the host (a sync): for tests and diagnostics, not hot paths."""
         if scales not in SCALE_MODES:
             raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
-        tiles = int(self.fields()["header"][1])
-        if self.gemm == "wgmma_ws":  # only its gate-up takes the workspace (the down GEMM's items are short and many)
-            if tiles == 0 or self.block_m > WS_SPLIT_MAX_BLOCK_M:
-                return 1, 1  # no items, or WsTraits::SPLIT false: no library call (nor build) needed to say so
-            return int(_lib().hp_moe_ws_split_factor(1, self.block_m, int(scales == "block"), tiles, self.num_experts,
-                                                     self.max_pairs, hidden, inter)), 1
         if self.gemm not in MMA_GEMMS:
-            return 1, 1  # the cp.async wgmma kernel never splits (prefill-sized tiles, many items)
+            return 1, 1  # only the mma.sync GEMMs split K (the wgmma tiles are many and long)
+        tiles = int(self.fields()["header"][1])
         out = tuple(int(_lib().hp_moe_split_factor(g, self.block_m, int(scales == "block"), tiles, self.num_experts,
                                                    self.max_pairs, hidden, inter, int(self.gemm == "mma_tma")))
                     for g in (1, 0))
@@ -382,21 +370,12 @@ class MoEPlan(PlanSize):
     def splitk_workspace(self, gate_up: bool) -> torch.Tensor:
         """int32 split-K workspace of the gate-up (or down) GEMM at this plan's block_m: per-item arrival counters
         (zero between launches: the kernel's last unit of an item puts its counter back) then fp32 partials.
-        Allocated zeroed once, sized for the launch's CTA slots (either scale mode); wgmma_ws: for its partial slots
-        (32 MB, WsTraits::SPLIT_UNITS). Keyed by the kernel family and block_m: the two layouts differ in size, and a
-        kernel handed the other's (smaller) workspace would index past it.
-        Raises ValueError on a block_m the path has no kernel for, ResourceError when it does not fit."""
-        ws = self.gemm == "wgmma_ws"
-        key = ("splitk", bool(gate_up), ws, self.block_m)
+        Allocated zeroed once, sized for the launch's CTA slots (either scale mode)."""
+        key = ("splitk", bool(gate_up))
         if key not in self._bufs:
-            if ws:
-                n = int(_lib().hp_moe_ws_splitk_ints(self.block_m))
-            else:
-                n = max(int(_lib().hp_moe_splitk_ints(int(gate_up), self.block_m, b)) for b in (0, 1))
+            n = max(int(_lib().hp_moe_splitk_ints(int(gate_up), self.block_m, b)) for b in (0, 1))
             if n < 0:
-                raise ValueError(f"block_m: expected one of {WGMMA_BLOCK_MS if ws else BLOCK_MS}, "
-                                 f"got {self.block_m!r}")
-            _fits(f"fused_moe split-K workspace (gemm={self.gemm}, block_m={self.block_m})", 4 * n, self.device)
+                raise ValueError(f"block_m: expected one of {BLOCK_MS}, got {self.block_m!r}")
             self._bufs[key] = torch.zeros(n, dtype=torch.int32, device=self.device)
         return self._bufs[key]
 
@@ -541,8 +520,7 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     H and I positive multiples of 64; every tensor contiguous, on the plan's device, 16-byte aligned.
     stages: "all" or a subset of ("route", "gate_up", "down", "reduce") (stage timing; buffers persist in the
     plan). pdl: programmatic dependent launch between the stages. split_k: let a GEMM split its K stages across CTAs
-    when the routed items leave CTA slots idle (mma paths: both GEMMs; wgmma_ws: the gate-up, also when the items do
-    not fill whole rounds of its grid; decided on the device per launch; deterministic; False never splits).
+    when the routed items leave CTA slots idle (decided on the device per launch; deterministic; False never splits).
     Returns out bf16 [T, H].
     Raises TypeError / ValueError on bad input (before anything is allocated or launched), ResourceError when
     the buffers do not fit, RuntimeError on a launch error.
@@ -564,15 +542,12 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     if (h, i) not in p._bufs:
         nbytes = 2 * p.max_pairs * (h + i) + p.max_tokens * h * 1.04 + p.max_pairs * i * 1.04
         _fits(f"fused_moe buffers (max_pairs={p.max_pairs}, H={h}, I={i})", int(nbytes), p.device)
-    mma = p.gemm in MMA_GEMMS
-    # wgmma_ws: only its gate-up splits, and never at block_m 128 (WsTraits::SPLIT): no 32 MB workspace there. The
-    # workspaces first: their size check (ResourceError) comes before the layer's buffers are allocated.
-    ws_split = p.gemm == "wgmma_ws" and p.block_m <= WS_SPLIT_MAX_BLOCK_M
-    sk_gu = p.splitk_workspace(True) if (mma or ws_split) and split_k and "gate_up" in todo else None
-    sk_dn = p.splitk_workspace(False) if mma and split_k and "down" in todo else None
     act, ybuf = p.buffers(h, i)
     xq, xsc, aq, asc = p.quant_buffers(h, i)
     lib, stream, block = _lib(), _stream(p.device), int(scales == "block")
+    mma = p.gemm in MMA_GEMMS
+    sk_gu = p.splitk_workspace(True) if mma and split_k and "gate_up" in todo else None
+    sk_dn = p.splitk_workspace(False) if mma and split_k and "down" in todo else None
     if "route" in todo:
         p._route(pdl)
     # The gate_up and down stages each include their activation pre-pass (x -> xq; act -> aq over the plan's

@@ -42,7 +42,6 @@
 #include "gemm_args.cuh"
 #include "moe_ptx.cuh"
 #include "plan_layout.cuh"
-#include "splitk.cuh"
 
 namespace hp_moe {
 
@@ -50,8 +49,28 @@ constexpr int kThreads = 128;
 constexpr int kBK = 128;            // K elements per pipeline stage = one block-scale group
 constexpr int kAStride = kBK + 16;  // bytes per weight row in smem: ldmatrix rows hit distinct bank quads
 
-// Split-K across CTAs (decode sizes, where the items of a launch do not fill its CTA slots): splitk.cuh, with
-// splitk_factor's rule (items * S <= grid); slots = the grid's CTA slots.
+// Split-K across CTAs (decode sizes, where the items of a launch do not fill its CTA slots): every item's K stages
+// are cut into S contiguous ranges, one per work unit; a unit writes its (ROWS x BM) fp32 partial, the LAST unit
+// of an item to arrive (per-item counter) sums the S partials in range order (deterministic, whatever the
+// arrival order) and runs the epilogue, then puts the counter back to 0, so the workspace is ready for the next
+// launch with no memset (CUDA-graph replays included). Workspace: counters[slots] (zeroed once at allocation),
+// then partials[slots][ROWS * BM]; slots = the grid's CTA slots, and S > 1 only when items * S <= grid.
+constexpr int kMaxSplit = 8;
+__host__ __device__ inline int splitk_counter_ints(int slots) {
+  return (slots + 3) & ~3;
+}  // partials 16-B aligned
+// The split factor and K stages per range of a launch with `grid` CTAs: only when the items leave CTA slots idle,
+// at least 2 stages per range, no empty range. One function for the kernel and the host query (tests).
+__host__ __device__ inline int splitk_factor(int num_items, int grid, int kt_count, int* kps_out) {
+  int split = 1, kps = kt_count;
+  if (num_items > 0 && num_items < grid) {
+    split = min(min(grid / num_items, kMaxSplit), max(kt_count / 2, 1));
+    kps = (kt_count + split - 1) / split;
+    split = (kt_count + kps - 1) / kps;
+  }
+  *kps_out = kps;
+  return split;
+}
 
 template <int MW_, int NN_, bool GATE_UP_, bool BLOCK_, bool TMA_ = false>
 struct Traits {
@@ -197,22 +216,45 @@ __device__ __forceinline__ void compute_slice(const uint8_t* stage, const float 
   }
 }
 
-// The launch's work units (splitk.cuh): split-K decided from the routed tile count (device data, so one launch serves
-// every batch of a graph) by splitk_factor.
+// The launch's work units: (item, K range) pairs with split-K decided from the routed tile count (device data, so
+// one launch serves every batch of a graph): only when the items leave CTA slots idle, at least 2 stages per
+// range, no empty range. Unit u = item * split + ks covers K stages [ks * kps, min(kt_count, (ks + 1) * kps)).
+struct UnitSchedule {
+  int n_tiles, kt_count, split, kps, num_units;
+  int* counters;
+  float* partials;
+};
 template <class T>
 __device__ __forceinline__ UnitSchedule unit_schedule(const GemmArgs& a, const PlanView& plan) {
-  const int n_tiles = a.w_rows / T::ROWS;  // gate_up: 2I / ROWS = I / (ROWS/2)
-  const int num_items = plan.header()[1] * n_tiles;
-  const int kt_count = (a.kdim + kBK - 1) / kBK;
-  int kps = kt_count;
-  const int split = a.splitk != nullptr ? splitk_factor(num_items, (int)gridDim.x, kt_count, &kps) : 1;
-  return unit_schedule_of(n_tiles, num_items, kt_count, split, kps, a.splitk, gridDim.x);
+  UnitSchedule u;
+  u.n_tiles = a.w_rows / T::ROWS;  // gate_up: 2I / ROWS = I / (ROWS/2)
+  const int num_items = plan.header()[1] * u.n_tiles;
+  u.kt_count = (a.kdim + kBK - 1) / kBK;
+  u.kps = u.kt_count;
+  u.split = a.splitk != nullptr ? splitk_factor(num_items, (int)gridDim.x, u.kt_count, &u.kps) : 1;
+  u.num_units = num_items * u.split;
+  u.counters = a.splitk;
+  u.partials = u.split > 1 ? reinterpret_cast<float*>(a.splitk + splitk_counter_ints(gridDim.x)) : nullptr;
+  return u;
 }
 
-// One unit's tile fields: its expert, first sorted position and rows.
+// One unit: its item, K range and n-tile (no plan reads), then its tile's expert, first sorted position and rows.
 struct UnitInfo {
   int e, start, rows, nt;
 };
+struct UnitRange {
+  int item, kt0, nk, nt, tile;
+};
+__device__ __forceinline__ UnitRange unit_range(const UnitSchedule& u, int unit) {
+  UnitRange r;
+  r.item = unit / u.split;
+  const int ks = unit - r.item * u.split;
+  r.kt0 = ks * u.kps;
+  r.nk = min(u.kt_count, r.kt0 + u.kps) - r.kt0;
+  r.tile = r.item / u.n_tiles;
+  r.nt = r.item - r.tile * u.n_tiles;
+  return r;
+}
 template <class T>
 __device__ __forceinline__ UnitInfo unit_info(const PlanView& plan, const UnitRange& r) {
   UnitInfo it;
@@ -291,7 +333,12 @@ __device__ __forceinline__ bool finish_unit(const GemmArgs& a, float* red, const
     constexpr int UNIT = T::ROWS * T::BM;
     float* mine = partials + (size_t)unit * UNIT;  // unit = item * split + ks: an item's ranges are adjacent
     for (int idx = tid; idx < UNIT; idx += kThreads) mine[idx] = red[(idx / T::BM) * T::RED_STRIDE + idx % T::BM];
-    if (!splitk_arrive(counters, item, split, last_flag, sync)) return false;  // another unit finishes the item
+    __threadfence();  // this unit's partial is visible device-wide before its arrival is counted
+    sync();
+    if (tid == 0) *last_flag = atomicAdd(&counters[item], 1) == split - 1;
+    sync();
+    if (!*last_flag) return false;  // uniform: another unit of this item finishes it
+    __threadfence();
     const float* first = partials + (size_t)item * split * UNIT;
     for (int idx = tid; idx < UNIT; idx += kThreads) {
       float v = __ldcg(first + idx);

@@ -45,7 +45,6 @@
 #include "gemm_args.cuh"
 #include "moe_ptx.cuh"
 #include "plan_layout.cuh"
-#include "splitk.cuh"
 
 namespace hp_moe {
 namespace {
@@ -372,11 +371,6 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a)
 //   - epilogue: the two halves meet in shared memory (gate-up: warpgroup 1 leaves u in fp32, warpgroup 0 forms
 //     silu(g) * u; down: each warpgroup writes its 64 columns), then 16-byte stores by all 256 consumer threads
 //     (wg_store_tile), between named barriers of the consumers only: the producer keeps loading meanwhile.
-//   - split-K (gate-up at decode sizes; splitk.cuh): with the workspace given, each item's 32 K stages may be cut
-//     into S ranges (splitk_factor_rounds: the items also unbalance a one-CTA-per-SM grid when they outnumber it, as
-//     282 items on 132 CTAs leave the last round a third empty); a unit is (item, K range) and the producer ring still
-//     runs across unit boundaries; a unit's end stores its partial and the item's last unit sums them in range order
-//     (ws_split_finish) before the same epilogue.
 // No __syncthreads after the set-up. Every mbarrier wait is bounded (hp::tma::kHangNs) and traps; trap codes: 1 a
 // consumer's "full" wait, 2 the producer's "empty" wait.
 // Launch: persistent grid min(SMs, items), 288 threads, one CTA per SM (up to ~225 KB of shared memory).
@@ -399,7 +393,7 @@ struct WsTraits {
   static constexpr int OUT_STRIDE = OUT_COLS + 8;
   static constexpr int XCH_STRIDE = kHalfRows + 1;  // fp32 u of gate-up, [BM][65]: conflict-free column writes
   static constexpr int EPI_BYTES = BM * OUT_STRIDE * 2 + (GATE_UP ? BM * XCH_STRIDE * 4 : 0);
-  static constexpr int HEAD = 1024;  // barriers (full, empty), the per-slot item fields and the split-K flag
+  static constexpr int HEAD = 1024;  // barriers (full, empty) and the per-slot item fields
   static constexpr int FIT = (227 * 1024 - 1024 - HEAD - EPI_BYTES) / STAGE_BYTES;
   static constexpr int STAGES = FIT > 8 ? 8 : FIT;
   static constexpr int LAG = STAGES / 2;  // stages between a token-row copy's issue and its lane's arrival
@@ -408,23 +402,10 @@ struct WsTraits {
   static constexpr int SC_PER_LANE = (BM + 31) / 32;
   static constexpr bool WS = true;
   static_assert(STAGES >= 3 && LAG >= 1 && LAG <= STAGES - 1, "ring depth");
-  static_assert(HEAD >= STAGES * (16 + 16) + 4, "barriers + item fields + flag fit the head");
-  // Split-K partial slots (gate-up at decode sizes, splitk_factor_rounds): 32 MB of fp32 partials whatever BM.
-  static constexpr int SPLIT_UNITS = 4096 * 16 / BM;
-  // block_m 128 (>= ~60 rows per expert: many items, no split to gain) never splits: its block-mode consumer (64 + 64
-  // accumulators) sits at 167-168 registers, where ptxas starts spilling, and the split path's end would add more.
-  static constexpr bool SPLIT = BM <= 64;
+  static_assert(HEAD >= STAGES * (16 + 16), "barriers + item fields fit the head");
   static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "wgmma N instantiated: 16, 32, 64, 128");
   static_assert(SMEM <= 227 * 1024, "shared memory per block (sm_90)");
 };
-
-// int32 elements of the ws kernel's split-K workspace at block_m BM (counters, then the partial slots); a function,
-// not a WsTraits member: nvcc warns (#177) for each instantiation whose unused member it sees.
-template <int BM>
-constexpr long long ws_split_ints() {
-  constexpr int units = WsTraits<BM, true, true>::SPLIT_UNITS;
-  return splitk_counter_ints(units) + (long long)units * kItemRows * BM;
-}
 
 __device__ __forceinline__ void consumer_bar_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kWsEpiBar), "n"(kWsConsumers) : "memory");
@@ -440,45 +421,24 @@ __device__ __forceinline__ int half_row(const ItemInfo& it, int h, int inter) {
     return it.nt * kItemRows + h * kHalfRows;
 }
 
-// The ws kernel's work units (splitk.cuh): items cut into K ranges by splitk_factor_rounds when a.splitk is given
-// (the host passes it for the gate-up GEMM: 32 K stages per item at Hy3), from the plan's tile count on the device.
-template <class T>
-__host__ __device__ __forceinline__ int ws_split_of(int num_items, int grid, int kdim, int* kps) {
-  const int kt_count = (kdim + kWgBK - 1) / kWgBK;
-  return splitk_factor_rounds(num_items, grid, kt_count, T::SPLIT_UNITS, kps);
-}
-template <class T>
-__device__ __forceinline__ UnitSchedule ws_unit_schedule(const GemmArgs& a, const PlanView& plan) {
-  const int n_tiles = item_n_tiles<T>(a);
-  const int num_items = plan.header()[1] * n_tiles;
-  const int kt_count = (a.kdim + kWgBK - 1) / kWgBK;
-  int kps = kt_count;
-  const int split = T::SPLIT && a.splitk != nullptr ? ws_split_of<T>(num_items, (int)gridDim.x, a.kdim, &kps) : 1;
-  return unit_schedule_of(n_tiles, num_items, kt_count, split, kps, a.splitk, T::SPLIT_UNITS);
-}
-
-// The producer warp: every (unit, K stage) of this CTA into the ring, see the block comment above.
+// The producer warp: every (item, K stage) of this CTA into the ring, see the block comment above.
 template <class T>
 __device__ __forceinline__ void ws_produce(const GemmArgs& a, const hp::tma::TmaMap* wmap, const PlanView& plan,
-                                           const UnitSchedule& us, uint8_t* ring, ItemInfo* meta, uint32_t bars) {
+                                           uint8_t* ring, ItemInfo* meta, uint32_t bars, int n_tiles, int kt_count,
+                                           int total) {
   const int lane = threadIdx.x & 31, q = lane & 7;
   auto full_bar = [&](int s) { return bars + 8u * s; };
   auto empty_bar = [&](int s) { return bars + 8u * (T::STAGES + s); };
+  int ld_i = -1;
+  ItemInfo ld{};
   int bsrc[T::B_PER_LANE];
   int ssrc[T::SC_PER_LANE];
-  // One flat loop over the (unit, K stage) sequence, the unit's fields refreshed at its first stage: nested loops
-  // let the compiler hoist a 64-bit source pointer per token-row chunk out of the stage loop (32 at block_m 128).
-  int unit = (int)blockIdx.x - (int)gridDim.x, kt = 0, kt_end = 0, step = 0;
-  ItemInfo ld{};
 #pragma unroll 1
-  for (;; ++step, ++kt) {
-    if (kt == kt_end) {
-      unit += gridDim.x;
-      if (unit >= us.num_units) break;
-      const UnitRange ur = unit_range(us, unit);
-      kt = ur.kt0;
-      kt_end = ur.kt0 + ur.nk;
-      ld = item_info<T>(plan, ur.item, us.n_tiles);
+  for (int step = 0; step < total; ++step) {
+    const int i = step / kt_count, kt = step - i * kt_count, s = step % T::STAGES;
+    if (i != ld_i) {
+      ld_i = i;
+      ld = item_info<T>(plan, (int)blockIdx.x + i * (int)gridDim.x, n_tiles);
 #pragma unroll
       for (int b = 0; b < T::B_PER_LANE; ++b) bsrc[b] = src_row<T>(plan, ld, (lane >> 3) + 4 * b, a.topk);
       if constexpr (T::BLOCK) {
@@ -486,49 +446,47 @@ __device__ __forceinline__ void ws_produce(const GemmArgs& a, const hp::tma::Tma
         for (int b = 0; b < T::SC_PER_LANE; ++b) ssrc[b] = src_row<T>(plan, ld, lane + 32 * b, a.topk);
       }
     }
-    {
-      const int s = step % T::STAGES;
-      if (step >= T::STAGES && !hp::tma::mbar_wait(empty_bar(s), ((step / T::STAGES) & 1) ^ 1))
-        hp::tma::mbar_hang_report(2);
-      uint8_t* st = ring + s * T::STAGE_BYTES;
-      if (lane == 0) {
-        meta[s] = ld;
-        hp::tma::mbar_expect_tx(full_bar(s), T::A_BYTES);
+    if (step >= T::STAGES && !hp::tma::mbar_wait(empty_bar(s), ((step / T::STAGES) & 1) ^ 1))
+      hp::tma::mbar_hang_report(2);
+    uint8_t* st = ring + s * T::STAGE_BYTES;
+    if (lane == 0) {
+      meta[s] = ld;
+      hp::tma::mbar_expect_tx(full_bar(s), T::A_BYTES);
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          hp::tma::tma_load_3d(hp::smem_u32(st + h * kHalfRows * kWgBK), wmap, kt * kWgBK, half_row<T>(ld, h, a.inter),
-                               ld.e, full_bar(s));
-      }
-      const int kk = kt * kWgBK + q * 16;
-      const bool k_ok = kk < a.kdim;
-      uint8_t* sb = st + T::A_BYTES;
+      for (int h = 0; h < 2; ++h)
+        hp::tma::tma_load_3d(hp::smem_u32(st + h * kHalfRows * kWgBK), wmap, kt * kWgBK, half_row<T>(ld, h, a.inter),
+                             ld.e, full_bar(s));
+    }
+    const int kk = kt * kWgBK + q * 16;
+    const bool k_ok = kk < a.kdim;
+    uint8_t* sb = st + T::A_BYTES;
 #pragma unroll
-      for (int b = 0; b < T::B_PER_LANE; ++b) {
-        const int n = (lane >> 3) + 4 * b, row = bsrc[b];
-        const bool ok = k_ok && row >= 0;
-        cp_async16(sb + n * kWgBK + ((q ^ (n & 7)) << 4), ok ? a.src + (size_t)row * a.kdim + kk : a.src, ok);
-      }
-      if constexpr (T::BLOCK) {
-        float* xs = reinterpret_cast<float*>(sb + T::B_BYTES);
+    for (int b = 0; b < T::B_PER_LANE; ++b) {
+      const int n = (lane >> 3) + 4 * b, row = bsrc[b];
+      const bool ok = k_ok && row >= 0;
+      cp_async16(sb + n * kWgBK + ((q ^ (n & 7)) << 4), ok ? a.src + (size_t)row * a.kdim + kk : a.src, ok);
+    }
+    if constexpr (T::BLOCK) {
+      const int groups = (a.kdim + kWgBK - 1) / kWgBK;
+      float* xs = reinterpret_cast<float*>(sb + T::B_BYTES);
 #pragma unroll
-        for (int b = 0; b < T::SC_PER_LANE; ++b) {
-          const int n = lane + 32 * b;
-          if (n < T::BM)
-            cp_async4(xs + n, ssrc[b] >= 0 ? a.src_scale + (size_t)ssrc[b] * us.kt_count + kt : a.src_scale,
-                      ssrc[b] >= 0);
-        }
+      for (int b = 0; b < T::SC_PER_LANE; ++b) {
+        const int n = lane + 32 * b;
+        if (n < T::BM)
+          cp_async4(xs + n, ssrc[b] >= 0 ? a.src_scale + (size_t)ssrc[b] * groups + kt : a.src_scale, ssrc[b] >= 0);
       }
-      cp_commit();
-      if (step >= T::LAG) {  // this lane's copies of step - LAG have landed: publish them
-        cp_wait<T::LAG>();
-        hp::wg::fence_proxy_async();
-        hp::tma::mbar_arrive_local(full_bar((step - T::LAG) % T::STAGES));
-      }
+    }
+    cp_commit();
+    if (step >= T::LAG) {  // this lane's copies of step - LAG have landed: publish them
+      cp_wait<T::LAG>();
+      hp::wg::fence_proxy_async();
+      hp::tma::mbar_arrive_local(full_bar((step - T::LAG) % T::STAGES));
     }
   }
   cp_wait<0>();
   hp::wg::fence_proxy_async();
-  for (int t = step > T::LAG ? step - T::LAG : 0; t < step; ++t) hp::tma::mbar_arrive_local(full_bar(t % T::STAGES));
+  for (int step = total > T::LAG ? total - T::LAG : 0; step < total; ++step)
+    hp::tma::mbar_arrive_local(full_bar(step % T::STAGES));
 }
 
 // The consumers' epilogue of one item: halves meet in shared memory, then wg_store_tile by the 256 consumers.
@@ -589,44 +547,11 @@ __device__ __forceinline__ void ws_mma_stage(float (&d)[T::R], uint64_t da, uint
   ws_mma_n<T, 16>(d, da, db, fresh);
 }
 
-// The end of a split unit (us.split > 1), by the 256 consumer threads: this unit's fp32 partial (each thread its own
-// accumulator elements, [128 item rows][BM] at slot `unit`; only the tile's occupied token columns, the rest are never
-// stored) to the workspace, then the arrival; the item's last unit replaces acc by the sum of the item's partials in
-// range order (the same bits whichever unit arrives last), puts the counter back to 0 and returns true: it runs the
-// epilogue. The others return false. Per-tensor partials are unscaled (the epilogue scales); block partials are
-// already folded per stage, and the ranges cut K on 128-column stage boundaries, so each fold keeps its own scales.
-template <class T>
-__device__ __forceinline__ bool ws_split_finish(const UnitSchedule& us, int unit, int item, int rows,
-                                                float (&acc)[T::R], int* flag) {
-  const int tid = threadIdx.x, lane = tid & 31, h = tid >> 7, wiw = (tid >> 5) & 3;
-  constexpr int UNIT = kItemRows * T::BM;
-  float* mine = us.partials + (size_t)unit * UNIT;
-#pragma unroll
-  for (int j = 0; j < T::R; ++j) {
-    const int n = hp::wg::acc_col(lane, j);
-    if (n < rows) mine[(h * kHalfRows + hp::wg::acc_row(wiw, lane, j)) * T::BM + n] = acc[j];
-  }
-  if (!splitk_arrive(us.counters, item, us.split, flag, [] { consumer_bar_sync(); })) return false;
-  const float* first = us.partials + (size_t)item * us.split * UNIT;  // unit = item * split + ks
-#pragma unroll
-  for (int j = 0; j < T::R; ++j) {
-    const int n = hp::wg::acc_col(lane, j);
-    if (n < rows) {
-      const int at = (h * kHalfRows + hp::wg::acc_row(wiw, lane, j)) * T::BM + n;
-      float v = __ldcg(first + at);
-      for (int k = 1; k < us.split; ++k) v += __ldcg(first + (size_t)k * UNIT + at);
-      acc[j] = v;
-    }
-  }
-  if (tid == 0) us.counters[item] = 0;  // every unit of the item has arrived: ready for the next launch
-  return true;
-}
-
 // Consumer warpgroup h (threads 0-255): every stage of the ring in order, half h of each item.
 template <class T>
-__device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& plan, const UnitSchedule& us,
-                                           const uint8_t* ring, const ItemInfo* meta, uint32_t bars,
-                                           __nv_bfloat16* out_s, float* xch, int* flag) {
+__device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& plan, const uint8_t* ring,
+                                           const ItemInfo* meta, uint32_t bars, __nv_bfloat16* out_s, float* xch,
+                                           int kt_count, int total) {
   const int tid = threadIdx.x, lane = tid & 31, h = tid >> 7;
   auto full_bar = [&](int s) { return bars + 8u * s; };
   auto empty_bar = [&](int s) { return bars + 8u * (T::STAGES + s); };
@@ -645,54 +570,48 @@ __device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& pl
   ItemInfo cur{};
   float sc = 1.0f;
   int pending = -1;  // per-tensor: the slot whose wgmma group is still in flight
-  int step = 0;
 #pragma unroll 1
-  for (int unit = blockIdx.x; unit < us.num_units; unit += gridDim.x) {
-    const UnitRange ur = unit_range(us, unit);
-    const int kt_end = ur.kt0 + ur.nk;
-#pragma unroll 1
-    for (int kt = ur.kt0; kt < kt_end; ++kt, ++step) {
-      const int s = step % T::STAGES;
-      if (!hp::tma::mbar_wait(full_bar(s), (step / T::STAGES) & 1)) hp::tma::mbar_hang_report(1);
-      if (kt == ur.kt0) {
-        cur = meta[s];
-        sc = T::BLOCK ? 1.0f : a_s * a.w_scale[cur.e];
-      }
-      const uint8_t* st = ring + s * T::STAGE_BYTES;
-      const uint64_t da = hp::wg::desc_sw128(st + h * kHalfRows * kWgBK);
-      const uint64_t db = hp::wg::desc_sw128(st + T::A_BYTES);
-      if constexpr (T::BLOCK) {
-        const int r0 = half_row<T>(cur, h, a.inter);
-        const float wsc = r0 < a.w_rows ? a.w_scale[((size_t)cur.e * row_groups + r0 / 128) * us.kt_count + kt] : 0.f;
-        hp::wg::fence();
-        ws_mma_stage<T>(p, da, db, cur.rows, true);
-        hp::wg::commit();
-        hp::wg::wait<0>();
-        hp::wg::pin(p);
-        const float* xs = reinterpret_cast<const float*>(st + T::A_BYTES + T::B_BYTES);
-#pragma unroll
-        for (int j = 0; j < T::R; ++j) acc[j] += p[j] * (xs[hp::wg::acc_col(lane, j)] * wsc);
-        release(s);
-      } else {
-        hp::wg::pin(acc);
-        hp::wg::fence();
-        ws_mma_stage<T>(acc, da, db, cur.rows, false);
-        hp::wg::commit();
-        hp::wg::wait<1>();
-        hp::wg::pin(acc);
-        if (pending >= 0) release(pending);
-        pending = s;
-      }
+  for (int step = 0; step < total; ++step) {
+    const int kt = step % kt_count, s = step % T::STAGES;
+    if (!hp::tma::mbar_wait(full_bar(s), (step / T::STAGES) & 1)) hp::tma::mbar_hang_report(1);
+    if (kt == 0) {
+      cur = meta[s];
+      sc = T::BLOCK ? 1.0f : a_s * a.w_scale[cur.e];
     }
-    // the unit's last stage is done (uniform)
-    hp::wg::wait<0>();
-    hp::wg::pin(acc);
-    if (pending >= 0) release(pending);
-    pending = -1;
-    if (!T::SPLIT || us.split == 1 || ws_split_finish<T>(us, unit, ur.item, cur.rows, acc, flag))
+    const uint8_t* st = ring + s * T::STAGE_BYTES;
+    const uint64_t da = hp::wg::desc_sw128(st + h * kHalfRows * kWgBK);
+    const uint64_t db = hp::wg::desc_sw128(st + T::A_BYTES);
+    if constexpr (T::BLOCK) {
+      const int r0 = half_row<T>(cur, h, a.inter);
+      const float wsc = r0 < a.w_rows ? a.w_scale[((size_t)cur.e * row_groups + r0 / 128) * kt_count + kt] : 0.f;
+      hp::wg::fence();
+      ws_mma_stage<T>(p, da, db, cur.rows, true);
+      hp::wg::commit();
+      hp::wg::wait<0>();
+      hp::wg::pin(p);
+      const float* xs = reinterpret_cast<const float*>(st + T::A_BYTES + T::B_BYTES);
+#pragma unroll
+      for (int j = 0; j < T::R; ++j) acc[j] += p[j] * (xs[hp::wg::acc_col(lane, j)] * wsc);
+      release(s);
+    } else {
+      hp::wg::pin(acc);
+      hp::wg::fence();
+      ws_mma_stage<T>(acc, da, db, cur.rows, false);
+      hp::wg::commit();
+      hp::wg::wait<1>();
+      hp::wg::pin(acc);
+      if (pending >= 0) release(pending);
+      pending = s;
+    }
+    if (kt == kt_count - 1) {  // uniform: the item's last stage
+      hp::wg::wait<0>();
+      hp::wg::pin(acc);
+      if (pending >= 0) release(pending);
+      pending = -1;
       ws_epilogue<T>(a, plan, cur, acc, sc, out_s, xch);
 #pragma unroll
-    for (int j = 0; j < T::R; ++j) acc[j] = 0.f;
+      for (int j = 0; j < T::R; ++j) acc[j] = 0.f;
+    }
   }
 }
 
@@ -704,8 +623,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   uint8_t* head = ws_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
   const uint32_t bars = hp::smem_u32(head);  // full[s] at + 8 s, empty[s] at + 8 (STAGES + s)
   ItemInfo* meta = reinterpret_cast<ItemInfo*>(head + 16 * T::STAGES);
-  int* flag = reinterpret_cast<int*>(head + 32 * T::STAGES);  // split-K: "this unit arrived last"
-  uint8_t* ring = head + T::HEAD;                             // 1024-aligned slots
+  uint8_t* ring = head + T::HEAD;  // 1024-aligned slots
   auto* out_s = reinterpret_cast<__nv_bfloat16*>(ring + T::STAGES * T::STAGE_BYTES);
   float* xch = reinterpret_cast<float*>(ring + T::STAGES * T::STAGE_BYTES + T::BM * T::OUT_STRIDE * 2);
   const PlanView plan{const_cast<int*>(a.ws), a.num_experts, a.max_pairs, a.block_m};
@@ -725,11 +643,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   hp::pdl_wait();
   hp::pdl_launch_dependents();
 
-  const UnitSchedule us = ws_unit_schedule<T>(a, plan);
+  const ItemSeq seq = item_sequence<T>(a, plan);
+  const int n_tiles = seq.n_tiles, kt_count = seq.kt_count, total = seq.total;
   if (tid >= kWsConsumers)
-    ws_produce<T>(a, &wmap, plan, us, ring, meta, bars);
+    ws_produce<T>(a, &wmap, plan, ring, meta, bars, n_tiles, kt_count, total);
   else
-    ws_consume<T>(a, plan, us, ring, meta, bars, out_s, xch, flag);
+    ws_consume<T>(a, plan, ring, meta, bars, out_s, xch, kt_count, total);
 }
 
 // Resident CTAs per SM of an instantiation of either kernel (cached per device; also sets its shared memory).
@@ -751,18 +670,12 @@ inline cudaError_t encode_weight_map(hp::tma::TmaMap* map, const GemmArgs& a) {
   return hp::tma::encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, a.w, dims, strides, box);
 }
 
-// The persistent grid of a launch: every CTA slot, capped at the largest item count the plan can produce.
-template <class T>
-long long wg_grid(const GemmArgs& a) {
-  const long long max_items =
-      (long long)PlanView::max_tiles_of(a.num_experts, a.max_pairs, a.block_m) * item_n_tiles<T>(a);
-  const long long grid = (long long)hp::sm_count() * wg_ctas_per_sm<T>();
-  return grid < max_items ? grid : max_items;
-}
-
 template <class T>
 int launch_wgmma(const GemmArgs& a, int pdl, cudaStream_t stream) {
-  const long long grid = wg_grid<T>(a);
+  const int n_tiles = item_n_tiles<T>(a);
+  const long long max_items = (long long)PlanView::max_tiles_of(a.num_experts, a.max_pairs, a.block_m) * n_tiles;
+  long long grid = (long long)hp::sm_count() * wg_ctas_per_sm<T>();
+  if (grid > max_items) grid = max_items;
   if (grid < 1) return 0;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
@@ -779,10 +692,9 @@ int launch_wgmma(const GemmArgs& a, int pdl, cudaStream_t stream) {
   }
 }
 
-// a.splitk: the ws kernel splits K across CTAs when given (ws_unit_schedule); the cp.async kernel ignores it. The
-// tiles are 64-row halves of the weights and k32 steps of 128-wide stages: H and I (kdim and dst_cols, in either
-// order) must be multiples of 64. Tr: the traits family of the kernel (WgTraits: expert_wgmma_kernel; WsTraits:
-// expert_wgmma_ws_kernel).
+// a.splitk is not used: these tiles are many and long. The tiles are 64-row halves of the weights and k32 steps of
+// 128-wide stages: H and I (kdim and dst_cols, in either order) must be multiples of 64. Tr: the traits family of
+// the kernel (WgTraits: expert_wgmma_kernel; WsTraits: expert_wgmma_ws_kernel).
 template <template <int, bool, bool> class Tr, bool GATE_UP, bool BLOCK>
 int family_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
   if (a.kdim % 64 != 0 || a.dst_cols % 64 != 0) return (int)cudaErrorInvalidValue;
@@ -805,28 +717,6 @@ constexpr auto wg_dispatch = &family_dispatch<WgTraits, GATE_UP, BLOCK>;
 template <bool GATE_UP, bool BLOCK>
 constexpr auto ws_dispatch = &family_dispatch<WsTraits, GATE_UP, BLOCK>;
 
-// Host answers for the ws kernel's split-K (tests, MoEPlan.split_factors, the workspace size).
-template <bool GATE_UP, bool BLOCK>
-long long ws_split_factor_bm(const GemmArgs& a, int num_tiles) {
-  auto one = [&](auto traits) -> long long {
-    using T = decltype(traits);
-    int kps = 0;
-    return T::SPLIT ? ws_split_of<T>(num_tiles * item_n_tiles<T>(a), (int)wg_grid<T>(a), a.kdim, &kps) : 1;
-  };
-  switch (a.block_m) {
-    case 16:
-      return one(WsTraits<16, GATE_UP, BLOCK>{});
-    case 32:
-      return one(WsTraits<32, GATE_UP, BLOCK>{});
-    case 64:
-      return one(WsTraits<64, GATE_UP, BLOCK>{});
-    case 128:
-      return one(WsTraits<128, GATE_UP, BLOCK>{});
-    default:
-      return -1;
-  }
-}
-
 }  // namespace
 }  // namespace hp_moe
 
@@ -843,35 +733,5 @@ HP_MOE_GEMM_ENTRY(hp_moe_gate_up_wg, true, hp_moe::wg_dispatch)
 HP_MOE_GEMM_ENTRY(hp_moe_down_wg, false, hp_moe::wg_dispatch)
 HP_MOE_GEMM_ENTRY(hp_moe_gate_up_ws, true, hp_moe::ws_dispatch)
 HP_MOE_GEMM_ENTRY(hp_moe_down_ws, false, hp_moe::ws_dispatch)
-
-// int32 elements of the split-K workspace of the ws kernel at block_m (counters that must start at 0, then fp32
-// partials; either GEMM, either scale mode), -1 on a bad block_m.
-long long hp_moe_ws_splitk_ints(int block_m) {
-  switch (block_m) {
-    case 16:
-      return hp_moe::ws_split_ints<16>();
-    case 32:
-      return hp_moe::ws_split_ints<32>();
-    case 64:
-      return hp_moe::ws_split_ints<64>();
-    case 128:
-      return hp_moe::ws_split_ints<128>();
-    default:
-      return -1;
-  }
-}
-
-// The split-K factor a launch of the ws kernel takes when the plan has num_tiles tiles and it is given the split-K
-// workspace (1: no split), -1 on a bad block_m: what ws_unit_schedule computes from the plan's header.
-long long hp_moe_ws_split_factor(int gate_up, int block_m, int block, int num_tiles, int num_experts, int max_pairs,
-                                 int hidden, int inter) {
-  const hp_moe::GemmArgs a = hp_moe::gemm_args(gate_up != 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                               nullptr, 1, num_experts, hidden, inter, max_pairs, block_m, nullptr);
-  if (gate_up)
-    return block ? hp_moe::ws_split_factor_bm<true, true>(a, num_tiles)
-                 : hp_moe::ws_split_factor_bm<true, false>(a, num_tiles);
-  return block ? hp_moe::ws_split_factor_bm<false, true>(a, num_tiles)
-               : hp_moe::ws_split_factor_bm<false, false>(a, num_tiles);
-}
 
 }  // extern "C"

@@ -24,8 +24,7 @@ struct GemmArgs {
   int inter;               // I
   int w_rows;              // 2I (gate_up) or H (down)
   int dst_cols;            // I (gate_up) or H (down)
-  int* splitk;             // split-K workspace (splitk.cuh) or nullptr: never split (read by the mma.sync kernels and
-                           // the ws wgmma kernel; the cp.async wgmma kernel never splits)
+  int* splitk;             // split-K workspace (splitk_layout) or nullptr: never split (the wgmma GEMMs never split)
 };
 
 // gate_up: xq [T, H] (x_scale) against w13 [E, 2I, H] (w13_scale, a1_scale) into act [max_pairs, I];
