@@ -193,27 +193,7 @@ def test_auto_variant_follows_the_measured_crossovers(tokens, q_heads, kv_heads,
     from hotpaths.kernels import attention_prologue as ap
 
     assert ap.choose_variant(tokens, q_heads, kv_heads) == want
-    assert ap.DEFAULT_VARIANT == "auto"
-    assert set(ap.VARIANTS) == {"auto", "baseline", "pair", "tokwarp2", "stream2", "async3"}
-
-
-def test_stream_variants_enter_auto_only_through_the_switch(monkeypatch):
-    # unmeasured variants stay out of auto until the lead flips STREAM_PREFILL_VARIANT; flipped, they take every
-    # launch from STREAM_MIN_UNITS head units up (ahead of tokwarp2 and pair) and nothing below
-    from hotpaths.kernels import attention_prologue as ap
-
-    sizes = [(t, hq, hk) for t in (1, 256, 1024, 4096, 16384) for hq, hk in ((8, 1), (64, 8))]
-    assert ap.STREAM_PREFILL_VARIANT is None
-    assert not any(ap.choose_variant(*s).startswith("stream") for s in sizes)
-    before = {s: ap.choose_variant(*s) for s in sizes}
-    monkeypatch.setattr(ap, "STREAM_PREFILL_VARIANT", "async3")
-    for t, hq, hk in sizes:
-        big = t * (hq + 2 * hk) >= ap.STREAM_MIN_UNITS
-        assert ap.choose_variant(t, hq, hk) == ("async3" if big else before[(t, hq, hk)])
-    assert ap.choose_variant(16384, 8, 1) == "async3" and ap.choose_variant(1, 8, 1) == "baseline"
-    monkeypatch.setattr(ap, "STREAM_PREFILL_VARIANT", "stream9")
-    with pytest.raises(ValueError, match="STREAM_PREFILL_VARIANT"):
-        ap.choose_variant(16384, 8, 1)
+    assert ap.DEFAULT_VARIANT == "auto" and set(ap.VARIANTS) == {"auto", "baseline", "pair", "tokwarp2"}
 
 
 def test_auto_vs_fastest_reads_a_variants_table():

@@ -130,25 +130,6 @@ def test_launch_options_match_emulation(ap, pdl, trigger, T, D, style):
                           trigger=trigger)
 
 
-@pytest.mark.parametrize("T,hq,hk,D,style,rot,pos_dtype", [
-    (16384, 8, 1, 128, "neox", 128, torch.int64), (4096, 64, 8, 128, "neox", 64, torch.int32),
-    (9001, 8, 2, 64, "interleaved", 32, torch.int64), (3001, 4, 1, 256, "neox", 256, torch.int32)])
-def test_streaming_variants_walk_many_items_per_warp(ap, T, hq, hk, D, style, rot, pos_dtype):
-    """The persistent variants (stream2, async3) at sizes where every warp walks more items than its queue holds
-    (ring wrap-around, a last round shorter than the unroll, the position ring's parity): the same bytes as pair,
-    which the emulation tests pin (comparing with pair keeps the CPU emulation off these large sizes)."""
-    units_per_item = 32 // (D // 16)
-    warps = torch.cuda.get_device_properties(0).multi_processor_count * 4 * 4  # both run 4 CTAs of 4 warps per SM
-    assert T * (hq + 2 * hk) // units_per_item >= 4 * warps, "case too small to wrap the queues"
-    inp = ref.make_prologue_inputs(T, q_heads=hq, kv_heads=hk, head_dim=D, rotary_dim=rot, rope=style, page_size=64,
-                                   pad_every=7, pos_dtype=pos_dtype, seed=T + D)
-    want = run_kernel(ap, inp, variant="pair")
-    for v in ("stream2", "async3"):
-        got = run_kernel(ap, inp, variant=v)
-        for name, a, b in zip(("q", "q_scale", "k_cache", "v_cache"), got, want):
-            assert torch.equal(_bytes(a), _bytes(b)), f"{v} T={T} {hq}q{hk}kv D{D}: {name} differs from pair"
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_pads_write_q_but_not_the_cache(ap, variant):
     inp = ref.make_prologue_inputs(24, q_heads=4, kv_heads=1, head_dim=64, page_size=16, pad_every=2, seed=4)

@@ -31,15 +31,11 @@ _Q_MODE = {"dynamic": 0, "static": 1, "bf16": 2}
 # half the cos/sin loads, more bytes in flight per thread); "tokwarp2" one warp per token in that layout, cos/sin,
 # position, slot and norm weights read once per token, the qkv loads two head passes ahead. Every variant writes
 # the same bytes (the pair variants run the baseline for neox when rotary_dim / 16 is not a power of two). "auto"
-# picks per launch by the measured crossovers (choose_variant). Prefill candidates built for the bandwidth gap, not
-# yet measured (docs/ops/attention_prologue.md, "Why prefill reads at 1.8 TB/s"): "stream2", a persistent grid (SMs
-# x resident CTAs) of warps in the pair layout walking warp items with a stride of all warps, each warp keeping 2
-# items of qkv loads in flight in registers and the next item's cos/sin issued one item ahead; "async3", the same
-# schedule with every load of an item (qkv, cos/sin, slot) a cp.async into a lane-private shared-memory ring 3
-# items ahead (no registers held, so the angles no longer cost a round trip per item).
-VARIANTS = ("auto", "baseline", "pair", "tokwarp2", "stream2", "async3")
+# picks per launch by the measured crossovers (choose_variant). (Persistent-grid prefill variants with 2-3 items of
+# loads queued per warp were measured slower than pair at every size and removed: docs/ops/attention_prologue.md.)
+VARIANTS = ("auto", "baseline", "pair", "tokwarp2")
 DEFAULT_VARIANT = "auto"
-_KERNEL_CODE = {"baseline": 0, "pair": 1, "tokwarp2": 2, "stream2": 3, "async3": 4}
+_KERNEL_CODE = {"baseline": 0, "pair": 1, "tokwarp2": 2}
 # Crossovers measured on the H200 (same run, 8q/1kv and 64q/8kv, d128): the baseline's smaller units fill more SMs
 # while units (tokens x heads) stay below ~4K (1-7 tokens: 5.1 vs 5.3 us; level at 64-256 tokens of 8q/1kv), the
 # pair layout wins above (8q/1kv 4096 tokens 14.5 vs 18.0 us), and one warp per token wins once a token has many
@@ -48,23 +44,11 @@ _KERNEL_CODE = {"baseline": 0, "pair": 1, "tokwarp2": 2, "stream2": 3, "async3":
 _PAIR_MIN_UNITS = 4096
 _TOKWARP_MIN_HEADS = 40
 _TOKWARP_MIN_TOKENS = 2048
-# The streaming variants are wired into "auto" only through this switch, off until an H200 run measures them: set it
-# to "stream2" or "async3" (whichever the variants table shows ahead) to make auto run that variant from
-# STREAM_MIN_UNITS head units (tokens x heads) up, ahead of the tokwarp2 and pair rules; move STREAM_MIN_UNITS to the
-# measured crossover against pair (the prediction: between 4096 and 16384 units, docs/ops/attention_prologue.md).
-STREAM_PREFILL_VARIANT: str | None = None
-STREAM_MIN_UNITS = 16384
 
 
 def choose_variant(tokens: int, q_heads: int, kv_heads: int) -> str:
     """The variant "auto" runs for this launch size (the same bytes whichever runs; see the crossovers above)."""
     heads = q_heads + 2 * kv_heads
-    if STREAM_PREFILL_VARIANT is not None:
-        if STREAM_PREFILL_VARIANT not in ("stream2", "async3"):
-            raise ValueError(f"STREAM_PREFILL_VARIANT: expected None, 'stream2' or 'async3', got "
-                             f"{STREAM_PREFILL_VARIANT!r}")
-        if tokens * heads >= STREAM_MIN_UNITS:
-            return STREAM_PREFILL_VARIANT
     if heads >= _TOKWARP_MIN_HEADS and tokens >= _TOKWARP_MIN_TOKENS:
         return "tokwarp2"
     return "pair" if tokens * heads >= _PAIR_MIN_UNITS else "baseline"

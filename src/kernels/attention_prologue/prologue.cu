@@ -6,8 +6,8 @@
 // 256), every lane holding 8 consecutive elements (one 16-byte bf16 load); units are numbered token-major over the
 // q_heads + 2*kv_heads heads of a token, 128 threads per CTA, one unit per lane group. (Deeper per-thread queues
 // (2-8 units per group, all loads issued first) and reading the step's parameters before the PDL wait were measured
-// and lost or changed nothing: docs/ops/attention_prologue.md.) The pair, tokwarp2, stream2 and async3 variants
-// below change the launch shape and the load schedule, never the per-unit arithmetic or the bytes written.
+// and lost or changed nothing: docs/ops/attention_prologue.md.) The pair and tokwarp2 variants below change the
+// launch shape and the load schedule, never the per-unit arithmetic or the bytes written.
 // Reductions (sum of squares, amax) are xor butterflies inside the group; neox RoPE takes its partner's 8 elements
 // with one indexed shuffle per element (partner lane +-rotary_dim/16); interleaved pairs are adjacent inside a lane.
 // Why a lane group per head and not a warp per head or a CTA per token: a warp per head at head_dim 128 gives each
@@ -33,8 +33,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-
-#include <atomic>
 
 #include "common/launch.cuh"
 
@@ -553,293 +551,6 @@ __global__ void __launch_bounds__(kThreads, kDepth <= 2 ? 4 : 3) token_warp_kern
   }
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// Variant stream<R> (stream2): persistent warps in the pair layout with a software pipeline. Why: in the
-// one-shot kernels (baseline, pair) a CTA issues its qkv loads once and then waits through two dependent memory
-// round trips (the position, then its cos/sin row: ~0.5 MB of positions and 8 MB of cos/sin rows at 16K prefill
-// tokens, cold in L2) before it computes, stores and retires, so its bytes are in flight for well under half its
-// life (docs/ops/attention_prologue.md, "Why prefill reads at 1.8 TB/s"). Here a grid of SMs x resident CTAs walks
-// warp items (32 / P consecutive (token, head) units of the token-major numbering) with a stride of all warps, so
-// at any moment the grid covers one contiguous stretch of qkv. Each warp keeps R items of qkv (32 bytes per lane
-// each), their slots and raw positions in flight, issued R items ahead, and the cos/sin angles of the next item
-// issued one item ahead from a position that arrived an item earlier: the qkv queue never drains while an item
-// waits for its angles. The per-unit arithmetic and stores are pair_compute / write_unit: the same bytes as pair.
-// The static scales are read once per thread; the norm weight per item from L1.
-struct StreamStage {
-  uint4 x[2];      // the lane's two qkv chunks (raw bf16)
-  long long slot;  // cache slot (K/V units), -1 otherwise
-  int pos_lo, pos_hi;
-};
-
-// Loads of one item into `st`, nothing consuming them (so no wait on them here): the position is read as its two
-// 32-bit words (an int64 position's high word; an int32 position's word twice) and combined at use.
-__device__ __forceinline__ void stream_issue(const Params& p, const Unit& u, const __nv_bfloat16* qkv_row, int ca,
-                                             int cb, StreamStage& st) {
-  st.x[0] = st.x[1] = make_uint4(0, 0, 0, 0);
-  st.slot = -1;
-  st.pos_lo = st.pos_hi = 0;
-  if (u.active) load_pair(qkv_row, ca, cb, st.x);
-  if (u.active && u.kind > 0) st.slot = p.slots[u.t];
-  if (u.qk) {
-    const int32_t* w = static_cast<const int32_t*>(p.positions);
-    const long long i = p.pos64 ? 2LL * u.t : (long long)u.t;
-    st.pos_lo = w[i];
-    st.pos_hi = w[p.pos64 ? i + 1 : i];
-  }
-}
-
-// load_pos's value and clamp from the two words of stream_issue
-__device__ __forceinline__ int stream_pos(const Params& p, const StreamStage& st) {
-  const long long pos =
-      p.pos64 ? (long long)((unsigned long long)(unsigned)st.pos_hi << 32 | (unsigned)st.pos_lo) : (long long)st.pos_lo;
-  return int(pos < 0 ? 0 : (pos >= p.max_pos ? p.max_pos - 1 : pos));
-}
-
-template <int D>
-__device__ __forceinline__ const __nv_bfloat16* unit_row(const Params& p, const Unit& u, int heads) {
-  return p.qkv + ((long long)u.t * heads + u.h) * D;
-}
-
-// Resident CTAs asked of the register allocator: R = 2 fits 128 registers (4 x 128 threads per SM: 16 warps x
-// 2 items x 1 KB = 32 KB of qkv in flight per SM at D = 128); R = 3 spilled there and took 149 registers at 3 CTAs
-// (36 KB), no more bytes than async3 keeps in flight without registers, so only R = 2 is built.
-constexpr int stream_min_ctas(int depth) {
-  return depth <= 2 ? 4 : 3;
-}
-
-template <int D, int R>
-__global__ void __launch_bounds__(kThreads, stream_min_ctas(R)) stream_kernel(const Params p) {
-  constexpr int P = D / (2 * kElems);
-  constexpr int S = 32 / P;  // units per warp item
-  constexpr int kWarps = kThreads / 32;
-  const int heads = p.q_heads + 2 * p.kv_heads;
-  const unsigned units = unsigned(p.tokens) * unsigned(heads);
-  const unsigned items = (units + S - 1) / S;
-  const int lane = int(threadIdx.x % 32);
-  const int hslot = lane / P, sub = lane % P;
-  const int m = p.interleaved ? 1 : p.rot / 16;
-  const int ca = pair_chunk(sub, m), cb = ca | m;
-  const bool rotated = pair_rotated(p, ca, m);
-  const unsigned warp = blockIdx.x * kWarps + threadIdx.x / 32, stride = gridDim.x * kWarps;
-  if (warp >= items) return;                           // the whole warp: no shuffle is left behind
-  const unsigned n = (items - 1 - warp) / stride + 1;  // this warp's items: warp + j * stride, j < n
-
-  hp::pdl_wait();                                   // everything read below may be written by the previous kernel
-  if (p.trigger == 1) hp::pdl_launch_dependents();  // as early as is safe: header, "PDL"
-  StreamStage ring[R];
-#pragma unroll
-  for (int k = 0; k < R; ++k) {
-    const Unit u = unit_at(p, (warp + unsigned(k) * stride) * S + hslot, heads);  // inactive past the last
-    stream_issue(p, u, unit_row<D>(p, u, heads), ca, cb, ring[k]);
-  }
-  const Scales sc = load_scales(p);
-  // Angles of the item being computed and of the next one, in two register sets used alternately: a copy `cur =
-  // next` at the end of an item would wait for the next item's angle loads right after issuing them. The body is
-  // unrolled over U items (a multiple of R and of 2) so both the stage and the angle set have static indices.
-  constexpr int U = R % 2 == 0 ? R : 2 * R;
-  PairAngles ang[2];
-  {
-    const Unit u0 = unit_at(p, warp * S + hslot, heads);
-    load_pair_angles(p, u0.qk, stream_pos(p, ring[0]), ca, m, ang[0]);
-  }
-
-  for (unsigned base = 0; base < n; base += U) {
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-      const unsigned j = base + unsigned(k);
-      if (j >= n) break;  // warp-uniform
-      const int r = k % R, a = k % 2;
-      const unsigned item = warp + j * stride;
-      const Unit u = unit_at(p, item * S + hslot, heads);
-      float x[2 * kElems];
-      unpack16(ring[r].x, x);
-      const long long slot = ring[r].slot;
-      // refill this stage with the item R ahead (inactive past this warp's last: unit_at bounds it)
-      const unsigned ahead = j + R < n ? item + unsigned(R) * stride : items;
-      const Unit ua = unit_at(p, ahead * S + hslot, heads);
-      stream_issue(p, ua, unit_row<D>(p, ua, heads), ca, cb, ring[r]);
-      // the next item's angles, from its position (issued R - 1 items ago) into the other set
-      const Unit un = unit_at(p, (j + 1 < n ? item + stride : items) * S + hslot, heads);
-      load_pair_angles(p, un.qk, stream_pos(p, ring[(k + 1) % R]), ca, m, ang[1 - a]);
-      // the norm weight at use, from L1 (32 bytes per lane, the same for every item): holding both weights across
-      // the loop would cost 16 registers the qkv queue needs
-      uint4 wr[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-      if (u.qk) load_pair(u.kind == 0 ? p.q_norm_w : p.k_norm_w, ca, cb, wr);
-      const float amax = pair_compute<D>(p, x, wr, ang[a], m, u.qk, rotated);
-      const int chunk[2] = {ca, cb};
-      write_unit<D, 2>(p, u, slot, amax, sc, sub == 0, x, chunk);
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Variant async3: the stream schedule (persistent warps, warp items with a stride of all warps, pair layout) with
-// the queue in shared memory instead of registers. Why: stream2's register queue holds 2 items of qkv but only one
-// item of cos/sin angles (16 registers per item), so a warp still waits out one memory round trip per item on its
-// angles. Here every load of an item (its qkv chunks, the lane's cos/sin angles and its slot) is a cp.async into a
-// lane-private slice of a shared-memory ring, kAsyncDepth items ahead, costing no registers: 3 items of qkv AND
-// angles in flight per warp. Only the position (which addresses the angles) goes through registers, loaded one item
-// before its angles are issued. A lane reads back only what it copied itself, so cp.async.wait_group orders it (no
-// warp or CTA barrier); the ring has one stage more than the items in flight, so the stage being refilled was read
-// an item earlier (no read-before-overwrite hazard on the lane's own slice).
-constexpr int kAsyncDepth = 3;                 // items in flight per warp
-constexpr int kAsyncStages = kAsyncDepth + 1;  // ring stages
-constexpr int kAsyncChunks = 7;  // 16-byte chunks per lane and stage: qkv 2, angles 4 (cos, sin, cos, sin), slot 1
-constexpr int kAsyncSmem = (kThreads / 32) * kAsyncStages * kAsyncChunks * 32 * 16;  // 56 KB per CTA
-
-// the wait, with a compiler memory barrier: the shared-memory reads after it must not be hoisted above it
-template <int N>
-__device__ __forceinline__ void async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void async_copy16(uint4* dst, const void* src, bool pred) {
-  asm volatile(
-      "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-      "l"(src), "r"(pred ? 16 : 0)
-      : "memory");
-}
-
-__device__ __forceinline__ void async_copy8(uint4* dst, const void* src, bool pred) {
-  asm volatile(
-      "cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-      "l"(src), "r"(pred ? 8 : 0)
-      : "memory");
-}
-
-__device__ __forceinline__ void async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// One lane's slice of one stage: chunk c at stage[c * 32] (consecutive lanes hold consecutive 16-byte chunks, so
-// each 16-byte access of the warp touches 512 contiguous bytes: no bank conflict).
-__device__ __forceinline__ uint4* async_stage(uint4* warp_ring, int stage, int lane) {
-  return warp_ring + stage * (kAsyncChunks * 32) + lane;
-}
-
-// Issues one unit's copies into `st` (qkv zero-filled for inactive units; angles only where RoPE uses them; the slot
-// for K/V units) and commits them as one group (empty groups too, so group counts stay uniform across the warp).
-template <int D>
-__device__ __forceinline__ void async_issue(const Params& p, const Unit& u, int heads, int pos, int ca, int cb, int m,
-                                            bool rotated, uint4* st) {
-  const __nv_bfloat16* row = p.qkv + ((long long)u.t * heads + u.h) * D;
-  async_copy16(st, row + ca * kElems, u.active);
-  async_copy16(st + 32, row + cb * kElems, u.active);
-  if (u.qk && rotated) {
-    const float* a = p.cos_sin + (long long)pos * p.rot + (p.interleaved ? ca * 4 : ca * kElems);
-    const int hr = p.rot / 2;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      async_copy16(st + (2 + 2 * k) * 32, a + 4 * k, true);
-      async_copy16(st + (3 + 2 * k) * 32, a + hr + 4 * k, true);
-    }
-  }
-  if (u.active && u.kind > 0) async_copy8(st + 6 * 32, p.slots + u.t, true);
-  async_commit();
-}
-
-// The raw position words of a unit (as stream_issue: no wait on them until stream_pos combines them).
-__device__ __forceinline__ void async_pos(const Params& p, const Unit& u, int& lo, int& hi) {
-  lo = hi = 0;
-  if (u.qk) {
-    const int32_t* w = static_cast<const int32_t*>(p.positions);
-    const long long i = p.pos64 ? 2LL * u.t : (long long)u.t;
-    lo = w[i];
-    hi = w[p.pos64 ? i + 1 : i];
-  }
-}
-
-__device__ __forceinline__ int clamp_pos_words(const Params& p, int lo, int hi) {
-  StreamStage st;
-  st.pos_lo = lo;
-  st.pos_hi = hi;
-  return stream_pos(p, st);
-}
-
-// The lane's unit of this warp's item j (warp + j * stride), inactive at and past the warp's n-th item.
-template <int S>
-__device__ __forceinline__ Unit item_unit(const Params& p, unsigned j, unsigned n, unsigned warp, unsigned stride,
-                                          unsigned items, int hslot, int heads) {
-  return unit_at(p, (j < n ? warp + j * stride : items) * S + unsigned(hslot), heads);
-}
-
-template <int D>
-__global__ void __launch_bounds__(kThreads) async_kernel(const Params p) {
-  constexpr int P = D / (2 * kElems);
-  constexpr int S = 32 / P;  // units per warp item
-  constexpr int kWarps = kThreads / 32;
-  constexpr int A = kAsyncDepth, NS = kAsyncStages;
-  constexpr int U = NS % 2 == 0 ? NS : 2 * NS;  // unroll: static stage and position-register indices
-  extern __shared__ __align__(16) uint4 async_smem[];
-  const int heads = p.q_heads + 2 * p.kv_heads;
-  const unsigned units = unsigned(p.tokens) * unsigned(heads);
-  const unsigned items = (units + S - 1) / S;
-  const int lane = int(threadIdx.x % 32);
-  const int hslot = lane / P, sub = lane % P;
-  const int m = p.interleaved ? 1 : p.rot / 16;
-  const int ca = pair_chunk(sub, m), cb = ca | m;
-  const bool rotated = pair_rotated(p, ca, m);
-  const unsigned warp = blockIdx.x * kWarps + threadIdx.x / 32, stride = gridDim.x * kWarps;
-  uint4* ring = async_smem + (threadIdx.x / 32) * (NS * kAsyncChunks * 32);
-  if (warp >= items) return;                           // the whole warp: no shuffle is left behind
-  const unsigned n = (items - 1 - warp) / stride + 1;  // this warp's items: warp + j * stride, j < n
-
-  hp::pdl_wait();                                   // everything read below may be written by the previous kernel
-  if (p.trigger == 1) hp::pdl_launch_dependents();  // as early as is safe: header, "PDL"
-  // fill: the positions of items 0 .. A (one round trip, not A in series), then items 0 .. A-1's copies
-  int fill_lo[A], fill_hi[A];
-#pragma unroll
-  for (int j = 0; j < A; ++j)
-    async_pos(p, item_unit<S>(p, unsigned(j), n, warp, stride, items, hslot, heads), fill_lo[j], fill_hi[j]);
-  int pos_lo[2], pos_hi[2];  // the position of item j + A, read one item before its copies are issued
-  async_pos(p, item_unit<S>(p, unsigned(A), n, warp, stride, items, hslot, heads), pos_lo[A % 2], pos_hi[A % 2]);
-#pragma unroll
-  for (int j = 0; j < A; ++j) {
-    async_issue<D>(p, item_unit<S>(p, unsigned(j), n, warp, stride, items, hslot, heads), heads,
-                   clamp_pos_words(p, fill_lo[j], fill_hi[j]), ca, cb, m, rotated, async_stage(ring, j, lane));
-  }
-  const Scales sc = load_scales(p);
-
-  for (unsigned base = 0; base < n; base += U) {
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-      const unsigned j = base + unsigned(k);
-      if (j >= n) break;  // warp-uniform
-      // issue item j + A into the stage read an item ago, from the position read an item ago; read the position of
-      // item j + A + 1
-      const Unit ua = item_unit<S>(p, j + A, n, warp, stride, items, hslot, heads);
-      const int pa = (k + A) % 2;
-      async_issue<D>(p, ua, heads, clamp_pos_words(p, pos_lo[pa], pos_hi[pa]), ca, cb, m, rotated,
-                     async_stage(ring, (k + A) % NS, lane));
-      async_pos(p, item_unit<S>(p, j + A + 1, n, warp, stride, items, hslot, heads), pos_lo[1 - pa], pos_hi[1 - pa]);
-      // item j: its group is the oldest of the A + 1 committed since
-      async_wait<A>();
-      const uint4* st = async_stage(ring, k % NS, lane);
-      const Unit u = item_unit<S>(p, j, n, warp, stride, items, hslot, heads);
-      uint4 xr[2] = {st[0], st[32]};
-      PairAngles ang;
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const uint4 c = st[(2 + 2 * q) * 32], sn = st[(3 + 2 * q) * 32];
-        ang.c[4 * q] = __uint_as_float(c.x), ang.c[4 * q + 1] = __uint_as_float(c.y);
-        ang.c[4 * q + 2] = __uint_as_float(c.z), ang.c[4 * q + 3] = __uint_as_float(c.w);
-        ang.s[4 * q] = __uint_as_float(sn.x), ang.s[4 * q + 1] = __uint_as_float(sn.y);
-        ang.s[4 * q + 2] = __uint_as_float(sn.z), ang.s[4 * q + 3] = __uint_as_float(sn.w);
-      }
-      const uint4 sl = st[6 * 32];
-      const long long slot = u.kind > 0 ? (long long)((unsigned long long)sl.y << 32 | sl.x) : -1;
-      float x[2 * kElems];
-      unpack16(xr, x);
-      uint4 wr[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-      if (u.qk) load_pair(u.kind == 0 ? p.q_norm_w : p.k_norm_w, ca, cb, wr);
-      const float amax = pair_compute<D>(p, x, wr, ang, m, u.qk, rotated);
-      const int chunk[2] = {ca, cb};
-      write_unit<D, 2>(p, u, slot, amax, sc, sub == 0, x, chunk);
-    }
-  }
-  async_wait<0>();  // no copy may still target shared memory when the CTA exits
-}
-
 template <int D>
 int launch_d(const Params& p, int variant, int pdl, cudaStream_t stream) {
   const long long heads = p.q_heads + 2 * p.kv_heads;
@@ -850,32 +561,6 @@ int launch_d(const Params& p, int variant, int pdl, cudaStream_t stream) {
   if ((m & (m - 1)) != 0) variant = 0;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
-  if (variant == 4) {
-    constexpr int S = 32 / (D / (2 * kElems));
-    const long long items = (units + S - 1) / S;
-    const long long want = (items + kThreads / 32 - 1) / (kThreads / 32);
-    static std::atomic<int> occ[16], carve[16];
-    // 4 CTAs x 57 KB (with the per-CTA reserve) fill the SM's 228 KB only with the largest shared-memory carveout;
-    // ask for it once per device (a refusal only costs residency, the grid stays correct at any residency)
-    hp::per_device_cached(carve, [](int) {
-      if (cudaFuncSetAttribute(async_kernel<D>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               int(cudaSharedmemCarveoutMaxShared)) != cudaSuccess)
-        (void)cudaGetLastError();
-      return 1;
-    });
-    const long long cap = (long long)hp::sm_count() * hp::ctas_per_sm(occ, async_kernel<D>, kThreads, kAsyncSmem);
-    const dim3 grid(unsigned(want < cap || cap <= 0 ? want : cap));
-    return int(hp::launch(async_kernel<D>, grid, dim3(kThreads), kAsyncSmem, stream, opt, p));
-  }
-  if (variant == 3) {
-    constexpr int S = 32 / (D / (2 * kElems));
-    const long long items = (units + S - 1) / S;
-    const long long want = (items + kThreads / 32 - 1) / (kThreads / 32);
-    static std::atomic<int> occ[16];
-    const long long cap = (long long)hp::sm_count() * hp::ctas_per_sm(occ, stream_kernel<D, 2>, kThreads, 0);
-    const dim3 grid(unsigned(want < cap || cap <= 0 ? want : cap));
-    return int(hp::launch(stream_kernel<D, 2>, grid, dim3(kThreads), 0, stream, opt, p));
-  }
   if (variant == 2) {
     const dim3 grid(unsigned((p.tokens + kThreads / 32 - 1) / (kThreads / 32)));
     return int(hp::launch(token_warp_kernel<D, 2>, grid, dim3(kThreads), 0, stream, opt, p));
@@ -890,9 +575,7 @@ int launch_d(const Params& p, int variant, int pdl, cudaStream_t stream) {
 
 // variant: 0 baseline (one unit per D/8 lanes), 1 pair (one unit per D/16 lanes, rotate-half pairs in a lane),
 // 2 tokwarp2 (one warp per token, pair layout, qkv loads 2 passes ahead; 4 passes ahead was never faster: 3 CTAs
-// per SM at 149 registers), 3 stream2 (persistent warps, pair layout, qkv 2 items ahead, cos/sin one item ahead),
-// 4 async3 (the stream schedule with qkv, angles and slots in a cp.async shared-memory ring, 3 items ahead); 1-4
-// run the baseline for neox with rotary_dim/16 not a power of two.
+// per SM at 149 registers); 1-2 run the baseline for neox with rotary_dim/16 not a power of two.
 extern "C" int hp_attention_prologue(const void* qkv, const void* q_norm_w, const void* k_norm_w, const void* cos_sin,
                                      const void* positions, int pos64, const void* slots, void* k_cache, void* v_cache,
                                      void* q_out, void* q_scale, const void* q_scale_static, const void* k_scale,
@@ -901,7 +584,7 @@ extern "C" int hp_attention_prologue(const void* qkv, const void* q_norm_w, cons
                                      int interleaved, int q_mode, int kv_fp8, int pdl, int trigger, int variant,
                                      void* stream) {
   if (tokens <= 0) return 0;
-  if (variant < 0 || variant > 4) return int(cudaErrorInvalidValue);
+  if (variant < 0 || variant > 2) return int(cudaErrorInvalidValue);
   // one aggregate in the struct's field order
   const Params p{static_cast<const __nv_bfloat16*>(qkv),
                  static_cast<const __nv_bfloat16*>(q_norm_w),
