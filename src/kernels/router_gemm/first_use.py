@@ -31,6 +31,14 @@ from pathlib import Path
 CACHE_ENV = "HOTPATHS_CACHE_DIR"
 ENABLE_ENV = "HOTPATHS_ROUTER_TUNE_ON_FIRST_USE"
 CUBLAS = "fp32_cublas"
+# How candidates are timed. Stored in the cache file: entries timed another way (an older build's eager launches)
+# are dropped and retuned, since their order can be wrong (docs/ops/router_gemm_dispatch.md).
+METHOD = ("graph replay, events in the graph, L2 flushed before each replay, median; leaders within "
+          "CONFIRM_MARGIN re-timed, ranked by the mean of both medians")
+# The second pass: the candidates within this fraction of the fastest (at most CONFIRM_MAX) are timed again and
+# ranked by the mean of their two medians, so one lucky median does not decide a choice that is cached for good.
+CONFIRM_MARGIN = 0.10
+CONFIRM_MAX = 4
 
 
 def cache_dir() -> Path:
@@ -66,11 +74,13 @@ class FirstUseTuner:
     timer(fn) -> float: microseconds per launch of fn.
     gate(out, m, n, k, ctx) -> str | None: None when the output passes the accuracy gate, else the reason.
     is_capturing() -> bool: whether the current stream is being captured (no tuning then).
+    method: how timer() times (stored in the file; a file written under another method is ignored and rewritten).
     """
 
     def __init__(self, path: Path, *, candidates: Callable, run: Callable, timer: Callable, gate: Callable,
-                 is_capturing: Callable[[], bool], enabled: bool | None = None):
+                 is_capturing: Callable[[], bool], enabled: bool | None = None, method: str = METHOD):
         self.path = Path(path)
+        self.method = method
         self.candidates, self.run, self.timer, self.gate = candidates, run, timer, gate
         self.is_capturing = is_capturing
         self.enabled = (os.environ.get(ENABLE_ENV, "") not in ("", "0")) if enabled is None else bool(enabled)
@@ -85,8 +95,10 @@ class FirstUseTuner:
     def _load(self) -> dict:
         if self._entries is None:
             try:
-                self._entries = dict(json.loads(self.path.read_text()).get("entries", {}))
-            except (OSError, ValueError):  # absent or unreadable: start empty (a bad file is rewritten)
+                data = json.loads(self.path.read_text())
+                # choices timed by another method are not trusted: start empty, the file is rewritten
+                self._entries = dict(data.get("entries", {})) if data.get("method") == self.method else {}
+            except (OSError, ValueError, AttributeError):  # absent or unreadable: start empty (rewritten)
                 self._entries = {}
         return self._entries
 
@@ -110,8 +122,9 @@ class FirstUseTuner:
         cands = [Choice("bf16x2_kernel", v, int(s)) for v, s in self.candidates(mb, n, k)] + [Choice(CUBLAS)]
         times: dict[str, float] = {}
         failed: dict[str, str] = {}
+        fns: dict[str, Callable] = {}
         for c in cands:
-            name = f"{c.variant}/{c.splits}" if c.impl != CUBLAS else CUBLAS
+            name = _name(c)
             try:
                 fn = self.run(c, mb, n, k, ctx)
                 why = self.gate(fn(), mb, n, k, ctx) if c.impl != CUBLAS else None
@@ -119,17 +132,20 @@ class FirstUseTuner:
                     failed[name] = why
                     continue
                 times[name] = float(self.timer(fn))
+                fns[name] = fn
             except (RuntimeError, ValueError) as e:
                 failed[name] = f"{type(e).__name__}: {str(e)[:160]}"
         if CUBLAS not in times:
             raise RuntimeError(f"router GEMM tune on first use: FP32 cuBLAS failed at M={mb}, N={n}, K={k}: "
                                f"{failed.get(CUBLAS)}")
-        best = min(times, key=times.get)
-        choice = Choice(CUBLAS) if best == CUBLAS else next(
-            c for c in cands if c.impl != CUBLAS and f"{c.variant}/{c.splits}" == best)
+        confirm = self._confirm(times, fns, failed)
+        rank = {c: (t + confirm[c]) / 2 if c in confirm else t for c, t in times.items()}
+        best = min(rank, key=rank.get)
+        choice = next(c for c in cands if _name(c) == best)
         entry = {"impl": choice.impl, "variant": choice.variant, "splits": choice.splits, "m_bucket": mb,
-                 "us": round(times[best], 3), "fp32_cublas_us": round(times[CUBLAS], 3),
-                 "candidates_us": {c: round(t, 3) for c, t in sorted(times.items(), key=lambda kv: kv[1])}}
+                 "us": round(rank[best], 3), "fp32_cublas_us": round(rank[CUBLAS], 3),
+                 "candidates_us": {c: round(t, 3) for c, t in sorted(times.items(), key=lambda kv: kv[1])},
+                 "confirm_us": {c: round(t, 3) for c, t in sorted(confirm.items(), key=lambda kv: kv[1])}}
         if failed:
             entry["failed"] = failed
         self._load()[self.key(n, k, m)] = entry
@@ -137,12 +153,29 @@ class FirstUseTuner:
         self._save()
         return choice
 
+    def _confirm(self, times: dict[str, float], fns: dict[str, Callable], failed: dict[str, str]) -> dict:
+        """The second timing of the leaders: every candidate within CONFIRM_MARGIN of the fastest first-pass
+        median (the CONFIRM_MAX fastest), and FP32 cuBLAS whenever it is within the margin, timed again. A
+        leader that raises now is dropped from the ranking (moved to ``failed``); cuBLAS keeps its first time."""
+        best = min(times.values())
+        leaders = [c for c in sorted(times, key=times.get) if times[c] <= best * (1 + CONFIRM_MARGIN)]
+        again = leaders[:CONFIRM_MAX] + ([CUBLAS] if CUBLAS in leaders[CONFIRM_MAX:] else [])
+        out: dict[str, float] = {}
+        for c in again:
+            try:
+                out[c] = float(self.timer(fns[c]))
+            except (RuntimeError, ValueError) as e:
+                if c != CUBLAS:
+                    failed[c] = f"{type(e).__name__} on re-timing: {str(e)[:160]}"
+                    del times[c]
+        return out
+
     def _save(self) -> None:
         """Write the cache atomically (a temporary file renamed over it): a concurrent reader sees the old or the
         new file, never half of one. An unwritable folder keeps the choices in memory only."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            data = {"op": "router_gemm", "rule": "fastest of kernel_candidates at the M bucket (next power of two) "
+            data = {"op": "router_gemm", "method": self.method, "rule": "fastest of kernel_candidates at the M bucket (next power of two) "
                     "and FP32 cuBLAS, accuracy-gated; tuned on first use", "entries": self._entries}
             fd, tmp = tempfile.mkstemp(prefix=self.path.name, dir=self.path.parent)
             with os.fdopen(fd, "w") as f:
@@ -150,3 +183,7 @@ class FirstUseTuner:
             os.replace(tmp, self.path)
         except OSError:
             pass
+
+
+def _name(c: Choice) -> str:
+    return CUBLAS if c.impl == CUBLAS else f"{c.variant}/{c.splits}"
