@@ -165,6 +165,25 @@ def test_every_decode_variant_is_a_candidate_only_at_decode_sizes():
         assert not [v for v, _ in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
 
 
+@needs_nvcc
+@pytest.mark.parametrize("n", [128, 192, 256, 384, 512, 768])
+def test_candidates_at_every_target_shape(n):
+    """The first-use tuner's list at the target grid: every decode variant at M <= 64 for every N (they are
+    instantiated per m16 tiles and n8 tiles per warp, not per N), and from M = 65 every tiled / wgmma variant whose
+    tile divides the shape. The TMA reduce-scatter family is fixed at BN = 192 (router_wgmma.cu kWsBN), so at
+    N = 128, 256, 512 the large-M candidates are wg128n128 and the tiled kernels only."""
+    tiles = {**rg.TILED_TILES, **rg.WGMMA_TILES}
+    for k in (2048, 3072, 4096, 6144, 7168):
+        for m in (1, 16, 64):
+            assert [v for v, _ in rg.kernel_candidates(m, n, k) if v.startswith("decode")] == \
+                list(rg.DECODE_VARIANTS), (m, n, k)
+        for m in (128, 1024):
+            want = {v for v, (_, bn, bk) in tiles.items() if n % bn == 0 and k % bk == 0}
+            assert {v for v, _ in rg.kernel_candidates(m, n, k)} == want, (m, n, k)
+        ws = {v for v, _ in rg.kernel_candidates(1024, n, k) if v.startswith("ws")}
+        assert bool(ws) == (n % 192 == 0), (n, k, ws)
+
+
 def test_tiled_candidates_at_m2048():
     c = rg.kernel_candidates(2048, 192, 4096)
     for v, (bm, bn, _) in rg.TILED_TILES.items():

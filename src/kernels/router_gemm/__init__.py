@@ -10,7 +10,7 @@ with a deterministic cluster (DSMEM) reduction; prefill sizes a cp.async-pipelin
 ``router_gemm(x, weights, impl="dispatch")`` picks between the kernel and FP32 cuBLAS by M using the crossover
 table measured on the device (data/dispatch/router_gemm_<device-tag>.json, written by
 ``hotpaths.bench.router_gemm.measure_crossover``). For a shape that table lacks it uses the choice tuned on first
-use (first_use.py: every candidate and FP32 cuBLAS timed once per device, (N, K) and power-of-two M bucket, cached
+use (first_use.py: every candidate and FP32 cuBLAS timed as the bench does, once per device, (N, K) and M bucket, cached
 under ~/.cache/hotpaths; tuning only when enabled and never during CUDA-graph capture), else the kernel's built-in
 heuristic. docs/ops/router_gemm_dispatch.md says why.
 

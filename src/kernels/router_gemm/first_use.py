@@ -2,11 +2,13 @@
 
 The committed dispatch table (data/dispatch/router_gemm_<device>.json) covers the router shapes of
 data/shapes/router_gemm.yaml at the M sweep. For any other (N, K), the first call at an M bucket (the next power of
-two >= M) times every candidate once on this device -- the kernel configurations of ``kernel_candidates`` at the
+two >= M) times every candidate on this device -- the kernel configurations of ``kernel_candidates`` at the
 bucket's M (the largest M of the bucket, so a configuration that fits it fits every M below) and FP32 cuBLAS --
-keeps the fastest that passes the accuracy gate, and caches the choice per device in a JSON file
-($HOTPATHS_CACHE_DIR, else ~/.cache/hotpaths; ``router_gemm_<device-tag>.json``). FP32 cuBLAS is always a candidate,
-so a tuned choice is never slower than it was measured to be.
+with the caller's timer (the kernel package passes one that times as the bench does: graph replay, L2 flushed,
+median), times the leaders a second time (CONFIRM_MARGIN, CONFIRM_MAX), keeps the fastest that passes the accuracy
+gate, and caches the choice per device in a JSON file ($HOTPATHS_CACHE_DIR, else ~/.cache/hotpaths;
+``router_gemm_<device-tag>.json``) that records the timing METHOD: a file timed another way is retuned. FP32 cuBLAS
+is always a candidate, so a tuned choice is never slower than it was measured to be.
 
 Capture safety: nothing is tuned while the current stream is being captured into a CUDA graph (timing would launch
 work into the graph); such a call returns None and the caller falls back to the built-in heuristic, and the next
@@ -175,8 +177,9 @@ class FirstUseTuner:
         new file, never half of one. An unwritable folder keeps the choices in memory only."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            data = {"op": "router_gemm", "method": self.method, "rule": "fastest of kernel_candidates at the M bucket (next power of two) "
-                    "and FP32 cuBLAS, accuracy-gated; tuned on first use", "entries": self._entries}
+            data = {"op": "router_gemm", "method": self.method,
+                    "rule": "fastest of kernel_candidates at the M bucket (next power of two) and FP32 cuBLAS, "
+                            "accuracy-gated; tuned on first use", "entries": self._entries}
             fd, tmp = tempfile.mkstemp(prefix=self.path.name, dir=self.path.parent)
             with os.fdopen(fd, "w") as f:
                 json.dump(data, f, indent=1, sort_keys=True)
