@@ -403,9 +403,9 @@ def _flush_l2(dev: int) -> None:
 def _graph_timer(fn, reps: int = 15, warmup: int = 3) -> float:
     """Median us of ``reps`` replays of fn captured in a CUDA graph, each after an L2 flush, timed by events that
     are the graph's first and last nodes: the convention of the harness bench that the tables and the committed
-    dispatch table use. Eager launches timed by events on the stream measure the host too: a Python launch path
-    (tens of us) outlasts the flush queued ahead, so the start event fires before the kernel is even launched and
-    the candidates' order follows host noise (docs/ops/router_gemm_dispatch.md has the numbers).
+    dispatch table use. Events on the stream around an eager launch can time the host too: when the Python launch
+    path (tens of us) outlasts the flush queued ahead, the start event fires before the kernel is launched, and
+    candidates a few us apart are ordered by host noise (docs/ops/router_gemm_dispatch.md has the sweep's numbers).
     fn must be capturable (no host syncs); it runs once eagerly before capture (lazy initialisation, the kernels'
     shared-memory attributes). Raises RuntimeError when capture fails (the candidate is then skipped)."""
     dev = torch.cuda.current_device()
@@ -423,13 +423,18 @@ def _graph_timer(fn, reps: int = 15, warmup: int = 3) -> float:
     with torch.cuda.stream(stream):
         fn()  # an eager launch on the capture stream first: lazy init (cuBLAS handles, workspaces) outside capture
         torch.cuda.synchronize(dev)
+        # capture_begin / _end rather than torch.cuda.graph(): its entry empties the allocator's cache (and may run
+        # the garbage collector), a cost paid per candidate here, thousands of times over a sweep of shapes
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
+        g.capture_begin()
+        try:
             if inner:
                 start.record(stream)
             fn()
             if inner:
                 end.record(stream)
+        finally:
+            g.capture_end()
         for i in range(warmup + reps):
             _flush_l2(dev)  # queued ahead of the replay: keeps the GPU busy past the CPU's launch of it
             if not inner:
