@@ -21,11 +21,11 @@ class Fake:
 
     @staticmethod
     def name(c):
-        return c.impl if c.impl == FU.CUBLAS else f"{c.variant}/{c.splits}"
+        return f"{c.variant}/{c.splits}" if c.impl == "bf16x2_kernel" else c.impl
 
     def candidates(self, m, n, k):
         self.cand_calls.append((m, n, k))
-        return [tuple(c.split("/")) for c in self.times if c != FU.CUBLAS]
+        return [tuple(c.split("/")) for c in self.times if "/" in c]
 
     def run(self, c, m, n, k, ctx):
         self.runs.append((self.name(c), m))
@@ -43,9 +43,9 @@ class Fake:
         self.timed.append(name)
         return t[sum(1 for x in self.timed if x == name) - 1] if isinstance(t, list) else t
 
-    def tuner(self, path, enabled=True):
+    def tuner(self, path, enabled=True, extra=()):
         return FU.FirstUseTuner(path, candidates=self.candidates, run=self.run, timer=self.timer, gate=self.gate,
-                                is_capturing=lambda: self.capturing, enabled=enabled)
+                                is_capturing=lambda: self.capturing, enabled=enabled, extra_impls=extra)
 
 
 def test_m_bucket():
@@ -142,6 +142,20 @@ def test_retiming_is_bounded_and_includes_cublas_when_it_leads(tmp_path):
     assert f.tuner(tmp_path / "c.json").choose(1, 384, 2048) == FU.Choice(FU.CUBLAS)
     again = {c for c in set(f.timed) if f.timed.count(c) == 2}
     assert again == {f"v{i}/1" for i in range(FU.CONFIRM_MAX)} | {FU.CUBLAS}
+
+
+def test_bf16x2_cublas_is_a_gated_candidate_by_default(tmp_path):
+    f = Fake({"tiled/1": 20.0, FU.BF16X2_CUBLAS: 12.0, FU.CUBLAS: 40.0})
+    t = FU.FirstUseTuner(tmp_path / "c.json", candidates=f.candidates, run=f.run, timer=f.timer, gate=f.gate,
+                         is_capturing=lambda: False, enabled=True)
+    assert t.extra_impls == (FU.BF16X2_CUBLAS,)
+    c = t.choose(2048, 256, 2048)
+    assert c == FU.Choice(FU.BF16X2_CUBLAS) and t.cached(1500, 256, 2048) == c
+    # gated like a kernel: a failing output is never chosen
+    g = Fake({"tiled/1": 20.0, FU.BF16X2_CUBLAS: 12.0, FU.CUBLAS: 40.0}, gate_fail={FU.BF16X2_CUBLAS})
+    assert g.tuner(tmp_path / "d.json", extra=(FU.BF16X2_CUBLAS,)).choose(2048, 256, 2048) == \
+        FU.Choice("bf16x2_kernel", "tiled", 1)
+    assert FU.BF16X2_CUBLAS not in g.timed
 
 
 def test_cache_timed_by_another_method_is_retuned(tmp_path):

@@ -33,6 +33,8 @@ from pathlib import Path
 CACHE_ENV = "HOTPATHS_CACHE_DIR"
 ENABLE_ENV = "HOTPATHS_ROUTER_TUNE_ON_FIRST_USE"
 CUBLAS = "fp32_cublas"
+# The two-part weight through one cuBLAS BF16 GEMM: timed beside the kernels and FP32 cuBLAS, gated like the kernels.
+BF16X2_CUBLAS = "bf16x2_cublas"
 # How candidates are timed. Stored in the cache file: entries timed another way (an older build's eager launches)
 # are dropped and retuned, since their order can be wrong (docs/ops/router_gemm_dispatch.md).
 METHOD = ("graph replay, events in the graph, L2 flushed before each replay, median; leaders within "
@@ -59,7 +61,8 @@ def m_bucket(m: int) -> int:
 
 @dataclass(frozen=True)
 class Choice:
-    """What dispatch runs: impl "bf16x2_kernel" (with variant, splits) or "fp32_cublas" (variant "", splits 0)."""
+    """What dispatch runs: impl "bf16x2_kernel" (with variant, splits), or "fp32_cublas" / "bf16x2_cublas"
+    (variant "", splits 0)."""
 
     impl: str
     variant: str = ""
@@ -77,11 +80,14 @@ class FirstUseTuner:
     gate(out, m, n, k, ctx) -> str | None: None when the output passes the accuracy gate, else the reason.
     is_capturing() -> bool: whether the current stream is being captured (no tuning then).
     method: how timer() times (stored in the file; a file written under another method is ignored and rewritten).
+    extra_impls: impls other than the kernel and FP32 cuBLAS timed as candidates (gated like the kernels).
     """
 
     def __init__(self, path: Path, *, candidates: Callable, run: Callable, timer: Callable, gate: Callable,
-                 is_capturing: Callable[[], bool], enabled: bool | None = None, method: str = METHOD):
+                 is_capturing: Callable[[], bool], enabled: bool | None = None, method: str = METHOD,
+                 extra_impls: tuple[str, ...] = (BF16X2_CUBLAS,)):
         self.path = Path(path)
+        self.extra_impls = tuple(extra_impls)
         self.method = method
         self.candidates, self.run, self.timer, self.gate = candidates, run, timer, gate
         self.is_capturing = is_capturing
@@ -121,7 +127,8 @@ class FirstUseTuner:
 
     def _tune(self, m: int, n: int, k: int, ctx) -> Choice:
         mb = m_bucket(m)
-        cands = [Choice("bf16x2_kernel", v, int(s)) for v, s in self.candidates(mb, n, k)] + [Choice(CUBLAS)]
+        cands = [Choice("bf16x2_kernel", v, int(s)) for v, s in self.candidates(mb, n, k)] + \
+            [Choice(i) for i in self.extra_impls] + [Choice(CUBLAS)]
         times: dict[str, float] = {}
         failed: dict[str, str] = {}
         fns: dict[str, Callable] = {}
@@ -189,4 +196,4 @@ class FirstUseTuner:
 
 
 def _name(c: Choice) -> str:
-    return CUBLAS if c.impl == CUBLAS else f"{c.variant}/{c.splits}"
+    return f"{c.variant}/{c.splits}" if c.impl == "bf16x2_kernel" else c.impl
