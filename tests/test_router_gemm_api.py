@@ -165,6 +165,25 @@ def test_every_decode_variant_is_a_candidate_only_at_decode_sizes():
         assert not [v for v, _ in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
 
 
+@needs_nvcc
+@pytest.mark.parametrize("n", [128, 192, 256, 384, 512, 768])
+def test_candidates_at_every_target_shape(n):
+    """The first-use tuner's list at the target grid: every decode variant at M <= 64 for every N (they are
+    instantiated per m16 tiles and n8 tiles per warp, not per N), and from M = 65 every tiled / wgmma variant whose
+    tile divides the shape. The TMA reduce-scatter family is fixed at BN = 192 (router_wgmma.cu kWsBN), so at
+    N = 128, 256, 512 the large-M candidates are wg128n128 and the tiled kernels only."""
+    tiles = {**rg.TILED_TILES, **rg.WGMMA_TILES}
+    for k in (2048, 3072, 4096, 6144, 7168):
+        for m in (1, 16, 64):
+            assert [v for v, _ in rg.kernel_candidates(m, n, k) if v.startswith("decode")] == \
+                list(rg.DECODE_VARIANTS), (m, n, k)
+        for m in (128, 1024):
+            want = {v for v, (_, bn, bk) in tiles.items() if n % bn == 0 and k % bk == 0}
+            assert {v for v, _ in rg.kernel_candidates(m, n, k)} == want, (m, n, k)
+        ws = {v for v, _ in rg.kernel_candidates(1024, n, k) if v.startswith("ws")}
+        assert bool(ws) == (n % 192 == 0), (n, k, ws)
+
+
 def test_tiled_candidates_at_m2048():
     c = rg.kernel_candidates(2048, 192, 4096)
     for v, (bm, bn, _) in rg.TILED_TILES.items():
@@ -424,3 +443,28 @@ def test_accuracy_gate_of_the_tuner():
     why = rb.accuracy_failure(got, ref64, 1.0, emu_flips=0, topk=2)
     assert why and "flips vs FP64 1 > the emulation's 0" in why
     assert rb.accuracy_failure(got, ref64, 1.0, emu_flips=1, topk=2) is None
+
+
+def test_bf16x2_cublas_is_the_two_part_arithmetic():
+    """impl="bf16x2_cublas" (a first-use dispatch candidate): one GEMM against [w_high; w_low], then
+    acc_hi + acc_lo / 256: the BF16x2 emulation's numbers (same FP32 products, the 1/256 exact), also for weights
+    assembled from separate parts (no w_cat); plan() keeps the parts as views of w_cat (no extra memory)."""
+    x, w = ref.make_router_inputs(5, N, K, seed=11)
+    p = rg.plan(w)
+    assert p.w_cat.shape == (2 * N, K) and p.w_high.data_ptr() == p.w_cat.data_ptr()
+    assert p.w_high.is_contiguous() and p.w_low.is_contiguous()
+    assert torch.equal(torch.cat([p.w_high, p.w_low]), p.w_cat)
+    hi, lo = ref.split_fp32_weight(w)
+    assert torch.equal(p.w_high, hi) and torch.equal(p.w_low, lo)
+    emu = ref.bf16x2_from_parts(x, p.w_high, p.w_low)
+    out = torch.full((5, N), float("nan"))
+    got = rg.router_gemm(x, p, impl="bf16x2_cublas", out=out)
+    assert got is out and torch.isfinite(out).all()
+    assert float((got - emu).abs().max()) <= 1e-6 * float(emu.abs().max())
+    loose = rg.RouterWeights(w=w, w_high=hi, w_low=lo, w_mid=None, w_low2=None, w_bf16=w.bfloat16(), n=N, k=K,
+                             three_part=False)
+    assert torch.allclose(rg.router_gemm(x, loose, impl="bf16x2_cublas"), got, rtol=0, atol=1e-6)
+    # not the one-part BF16 GEMM: its error vs FP64 is the two-part class, far below BF16's
+    r64 = ref.router_gemm_ref(x, w)
+    bf16 = rg.router_gemm(x, p, impl="bf16_cublas")
+    assert float((got.double() - r64).abs().max()) * 20 < float((bf16.double() - r64).abs().max())

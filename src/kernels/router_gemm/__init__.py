@@ -10,7 +10,7 @@ with a deterministic cluster (DSMEM) reduction; prefill sizes a cp.async-pipelin
 ``router_gemm(x, weights, impl="dispatch")`` picks between the kernel and FP32 cuBLAS by M using the crossover
 table measured on the device (data/dispatch/router_gemm_<device-tag>.json, written by
 ``hotpaths.bench.router_gemm.measure_crossover``). For a shape that table lacks it uses the choice tuned on first
-use (first_use.py: every candidate and FP32 cuBLAS timed once per device, (N, K) and power-of-two M bucket, cached
+use (first_use.py: every candidate and FP32 cuBLAS timed as the bench does, once per device, (N, K) and M bucket, cached
 under ~/.cache/hotpaths; tuning only when enabled and never during CUDA-graph capture), else the kernel's built-in
 heuristic. docs/ops/router_gemm_dispatch.md says why.
 
@@ -39,17 +39,19 @@ from hotpaths.reference import router_gemm as ref
 from hotpaths.reference.common import check_fits, device_tag, expect_tensor
 
 OP = "router_gemm"
-IMPLS = ("dispatch", "bf16x2_kernel", "bf16x3_kernel", "fp32_cublas", "tf32_cublas", "bf16_cublas")
+IMPLS = ("dispatch", "bf16x2_kernel", "bf16x3_kernel", "fp32_cublas", "tf32_cublas", "bf16_cublas", "bf16x2_cublas")
 # The same-precision emulation each impl stands for (used without a GPU, and as the tight reference).
 EMULATION_OF = {"dispatch": "bf16x2_emulation", "bf16x2_kernel": "bf16x2_emulation",
                 "bf16x3_kernel": "bf16x3_emulation", "fp32_cublas": "fp32_emulation",
-                "tf32_cublas": "tf32_emulation", "bf16_cublas": "bf16_emulation"}
+                "tf32_cublas": "tf32_emulation", "bf16_cublas": "bf16_emulation",
+                "bf16x2_cublas": "bf16x2_emulation"}
 DTYPE_OF = {"bf16x2_kernel": "x bf16, w fp32 as 2x bf16 (hi + lo/256), out fp32",
             "bf16x3_kernel": "x bf16, w fp32 as 3x bf16 (exact split), out fp32",
             "dispatch": "x bf16, w fp32 (bf16x2 kernel or fp32 cuBLAS by M), out fp32",
             "fp32_cublas": "x bf16->fp32, w fp32, out fp32 (cuBLAS FP32)",
             "tf32_cublas": "x bf16->fp32, w fp32, out fp32 (cuBLAS TF32)",
-            "bf16_cublas": "x bf16, w bf16 (RNE), out fp32 (cuBLAS BF16)"}
+            "bf16_cublas": "x bf16, w bf16 (RNE), out fp32 (cuBLAS BF16)",
+            "bf16x2_cublas": "x bf16, w fp32 as 2x bf16 (hi + lo/256), out fp32 (one cuBLAS BF16 GEMM on [hi; lo])"}
 # Kernel variants: router_variants.cuh (an X-macro list) is the one place that names them; the library reports it
 # through hp_router_variant_count / _name / _info, and the views below (VARIANTS, DECODE_VARIANTS, TILED_TILES,
 # WGMMA_TILES, WGMMA_GLOBAL_SPLITK, WGMMA_PAIR_SPLITK, WGMMA_REDUCE_SCATTER, WGMMA_COOPERATIVE, VARIANT_PARTS) are
@@ -220,6 +222,9 @@ class RouterWeights:
     n: int
     k: int
     three_part: bool
+    # [w_high; w_low] bf16 [2N, K] (w_high and w_low are its halves, views): one cuBLAS BF16 GEMM runs both products
+    # (impl="bf16x2_cublas"); None when the weights were assembled from separate parts (torch.ops path)
+    w_cat: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -240,7 +245,7 @@ def plan(w_fp32: torch.Tensor, *, three_part: bool = False) -> RouterWeights:
     n, k = (int(s) for s in w_fp32.shape)
     ref.validate_kernel_shape(n, k)
     # the BF16 parts (high, low, plain; mid and low2 for three parts) plus the split's fp32 temporaries
-    check_fits(f"router plan n={n} k={k}", device_bytes=n * k * (2 * (5 if three_part else 3) + 8),
+    check_fits(f"router plan n={n} k={k}", device_bytes=n * k * (2 * (5 if three_part else 3) + 12),
                device=w_fp32.device)
     hi, lo = ref.split_fp32_weight(w_fp32)
     mid = lo2 = None
@@ -249,7 +254,8 @@ def plan(w_fp32: torch.Tensor, *, three_part: bool = False) -> RouterWeights:
         if not torch.equal(hi3, hi):  # both splits truncate the high part; the kernel shares it between them
             raise RuntimeError("plan: the two- and three-part splits disagree on w_high (reference changed?)")
         mid, lo2 = mid.contiguous(), lo2.contiguous()
-    return RouterWeights(w=w_fp32, w_high=hi.contiguous(), w_low=lo.contiguous(), w_mid=mid, w_low2=lo2,
+    cat = torch.cat([hi, lo]).contiguous()  # the parts as its two halves: no extra memory
+    return RouterWeights(w=w_fp32, w_high=cat[:n], w_low=cat[n:], w_mid=mid, w_low2=lo2, w_cat=cat,
                          w_bf16=w_fp32.to(torch.bfloat16).contiguous(), n=n, k=k, three_part=three_part)
 
 
@@ -362,8 +368,8 @@ def _fu_run(choice: _fu.Choice, m: int, n: int, k: int, ctx: dict):
     x, _, _ = _fu_inputs(ctx, m)
     out = torch.empty(m, n, dtype=torch.float32, device=x.device)
     w = ctx["weights"]
-    if choice.impl == _fu.CUBLAS:
-        return lambda: router_gemm(x, w, impl="fp32_cublas", out=out)
+    if choice.impl in (_fu.CUBLAS, _fu.BF16X2_CUBLAS):
+        return lambda: router_gemm(x, w, impl=choice.impl, out=out)
     return lambda: _run_kernel(x, w, out, parts=2, variant=choice.variant, splits=choice.splits)
 
 
@@ -379,25 +385,73 @@ def _fu_gate(out: torch.Tensor, m: int, n: int, k: int, ctx: dict) -> str | None
     return None
 
 
-def _event_timer(fn, reps: int = 10) -> float:
-    """Median us of ``reps`` eager launches of fn, each after overwriting a buffer of twice the L2 (cold L2, as the
-    committed table was measured), timed by CUDA events around the launch alone."""
-    dev = torch.cuda.current_device()
+def _flush_buffer(dev: int) -> torch.Tensor:
+    """2x the L2 (at least 128 MiB) on device ``dev``, written once, allocated on first use (the harness bench's
+    buffer size; the kernels may not import the harness)."""
     if dev not in _FLUSH:
         l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20))
-        _FLUSH[dev] = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
-    flush = _FLUSH[dev]
-    fn()
-    fn()
+        buf = torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device=torch.device("cuda", dev))
+        buf.fill_(1)
+        _FLUSH[dev] = (buf, torch.empty((), dtype=torch.int64, device=buf.device))
+    return _FLUSH[dev]
+
+
+def _flush_l2(dev: int) -> None:
+    # $HOTPATHS_L2_FLUSH as the harness bench reads it: "write" (default) leaves the L2 full of dirty lines of the
+    # buffer, "read" full of clean ones
+    buf, sink = _flush_buffer(dev)
+    if os.environ.get("HOTPATHS_L2_FLUSH", "write") == "read":
+        torch.sum(buf.view(torch.int64), dim=0, out=sink)
+    else:
+        buf.fill_(1)
+
+
+def _graph_timer(fn, reps: int = 15, warmup: int = 3) -> float:
+    """Median us of ``reps`` replays of fn captured in a CUDA graph, each after an L2 flush, timed by events that
+    are the graph's first and last nodes: the convention of the harness bench that the tables and the committed
+    dispatch table use. Events on the stream around an eager launch can time the host too: when the Python launch
+    path (tens of us) outlasts the flush queued ahead, the start event fires before the kernel is launched, and
+    candidates a few us apart are ordered by host noise (docs/ops/router_gemm_dispatch.md has the sweep's numbers).
+    fn must be capturable (no host syncs); it runs once eagerly before capture (lazy initialisation, the kernels'
+    shared-memory attributes). Raises RuntimeError when capture fails (the candidate is then skipped)."""
+    dev = torch.cuda.current_device()
+    _flush_buffer(dev)
+    try:
+        start = torch.cuda.Event(enable_timing=True, external=True)
+        end = torch.cuda.Event(enable_timing=True, external=True)
+        inner = True
+    except TypeError:  # an older torch: events on the stream around the replay (adds the graph launch, ~1 us)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        inner = False
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     ts = []
-    for _ in range(reps):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
+    with torch.cuda.stream(stream):
+        fn()  # an eager launch on the capture stream first: lazy init (cuBLAS handles, workspaces) outside capture
+        torch.cuda.synchronize(dev)
+        # capture_begin / _end rather than torch.cuda.graph(): its entry empties the allocator's cache (and may run
+        # the garbage collector), a cost paid per candidate here, thousands of times over a sweep of shapes
+        g = torch.cuda.CUDAGraph()
+        g.capture_begin()
+        try:
+            if inner:
+                start.record(stream)
+            fn()
+            if inner:
+                end.record(stream)
+        finally:
+            g.capture_end()
+        for i in range(warmup + reps):
+            _flush_l2(dev)  # queued ahead of the replay: keeps the GPU busy past the CPU's launch of it
+            if not inner:
+                start.record(stream)
+            g.replay()
+            if not inner:
+                end.record(stream)
+            end.synchronize()
+            if i >= warmup:
+                ts.append(start.elapsed_time(end) * 1e3)
+    torch.cuda.current_stream().wait_stream(stream)
     ts.sort()
     return ts[len(ts) // 2]
 
@@ -410,7 +464,7 @@ def first_use_tuner() -> _fu.FirstUseTuner:
         sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
         enabled = _TUNER.enabled if _TUNER is not None else None
         _TUNER = _fu.FirstUseTuner(path, candidates=lambda m, n, k: kernel_candidates(m, n, k, sm_count=sms),
-                                   run=_fu_run, timer=_event_timer, gate=_fu_gate, is_capturing=_is_capturing,
+                                   run=_fu_run, timer=_graph_timer, gate=_fu_gate, is_capturing=_is_capturing,
                                    enabled=enabled)
     return _TUNER
 
@@ -462,6 +516,28 @@ def _bf16_mm_fp32_out(x: torch.Tensor, wb: torch.Tensor, out: torch.Tensor) -> t
             r = torch.mm(x.float(), wb.float().t())
     out.copy_(r)
     return out
+
+
+def _bf16x2_cublas(x: torch.Tensor, weights: RouterWeights, out: torch.Tensor) -> torch.Tensor:
+    """BF16x2 through cuBLAS: one BF16 GEMM of x against [w_high; w_low] ([2N, K]) accumulating and writing FP32,
+    then acc_hi + acc_lo / 256 in one elementwise kernel. The kernel's arithmetic (two BF16 products in FP32, the
+    1/256 in the epilogue) with cuBLAS's tiles, which the measurements put ahead of ours from M ~ 100 up at the
+    N the TMA family cannot tile (docs/ops/router_gemm_dispatch.md); a dispatch candidate like FP32 cuBLAS, gated
+    by the same accuracy bound. The split-K reduction is kept in FP32 (no reduced-precision BF16 reduction).
+    Shape/Dtype: x bf16 [M, K]; out fp32 [M, N]; returns out."""
+    n = weights.n
+    wc = weights.w_cat if weights.w_cat is not None else torch.cat([weights.w_high, weights.w_low])
+    flag = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        try:  # BF16 operands, FP32 accumulation and output (torch >= 2.9)
+            acc = torch.mm(x, wc.t(), out_dtype=torch.float32)
+        except (TypeError, RuntimeError):  # older torch or no such kernel on this device: the same sums in FP32
+            with _allow_tf32(False):
+                acc = torch.mm(x.float(), wc.float().t())
+    finally:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = flag
+    return torch.add(acc[:, :n], acc[:, n:], alpha=_SCALE, out=out)
 
 
 def _validate(x, weights, impl, out):
@@ -535,7 +611,8 @@ def router_gemm(x: torch.Tensor, weights: RouterWeights, *, impl: str = "dispatc
     out (optional) fp32 [M, N] contiguous. Returns fp32 [M, N] (``out`` when given). M == 0 returns an empty
     [0, N] tensor.
     impl: "dispatch" (kernel or FP32 cuBLAS by the measured crossover), "bf16x2_kernel", "bf16x3_kernel"
-    (needs plan(..., three_part=True)), "fp32_cublas", "tf32_cublas", "bf16_cublas" (baselines via torch).
+    (needs plan(..., three_part=True)), "fp32_cublas", "tf32_cublas", "bf16_cublas" (baselines via torch),
+    "bf16x2_cublas" (the two-part weight through one cuBLAS BF16 GEMM; a dispatch candidate at unseen shapes).
     variant / splits: force a kernel configuration (experiments); "auto"/0 = the configuration tuned on this
     device (dispatch table), else the built-in heuristic.
     Raises TypeError (wrong dtype / type), ValueError (shape, contiguity, device, alignment, impl),
@@ -556,6 +633,8 @@ def router_gemm(x: torch.Tensor, weights: RouterWeights, *, impl: str = "dispatc
         return _run_kernel(x, weights, out, parts=3, variant=variant, splits=splits)
     if impl == "bf16_cublas":
         return _bf16_mm_fp32_out(x, weights.w_bf16, out)
+    if impl == "bf16x2_cublas":
+        return _bf16x2_cublas(x, weights, out)
     with _allow_tf32(impl == "tf32_cublas"):
         return torch.matmul(x.float(), weights.w.t(), out=out)
 
