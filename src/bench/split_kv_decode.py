@@ -554,7 +554,7 @@ NCU_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_susta
 # must extend this too, or the profile row says its regex matched nothing).
 _V3_NT1 = {"v3s3c3": (3, 3), "v3s5": (5, 2), "v3s2c4": (2, 4), "v3bc3": (3, 3)}
 _BF16_TR = {"v3b": (2, 2), "v3bs3": (3, 2), "v3bc3": (2, 3)}  # BF16 KV, <= 8 rows: (STAGES, CPS)
-_V3_MTP_NT4 = {"v3m": (2, 2)}
+_V3_MTP_NT4 = {"v3m": (2, 2), "v3m3": (3, 2)}
 
 
 def attention_traits(variant: str, *, fp8: bool = True, rows: int = 8) -> tuple:

@@ -117,10 +117,18 @@ struct Traits {
   static constexpr int KV_BYTES = kTile * ROWB;  // one of K or V
   static constexpr int QROWB = kD * ES;
   static constexpr int STAGE_BYTES = 2 * KV_BYTES + MROWS * QROWB + MROWS * 4;
-  static constexpr int MERGE_BYTES = 4 * MROWS * kD * 4 + 2 * 4 * MROWS * 4;
   static constexpr int DESC_BYTES = kDescCache * 8 * 4;
-  static constexpr bool MERGE_IN_STAGE =
-      TRANSPOSED && CPS * (STAGES * STAGE_BYTES + MERGE_BYTES + DESC_BYTES + kCtaSmemOverhead) > kSmemPerSm;
+  static constexpr bool fits(int merge_bytes) {
+    return CPS * (STAGES * STAGE_BYTES + merge_bytes + DESC_BYTES + kCtaSmemOverhead) <= kSmemPerSm;
+  }
+  // QSMEM (32-row groups): where the 32-row merge buffer does not fit beside the stages, the end-of-descriptor merge
+  // runs in 16-row passes over a 16-row buffer (derived, like MERGE_IN_STAGE: one more stage for one more barrier
+  // per descriptor end; the row maxima and sums of all rows stay in the buffer, they are small).
+  static constexpr int MERGE_PASSES = (QSMEM && !fits(4 * MROWS * kD * 4 + 2 * 4 * MROWS * 4)) ? MROWS / 16 : 1;
+  static constexpr int MERGE_ROWS = MROWS / MERGE_PASSES;  // O rows of the merge buffer per pass
+  static_assert(MERGE_PASSES == 1 || MERGE_PASSES == 2, "the epilogue runs one or two merge passes");
+  static constexpr int MERGE_BYTES = 4 * MERGE_ROWS * kD * 4 + 2 * 4 * MROWS * 4;
+  static constexpr bool MERGE_IN_STAGE = TRANSPOSED && !fits(MERGE_BYTES);
   // The whole stage is free at the descriptor's end: its K/V tile is consumed and, without QSMEM, the Q rows and
   // scales it carried (only for a descriptor starting at that tile) are already in registers.
   static_assert(!MERGE_IN_STAGE || (MERGE_BYTES <= STAGE_BYTES && !QSMEM), "the merge buffer must fit a stage");
@@ -988,14 +996,16 @@ __device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF
 }
 
 // End of a descriptor, step 1: the warp's running max, row sums (reduced over the lanes of equal tig) and O^T rows,
-// stored by real dim, into the merge buffer.
-template <class CF>
+// stored by real dim, into the merge buffer. PASS (Traits::MERGE_PASSES > 1): only the n-tiles of rows
+// [PASS x MERGE_ROWS, + MERGE_ROWS), at buffer row r - PASS x MERGE_ROWS.
+template <class CF, int PASS = 0>
 __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], const float (&l_)[CF::NT][2],
                                                const float (&o)[CF::NT][8][4], float* merge_o, float* merge_m,
                                                float* merge_l, int warp, int g, int tig) {
-  constexpr int NT = CF::NT, MROWS = CF::MROWS;
+  constexpr int MROWS = CF::MROWS, MR = CF::MERGE_ROWS;
+  constexpr int NT0 = PASS * MR / 8, NT1 = NT0 + MR / 8;
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+  for (int nt = NT0; nt < NT1; ++nt)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       float l = l_[nt][c];
@@ -1007,7 +1017,7 @@ __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], con
         merge_m[warp * MROWS + r] = m_[nt][c];
         merge_l[warp * MROWS + r] = l;
       }
-      float* mrow = merge_o + (warp * MROWS + r) * kD;
+      float* mrow = merge_o + (warp * MR + r - PASS * MR) * kD;
       if constexpr (CF::FP8) {
       // units 4g + q of row r: q = 0, 1: dims 16g + 4q + i (c-slot c); q = 2, 3: dims 16g + 8 + 4(q-2) + i (c + 2)
 #pragma unroll
@@ -1029,15 +1039,16 @@ __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], con
 }
 
 // End of a descriptor, step 2 (after a barrier): merge the 4 warps' states per row and store the bf16 output (a
-// pair with one chunk: nch() == 1) or the normalized fp32 partial and its natural-log LSE.
-template <class CF, class Nch>
+// pair with one chunk: nch() == 1) or the normalized fp32 partial and its natural-log LSE. PASS: rows
+// [PASS x MERGE_ROWS, + MERGE_ROWS) (see tr_stage_merge).
+template <class CF, int PASS = 0, class Nch>
 __device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, const float* merge_m,
                                          const float* merge_l, const Desc& cdd, int rg, int tid, float vscale,
                                          Nch nch_of_cd) {
-  constexpr int MROWS = CF::MROWS;
-  constexpr int PROWS = MROWS < 16 ? MROWS : 16;  // rows per pass (register budget: see tr_fused_merge)
-  constexpr int TPR = kThreads / PROWS;           // threads per row
-  constexpr int UPT = 32 / TPR;                   // 16 B units per thread: seg + TPR * i
+  constexpr int MROWS = CF::MROWS, MR = CF::MERGE_ROWS, R0 = PASS * MR;
+  constexpr int PROWS = MR < 16 ? MR : 16;  // rows per pass (register budget: see tr_fused_merge)
+  constexpr int TPR = kThreads / PROWS;     // threads per row
+  constexpr int UPT = 32 / TPR;             // 16 B units per thread: seg + TPR * i
   const int seg = tid % TPR;
   auto one_row = [&](const int row) {
     const int rr = rg * MROWS + row;
@@ -1057,7 +1068,7 @@ __device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, 
         for (int w = 0; w < 4; ++w) {
           const float f = exp2f(mw[w] - M);
           L += merge_l[w * MROWS + row] * f;
-          const float* mrow = merge_o + (w * MROWS + row) * kD;
+          const float* mrow = merge_o + (w * MR + row - R0) * kD;
 #pragma unroll
           for (int i = 0; i < UPT; ++i) {
             const float4 x = *reinterpret_cast<const float4*>(mrow + (merge3_swz(row, seg + TPR * i) << 2));
@@ -1086,11 +1097,11 @@ __device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, 
       }
     }
   };
-  if constexpr (PROWS == MROWS) {
-    one_row(tid / TPR);
+  if constexpr (PROWS == MR) {
+    one_row(R0 + tid / TPR);
   } else {
 #pragma unroll 1
-    for (int row = tid / TPR; row < MROWS; row += PROWS) one_row(row);
+    for (int row = R0 + tid / TPR; row < R0 + MR; row += PROWS) one_row(row);
   }
 }
 
@@ -1193,7 +1204,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   uint8_t* stages = smem;
   // the merge buffer: its own area, or (MERGE_IN_STAGE) the stage whose tile ended the descriptor
   float* merge_own = reinterpret_cast<float*>(smem + STAGES * CF::STAGE_BYTES);
-  float* merge_own_m = merge_own + 4 * MROWS * kD;
+  float* merge_own_m = merge_own + 4 * CF::MERGE_ROWS * kD;
   float* merge_own_l = merge_own_m + 4 * MROWS;
   int* dcache = reinterpret_cast<int*>(smem + STAGES * CF::STAGE_BYTES + (CF::MERGE_IN_STAGE ? 0 : CF::MERGE_BYTES));
 
@@ -1382,16 +1393,22 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       float *merge_o = merge_own, *merge_m = merge_own_m, *merge_l = merge_own_l;
       if constexpr (CF::MERGE_IN_STAGE) {
         merge_o = reinterpret_cast<float*>(stages + stage * CF::STAGE_BYTES);
-        merge_m = merge_o + 4 * MROWS * kD;
+        merge_m = merge_o + 4 * CF::MERGE_ROWS * kD;
         merge_l = merge_m + 4 * MROWS;
       }
       // MERGE_IN_STAGE: every warp's PV must be done with this stage's V first; the loader rewrites the stage only
       // after the next iteration's barrier, which follows the merge's last read.
       if constexpr (CF::MERGE_IN_STAGE) __syncthreads();
-      tr_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
-      __syncthreads();
       auto nch_of_cd = [&]() { return nch_of(cd); };
-      tr_store<CF>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale, nch_of_cd);
+      tr_stage_merge<CF, 0>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
+      __syncthreads();
+      tr_store<CF, 0>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale, nch_of_cd);
+      if constexpr (CF::MERGE_PASSES == 2) {  // the second 16 rows, once every thread has read the first pass
+        __syncthreads();
+        tr_stage_merge<CF, 1>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
+        __syncthreads();
+        tr_store<CF, 1>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale, nch_of_cd);
+      }
       tr_fused_merge<CF>(P, cdd, rg, tid, s_last, nch_of_cd, [&]() { return first_slot_of(cd, cdd); });
       if (++cd >= d_end) break;
       cdd = fetch(cd);
@@ -1697,6 +1714,9 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 //     (4 stages), 17-32 one NT = 4 group, 33-64 two; NT = 4 with {stages, CTAs per SM} 2/2 (the merge buffer of 32
 //     rows leaves room for 2 stages at 2 CTAs per SM). The grid is sized 2 per SM for every R, so R = 9..16 does
 //     not run a 4-per-SM grid on a 2-per-SM kernel.
+//   9 "v3m3" (MTP): as "v3m", with the NT = 4 kernel at 3 stages / 2 CTAs per SM (two K/V tiles in flight per CTA
+//     instead of one; the 32-row merge buffer then does not fit, so the merge runs in two 16-row passes). R <= 16
+//     runs v3m's kernels.
 //   6..8 "v3b", "v3bs3", "v3bc3": the transposed layout for BF16 KV (S^T = K Q^T and O^T += V^T P^T on bf16
 //     m16n8k16 MMAs: half the MMAs of the row layout at 8 rows, 32 O^T accumulators instead of 64) with {stages,
 //     CTAs per SM} 2/2, 3/2, 2/3 (the last two with the merge buffer in a stage: see Traits). FP8 KV runs "v3"
@@ -1709,18 +1729,25 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 // descriptors, leave ~16 words over the 255-register cap (stack 64 B, after Q, the row scales and the causal limits
 // moved to shared memory and the epilogues to 16-row passes); the alternative, two 16-row groups, reads every K/V
 // tile twice. Measured on the H200, spill included, it is the fastest at q_len 2-4 (docs/ops/split_kv_decode.md).
-constexpr int kNumConfigs = 9;
+// spills-ok(TraitsILb1ELb1ELi3ELi2ELi4EE): MTP NT = 4 at 3 stages ("v3m3"): the same 128 accumulators and register
+// cap as v3m (two CTAs per SM); a candidate beside v3m, not chosen by auto (docs/ops/split_kv_decode.md, "MTP at 32
+// rows").
+constexpr int kNumConfigs = 10;
 constexpr int kCfgMtp = 5;
+constexpr int kCfgMtp3 = 9;
 using MtpNt4 = Transposed<2, 2, 4>;
+using MtpNt4s3 = Transposed<3, 2, 4>;
 using TrBf16 = TransposedBf16<2, 2>;
 using TrBf16s3 = TransposedBf16<3, 2>;
 using TrBf16c3 = TransposedBf16<2, 3>;
-constexpr int kConfigCps[kNumConfigs] = {RowFp8::CPS,           Transposed<4, 2>::CPS, Transposed<3, 3>::CPS,
-                                         Transposed<5, 2>::CPS, Transposed<2, 4>::CPS, MtpNt4::CPS,
-                                         TrBf16::CPS,           TrBf16s3::CPS,         TrBf16c3::CPS};
+constexpr int kConfigCps[kNumConfigs] = {
+    RowFp8::CPS, Transposed<4, 2>::CPS, Transposed<3, 3>::CPS, Transposed<5, 2>::CPS, Transposed<2, 4>::CPS,
+    MtpNt4::CPS, TrBf16::CPS,           TrBf16s3::CPS,         TrBf16c3::CPS,         MtpNt4s3::CPS};
 static_assert(RowFp8::CPS == RowBf16::CPS, "the row layout sizes its grid the same for both dtypes");
 static_assert(Transposed<4, 2>::CPS == MtpNt4::CPS && Transposed<4, 2, 2>::CPS == MtpNt4::CPS,
               "v3m's grid (2 per SM) fits every kernel it runs (R <= 8, 9-16, 17-64)");
+static_assert(MtpNt4s3::CPS == MtpNt4::CPS && MtpNt4s3::MERGE_PASSES == 2 && MtpNt4::MERGE_PASSES == 1,
+              "v3m3: v3m's grid, its 32-row kernel one stage deeper with a two-pass merge (v3m unchanged)");
 static_assert(TrBf16::CPS == Transposed<4, 2>::CPS && TrBf16s3::CPS == Transposed<4, 2>::CPS &&
                   TrBf16c3::CPS == Transposed<3, 3>::CPS,
               "a BF16 configuration's FP8 kernel is sized for the same grid");
@@ -1795,6 +1822,8 @@ extern "C" int hp_decode_smem_bytes(int config, int kv_fp8) {
       return Transposed<2, 4>::SMEM;
     case kCfgMtp:
       return MtpNt4::SMEM;
+    case kCfgMtp3:
+      return MtpNt4s3::SMEM;
     default:
       return Transposed<4, 2>::SMEM;
   }
@@ -1849,11 +1878,12 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
         return launch_attention<TrBf16>(grid, pdl, s, P);
     }
   }
-  const bool mtp = config == kCfgMtp;
+  const bool mtp = config == kCfgMtp || config == kCfgMtp3;
   const int NT = P.R <= 8 ? 1 : (P.R <= 16 || !mtp) ? 2 : 4;  // MTP configs: one pass over the KV up to 32 rows
   const int G = (P.R + 8 * NT - 1) / (8 * NT);
   const dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
-  if (NT == 4) return launch_attention<MtpNt4>(grid, pdl, s, P);
+  if (NT == 4)
+    return config == kCfgMtp3 ? launch_attention<MtpNt4s3>(grid, pdl, s, P) : launch_attention<MtpNt4>(grid, pdl, s, P);
   if (NT == 2) return launch_attention<Transposed<4, 2, 2>>(grid, pdl, s, P);
   switch (config) {
     case 2:
