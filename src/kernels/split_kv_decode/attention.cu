@@ -91,13 +91,19 @@ constexpr int kCtaSmemOverhead = 1024 + 1536;
 // descriptor cache. Where that does not fit CPS CTAs per SM (transposed layout only), the merge buffer lives in
 // the stage just computed instead (MERGE_IN_STAGE, derived, not chosen): one more stage, or one more
 // CTA per SM, for one more barrier per descriptor (the warps must have finished that stage's PV first).
-template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1>
-struct Traits {
+// RW (transposed FP8 only, TraitsWide): RW warps per 16-token slice, each on its own 8 x NT rows of the row group,
+// all reading the same K/V tile from shared memory (4 x RW warps per CTA).
+template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_, int RW_>
+struct TraitsBase {
   static constexpr bool FP8 = FP8_;
   static constexpr bool TRANSPOSED = TRANSPOSED_;
   static constexpr int STAGES = STAGES_;
   static constexpr int CPS = CPS_;
   static constexpr int NT = NT_;
+  static constexpr int RW = RW_;
+  static constexpr int THREADS = kThreads * RW;
+  static_assert(RW == 1 || (TRANSPOSED && FP8 && NT == 1 && RW == 4),
+                "row-warps: the FP8 transposed layout, 8 rows each");
   static_assert(TRANSPOSED || NT == 1, "the row layout has one m16 tile of query rows");
   static_assert(FP8 || NT == 1, "BF16 transposed: one n-tile of 8 rows (9+ rows run the row layout, m16 then full)");
   static_assert(NT == 1 || NT == 2 || NT == 4, "tr_store splits 128 threads evenly over 8 NT rows");
@@ -107,8 +113,8 @@ struct Traits {
   // the loader (at most STAGES - 1 tiles, so descriptors, ahead) never rewrites while that descriptor computes.
   static constexpr bool QSMEM = TRANSPOSED && NT > 2;
   static_assert(STAGES >= 2, "the pipeline waits for STAGES - 2 groups");
-  static constexpr int MROWS = TRANSPOSED ? 8 * NT : 16;  // query rows per row group
-  static constexpr int ES = FP8 ? 1 : 2;                  // bytes per element
+  static constexpr int MROWS = TRANSPOSED ? 8 * NT * RW : 16;  // query rows per row group
+  static constexpr int ES = FP8 ? 1 : 2;                       // bytes per element
   // FP8 rows and the transposed layout's BF16 rows are XOR-swizzled (16 B unit u of row t at u ^ (t & 7)); the row
   // layout's BF16 rows are padded by 16 B (its kq_unit map is conflict-free on 17-unit rows).
   static constexpr bool SWZ = FP8 || TRANSPOSED;
@@ -135,6 +141,11 @@ struct Traits {
   static constexpr int SMEM = STAGES * STAGE_BYTES + (MERGE_IN_STAGE ? 0 : MERGE_BYTES) + DESC_BYTES;
   static_assert(CPS * (SMEM + kCtaSmemOverhead) <= kSmemPerSm, "CPS CTAs of this configuration do not fit an SM");
 };
+template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1>
+struct Traits : TraitsBase<FP8_, TRANSPOSED_, STAGES_, CPS_, NT_, 1> {};
+// The wide MTP CTA ("v3mw"): 16 warps, 4 row-warps x 4 token slices, one 32-row group of 8-row n-tiles, 1 CTA per SM.
+template <int STAGES>
+struct TraitsWide : TraitsBase<true, true, STAGES, 1, 1, 4> {};
 
 // The configurations that run. Row layout: FP8 4 stages (XOR-swizzled rows leave room for a 4th), BF16 2 (3 do not
 // fit two CTAs per SM). Transposed: FP8 {stages, CTAs per SM} 4/2 ("v3"), 3/3, 5/2, 2/4; 9..16 rows always
@@ -787,8 +798,8 @@ __device__ __forceinline__ void tr_row_scale_lim(const Params& P, const float* s
 // online-softmax state and O^T. QSMEM: no Q fragments, and the scales / limits go to shared memory (the caller).
 // BF16: Q's B fragments are the row's 4 units of load_kq_words (16 words, k16 step ks = words 2ks, 2ks + 1).
 template <class CF>
-__device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg, int g,
-                                                    int tig, float kscale, int kv_cap,
+__device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg, int rb,
+                                                    int g, int tig, float kscale, int kv_cap,
                                                     uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8 * CF::ES],
                                                     float (&o)[CF::NT][8][4], float (&m_)[CF::NT][2],
                                                     float (&l_)[CF::NT][2], float (&sc)[CF::QSMEM ? 1 : CF::NT][2],
@@ -798,7 +809,7 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
   const float* sQs = reinterpret_cast<const float*>(sQ + MROWS * CF::QROWB);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const int row = 8 * nt + g;
+    const int row = rb + 8 * nt + g;  // rb: the warp's first row (TraitsWide), row & 7 == g
     if constexpr (!CF::FP8) {
       load_kq_words<CF>(sQ + row * CF::QROWB, tig, row, qb[nt]);
     } else if constexpr (!CF::QSMEM) {
@@ -814,7 +825,7 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       if constexpr (!CF::QSMEM)
-        tr_row_scale_lim<CF>(P, sQs, cdd, rg, 8 * nt + 2 * tig + c, kscale, kv_cap, sc[nt][c], lim_[nt][c]);
+        tr_row_scale_lim<CF>(P, sQs, cdd, rg, rb + 8 * nt + 2 * tig + c, kscale, kv_cap, sc[nt][c], lim_[nt][c]);
       m_[nt][c] = -INFINITY;
       l_[nt][c] = 0.f;
     }
@@ -1001,9 +1012,9 @@ __device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF
 template <class CF, int PASS = 0>
 __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], const float (&l_)[CF::NT][2],
                                                const float (&o)[CF::NT][8][4], float* merge_o, float* merge_m,
-                                               float* merge_l, int warp, int g, int tig) {
+                                               float* merge_l, int warp, int rb, int g, int tig) {
   constexpr int MROWS = CF::MROWS, MR = CF::MERGE_ROWS;
-  constexpr int NT0 = PASS * MR / 8, NT1 = NT0 + MR / 8;
+  constexpr int NT0 = CF::MERGE_PASSES > 1 ? PASS * MR / 8 : 0, NT1 = CF::MERGE_PASSES > 1 ? NT0 + MR / 8 : CF::NT;
 #pragma unroll
   for (int nt = NT0; nt < NT1; ++nt)
 #pragma unroll
@@ -1012,7 +1023,7 @@ __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], con
       l += __shfl_xor_sync(0xffffffffu, l, 4);
       l += __shfl_xor_sync(0xffffffffu, l, 8);
       l += __shfl_xor_sync(0xffffffffu, l, 16);
-      const int r = 8 * nt + 2 * tig + c;
+      const int r = rb + 8 * nt + 2 * tig + c;
       if (g == 0) {
         merge_m[warp * MROWS + r] = m_[nt][c];
         merge_l[warp * MROWS + r] = l;
@@ -1046,9 +1057,9 @@ __device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, 
                                          const float* merge_l, const Desc& cdd, int rg, int tid, float vscale,
                                          Nch nch_of_cd) {
   constexpr int MROWS = CF::MROWS, MR = CF::MERGE_ROWS, R0 = PASS * MR;
-  constexpr int PROWS = MR < 16 ? MR : 16;  // rows per pass (register budget: see tr_fused_merge)
-  constexpr int TPR = kThreads / PROWS;     // threads per row
-  constexpr int UPT = 32 / TPR;             // 16 B units per thread: seg + TPR * i
+  constexpr int PROWS = MR < 16 * CF::RW ? MR : 16 * CF::RW;  // rows per pass (register budget: see tr_fused_merge)
+  constexpr int TPR = CF::THREADS / PROWS;                    // threads per row
+  constexpr int UPT = 32 / TPR;                               // 16 B units per thread: seg + TPR * i
   const int seg = tid % TPR;
   auto one_row = [&](const int row) {
     const int rr = rg * MROWS + row;
@@ -1113,9 +1124,9 @@ __device__ __forceinline__ void tr_fused_merge(const Params& P, const Desc& cdd,
   constexpr int MROWS = CF::MROWS;
   // At most 16 rows per pass: 4 chunks x 16 B units per thread in flight stay at 64 registers beside the O^T
   // accumulators, which stay live across descriptors (NT = 4 holds 128 of them).
-  constexpr int PROWS = MROWS < 16 ? MROWS : 16;
-  constexpr int TPR = kThreads / PROWS;  // threads per row
-  constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
+  constexpr int PROWS = MROWS < 16 * CF::RW ? MROWS : 16 * CF::RW;
+  constexpr int TPR = CF::THREADS / PROWS;  // threads per row
+  constexpr int UPT = 32 / TPR;             // 16 B units per thread: seg + TPR * i
   const int seg = tid % TPR;
   // Fused merge: the CTA that writes the last of a pair's 2..fuse_max chunks (for this row group) merges
   // them, so no combine work is left for the pair. Arrival: every writer fences its stores, one atomic per
@@ -1208,7 +1219,9 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   float* merge_own_l = merge_own_m + 4 * MROWS;
   int* dcache = reinterpret_cast<int*>(smem + STAGES * CF::STAGE_BYTES + (CF::MERGE_IN_STAGE ? 0 : CF::MERGE_BYTES));
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
+  // warp: the 16-token slice of each tile; rb: the warp's first row of the group (row-warp tid / 128, TraitsWide)
+  const int warp = CF::RW > 1 ? (tid >> 5) & 3 : tid >> 5, rb = CF::RW > 1 ? 8 * NT * (tid >> 7) : 0;
   const int g = lane >> 2, tig = lane & 3;
   const int rg = blockIdx.y;  // row group of MROWS rows
 
@@ -1231,11 +1244,11 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     d_end = bin_start[blockIdx.x + 1];
     const bool lens_cached = P.batch <= kLenCache;
     if (lens_cached)
-      for (int i = tid; i < P.batch; i += kThreads) s_len[i] = max(P.kv_lens[i], 0);
+      for (int i = tid; i < P.batch; i += CF::THREADS) s_len[i] = max(P.kv_lens[i], 0);
     __syncthreads();
     const int* desc = tm.desc();
     const int* nchunks = tm.num_chunks();
-    for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
+    for (int i = tid; i < min(d_end - d_begin, kDescCache); i += CF::THREADS) {
       int d = d_begin + i;
       const int* dp = desc + kDescInts * d;
       const int4 dd = make_int4(dp[0], dp[1], dp[2], dp[3]);  // 4 B aligned only: four loads
@@ -1259,7 +1272,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     for (int p = blockIdx.x; p < P.batch * P.H; p += gridDim.x) {
       if (nchunks[p] != 0) continue;  // the same for every thread of the CTA
       const int r = p % P.batch, h = p / P.batch;
-      for (int i = tid; i < (r1 - r0) * (kD / 8); i += kThreads) {
+      for (int i = tid; i < (r1 - r0) * (kD / 8); i += CF::THREADS) {
         const int rr = r0 + i / (kD / 8), qi = rr / P.ratio, hl = rr % P.ratio;
         const size_t orow = P.head_row(r, h, qi, hl);
         reinterpret_cast<uint4*>(P.out + orow * kD)[i % (kD / 8)] = make_uint4(0u, 0u, 0u, 0u);
@@ -1296,7 +1309,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   constexpr int RC = kD * CF::ES / 16;  // 16 B units per K / V / Q row (FP8 8, BF16 16)
   constexpr int RC_SHIFT = RC == 8 ? 3 : 4;
   static_assert(RC == 1 << RC_SHIFT, "shift / mask addressing of a row's units");
-  constexpr int TPP = kThreads / RC;  // token rows per pass of the CTA
+  constexpr int TPP = CF::THREADS / RC;  // token rows per pass of the CTA
   auto load_tile = [&](int stage, const Desc& d, int tile, bool first, int qd) {
     uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     uint8_t* sV = sK + CF::KV_BYTES;
@@ -1324,7 +1337,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       uint8_t* sQ = CF::QSMEM ? q_area(qd) : sV + CF::KV_BYTES;
       float* sQs = reinterpret_cast<float*>(sQ + MROWS * CF::QROWB);
       constexpr int QPER = MROWS * RC;  // 16 B units
-      for (int c = tid; c < QPER; c += kThreads) {
+      for (int c = tid; c < QPER; c += CF::THREADS) {
         const int row = c >> RC_SHIFT, u = c & (RC - 1);
         const int rr = rg * MROWS + row;
         const bool ok = rr < P.R;
@@ -1368,7 +1381,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     const uint8_t* sQd = CF::QSMEM ? q_area(cd) : sV + CF::KV_BYTES;  // this descriptor's Q rows
 
     if (ct == cdd.tb) {
-      tr_begin_descriptor<CF>(P, sQd - CF::KV_BYTES, cdd, rg, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
+      tr_begin_descriptor<CF>(P, sQd - CF::KV_BYTES, cdd, rg, rb, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
       if constexpr (CF::QSMEM) {  // the previous descriptor's last reads of s_sc / s_lim precede the loop's barrier
         if (tid < MROWS)
           tr_row_scale_lim<CF>(P, reinterpret_cast<const float*>(sQd + MROWS * CF::QROWB), cdd, rg, tid, kscale, kv_cap,
@@ -1400,12 +1413,12 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       // after the next iteration's barrier, which follows the merge's last read.
       if constexpr (CF::MERGE_IN_STAGE) __syncthreads();
       auto nch_of_cd = [&]() { return nch_of(cd); };
-      tr_stage_merge<CF, 0>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
+      tr_stage_merge<CF, 0>(m_, l_, o, merge_o, merge_m, merge_l, warp, rb, g, tig);
       __syncthreads();
       tr_store<CF, 0>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale, nch_of_cd);
       if constexpr (CF::MERGE_PASSES == 2) {  // the second 16 rows, once every thread has read the first pass
         __syncthreads();
-        tr_stage_merge<CF, 1>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
+        tr_stage_merge<CF, 1>(m_, l_, o, merge_o, merge_m, merge_l, warp, rb, g, tig);
         __syncthreads();
         tr_store<CF, 1>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale, nch_of_cd);
       }
@@ -1450,7 +1463,7 @@ __device__ void prefetch_start_up(const Params& P) {
 }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads, T::CPS) attention_kernel(const Params P) {
+__global__ void __launch_bounds__(T::THREADS, T::CPS) attention_kernel(const Params P) {
   if (P.early) prefetch_start_up(P);  // before the PDL wait that opens either body
   if constexpr (T::TRANSPOSED)
     attention_transposed<T>(P);
@@ -1717,6 +1730,10 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 //   9 "v3m3" (MTP): as "v3m", with the NT = 4 kernel at 3 stages / 2 CTAs per SM (two K/V tiles in flight per CTA
 //     instead of one; the 32-row merge buffer then does not fit, so the merge runs in two 16-row passes). R <= 16
 //     runs v3m's kernels.
+//   10 "v3mw" (MTP, wide CTA): TraitsWide<6>, 16 warps = 4 row-warps x 4 token slices, each warp the 8 rows of its
+//     n-tile over its 16 tokens of every tile (Q in registers, 32 O^T accumulators, 128 registers), so each K/V tile
+//     is read once per 32 rows and 4 warps per SM sub-partition hide each other's softmax chains; 6 stages, 1 CTA
+//     per SM. Every R runs it (rows past R are masked; 33-64 rows: two groups).
 //   6..8 "v3b", "v3bs3", "v3bc3": the transposed layout for BF16 KV (S^T = K Q^T and O^T += V^T P^T on bf16
 //     m16n8k16 MMAs: half the MMAs of the row layout at 8 rows, 32 O^T accumulators instead of 64) with {stages,
 //     CTAs per SM} 2/2, 3/2, 2/3 (the last two with the merge buffer in a stage: see Traits). FP8 KV runs "v3"
@@ -1732,17 +1749,22 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 // spills-ok(TraitsILb1ELb1ELi3ELi2ELi4EE): MTP NT = 4 at 3 stages ("v3m3"): the same 128 accumulators and register
 // cap as v3m (two CTAs per SM); a candidate beside v3m, not chosen by auto (docs/ops/split_kv_decode.md, "MTP at 32
 // rows").
-constexpr int kNumConfigs = 10;
+// spills-ok(TraitsWideILi6EE): the wide MTP CTA ("v3mw"): 512 threads at 1 CTA per SM cap it at 128 registers, as
+// v3s2c4's 4 CTAs of 128 do; 8 bytes spilled. A candidate, not chosen by auto.
+constexpr int kNumConfigs = 11;
 constexpr int kCfgMtp = 5;
 constexpr int kCfgMtp3 = 9;
+constexpr int kCfgMtpWide = 10;
 using MtpNt4 = Transposed<2, 2, 4>;
 using MtpNt4s3 = Transposed<3, 2, 4>;
+using MtpWide = TraitsWide<6>;
 using TrBf16 = TransposedBf16<2, 2>;
 using TrBf16s3 = TransposedBf16<3, 2>;
 using TrBf16c3 = TransposedBf16<2, 3>;
-constexpr int kConfigCps[kNumConfigs] = {
-    RowFp8::CPS, Transposed<4, 2>::CPS, Transposed<3, 3>::CPS, Transposed<5, 2>::CPS, Transposed<2, 4>::CPS,
-    MtpNt4::CPS, TrBf16::CPS,           TrBf16s3::CPS,         TrBf16c3::CPS,         MtpNt4s3::CPS};
+constexpr int kConfigCps[kNumConfigs] = {RowFp8::CPS,           Transposed<4, 2>::CPS, Transposed<3, 3>::CPS,
+                                         Transposed<5, 2>::CPS, Transposed<2, 4>::CPS, MtpNt4::CPS,
+                                         TrBf16::CPS,           TrBf16s3::CPS,         TrBf16c3::CPS,
+                                         MtpNt4s3::CPS,         MtpWide::CPS};
 static_assert(RowFp8::CPS == RowBf16::CPS, "the row layout sizes its grid the same for both dtypes");
 static_assert(Transposed<4, 2>::CPS == MtpNt4::CPS && Transposed<4, 2, 2>::CPS == MtpNt4::CPS,
               "v3m's grid (2 per SM) fits every kernel it runs (R <= 8, 9-16, 17-64)");
@@ -1770,7 +1792,7 @@ template <class T>
 int launch_attention(const dim3 grid, bool pdl, cudaStream_t stream, const Params& P) {
   hp::LaunchOptions opt;
   opt.pdl = pdl;
-  return (int)hp::launch(attention_kernel<T>, grid, dim3(kThreads), T::SMEM, stream, opt, P);
+  return (int)hp::launch(attention_kernel<T>, grid, dim3(T::THREADS), T::SMEM, stream, opt, P);
 }
 
 bool valid_shape(int batch, int H, int q_heads, int q_len) {
@@ -1824,6 +1846,8 @@ extern "C" int hp_decode_smem_bytes(int config, int kv_fp8) {
       return MtpNt4::SMEM;
     case kCfgMtp3:
       return MtpNt4s3::SMEM;
+    case kCfgMtpWide:
+      return MtpWide::SMEM;
     default:
       return Transposed<4, 2>::SMEM;
   }
@@ -1877,6 +1901,10 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
       default:
         return launch_attention<TrBf16>(grid, pdl, s, P);
     }
+  }
+  if (config == kCfgMtpWide) {  // one kernel for every R: groups of 32 rows
+    const dim3 grid(mode == kDynamic ? C : batch * H * splits, (P.R + MtpWide::MROWS - 1) / MtpWide::MROWS);
+    return launch_attention<MtpWide>(grid, pdl, s, P);
   }
   const bool mtp = config == kCfgMtp || config == kCfgMtp3;
   const int NT = P.R <= 8 ? 1 : (P.R <= 16 || !mtp) ? 2 : 4;  // MTP configs: one pass over the KV up to 32 rows
