@@ -1390,16 +1390,20 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       }
     }
 
-    // ---- S^T = K Q^T ----
-    float s[NT][4];
-    tr_qk<CF>(sK, qb, sQd, warp, g, tig, s);
+    // TraitsWide: a row-warp whose rows are all past R (q_len 1-2 at 8:1) skips the products (warp-uniform); its
+    // fresh state (max -inf, sum 0, O 0) is what the merge then reads for those rows, which no one stores.
+    if (CF::RW == 1 || rg * MROWS + rb < P.R) {
+      // ---- S^T = K Q^T ----
+      float s[NT][4];
+      tr_qk<CF>(sK, qb, sQd, warp, g, tig, s);
 
-    // ---- online softmax per row ----
-    uint32_t pb[NT][2];
-    tr_softmax_update<CF>(s, sc, lim_, s_sc, s_lim, tig, ct * kTile + warp * 16 + g, m_, l_, o, pb);
+      // ---- online softmax per row ----
+      uint32_t pb[NT][2];
+      tr_softmax_update<CF>(s, sc, lim_, s_sc, s_lim, tig, ct * kTile + warp * 16 + g, m_, l_, o, pb);
 
-    // ---- O^T += V^T P^T ----
-    tr_pv<CF>(sV, pb, warp, lane, g, tig, o);
+      // ---- O^T += V^T P^T ----
+      tr_pv<CF>(sV, pb, warp, lane, g, tig, o);
+    }
 
     // ---- advance; epilogue at the end of a descriptor ----
     if (++ct >= cdd.te) {
