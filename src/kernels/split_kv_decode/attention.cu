@@ -19,7 +19,8 @@
 //   the static modes, (H * batch * splits, G) with one descriptor per CTA computed from blockIdx; G row groups
 //   (rows beyond one group re-read the KV once per extra group, mostly from L2 as the groups run together).
 //   128 threads = 4 warps; in each 64-token tile warp w owns tokens [16w, 16w + 16); each warp keeps its own
-//   online-softmax state and the 4 states are merged through smem per descriptor.
+//   online-softmax state and the 4 states are merged through smem per descriptor. TraitsWide ("v3mw"): 512
+//   threads, 4 such token-slice warps for each of 4 row-warps (8 rows each) sharing every tile.
 // Memory: KV read once per row group via a Traits::kStages-deep cp.async pipeline (16 B, zero-fill past kv_len: a
 //   NaN-poisoned slot is never read); Q of a descriptor travels in the stage of its first tile.
 // Math: fp32 accumulation; FP8 scales stay in fp32 (q_scale * k_scale * sm_scale on the scores, v_scale on the
