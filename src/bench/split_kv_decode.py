@@ -554,8 +554,7 @@ NCU_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_susta
 # must extend this too, or the profile row says its regex matched nothing).
 _V3_NT1 = {"v3s3c3": (3, 3), "v3s5": (5, 2), "v3s2c4": (2, 4), "v3bc3": (3, 3)}
 _BF16_TR = {"v3b": (2, 2), "v3bs3": (3, 2), "v3bc3": (2, 3)}  # BF16 KV, <= 8 rows: (STAGES, CPS)
-_V3_MTP_NT4 = {"v3m": (2, 2), "v3m3": (3, 2)}
-_V3_WIDE = {"v3mw": 6}  # FP8, every R: attention_kernel<TraitsWide<STAGES>> (16 warps, 1 CTA per SM, NT = 1 per warp)
+_V3_MTP_NT4 = {"v3m": (2, 2)}
 
 
 def attention_traits(variant: str, *, fp8: bool = True, rows: int = 8) -> tuple:
@@ -570,8 +569,6 @@ def attention_traits(variant: str, *, fp8: bool = True, rows: int = 8) -> tuple:
         return (False, False, 2, 2, 1)
     if variant == "v2":
         return (True, False, 4, 2, 1)
-    if variant in _V3_WIDE:
-        return (True, True, _V3_WIDE[variant], 1, 1)
     mtp = variant in _V3_MTP_NT4
     nt = 1 if rows <= 8 else (2 if (rows <= 16 or not mtp) else 4)
     if nt == 4:
@@ -588,8 +585,6 @@ def attention_kernel_regex(variant: str, *, fp8: bool = True, rows: int = 8) -> 
     namespaces, "> >") and ncu's regex dialect is not documented to take ``(?:)`` or ``\\s``; a profile with the
     demangled pattern matched no kernel on the H200. Raises ValueError for an unknown variant."""
     f8, tr, st, cps, nt = attention_traits(variant, fp8=fp8, rows=rows)
-    if fp8 and variant in _V3_WIDE:  # its own traits type (TraitsWide<STAGES>)
-        return f"attention_kernelI.*TraitsWideILi{st}EE"
     return f"attention_kernelI.*TraitsILb{int(f8)}ELb{int(tr)}ELi{st}ELi{cps}ELi{nt}EE"
 
 

@@ -19,8 +19,7 @@
 //   the static modes, (H * batch * splits, G) with one descriptor per CTA computed from blockIdx; G row groups
 //   (rows beyond one group re-read the KV once per extra group, mostly from L2 as the groups run together).
 //   128 threads = 4 warps; in each 64-token tile warp w owns tokens [16w, 16w + 16); each warp keeps its own
-//   online-softmax state and the 4 states are merged through smem per descriptor. TraitsWide ("v3mw"): 512
-//   threads, 4 such token-slice warps for each of 4 row-warps (8 rows each) sharing every tile.
+//   online-softmax state and the 4 states are merged through smem per descriptor.
 // Memory: KV read once per row group via a Traits::kStages-deep cp.async pipeline (16 B, zero-fill past kv_len: a
 //   NaN-poisoned slot is never read); Q of a descriptor travels in the stage of its first tile.
 // Math: fp32 accumulation; FP8 scales stay in fp32 (q_scale * k_scale * sm_scale on the scores, v_scale on the
@@ -92,19 +91,13 @@ constexpr int kCtaSmemOverhead = 1024 + 1536;
 // descriptor cache. Where that does not fit CPS CTAs per SM (transposed layout only), the merge buffer lives in
 // the stage just computed instead (MERGE_IN_STAGE, derived, not chosen): one more stage, or one more
 // CTA per SM, for one more barrier per descriptor (the warps must have finished that stage's PV first).
-// RW (transposed FP8 only, TraitsWide): RW warps per 16-token slice, each on its own 8 x NT rows of the row group,
-// all reading the same K/V tile from shared memory (4 x RW warps per CTA).
-template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_, int RW_>
-struct TraitsBase {
+template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1>
+struct Traits {
   static constexpr bool FP8 = FP8_;
   static constexpr bool TRANSPOSED = TRANSPOSED_;
   static constexpr int STAGES = STAGES_;
   static constexpr int CPS = CPS_;
   static constexpr int NT = NT_;
-  static constexpr int RW = RW_;
-  static constexpr int THREADS = kThreads * RW;
-  static_assert(RW == 1 || (TRANSPOSED && FP8 && NT == 1 && RW == 4),
-                "row-warps: the FP8 transposed layout, 8 rows each");
   static_assert(TRANSPOSED || NT == 1, "the row layout has one m16 tile of query rows");
   static_assert(FP8 || NT == 1, "BF16 transposed: one n-tile of 8 rows (9+ rows run the row layout, m16 then full)");
   static_assert(NT == 1 || NT == 2 || NT == 4, "tr_store splits 128 threads evenly over 8 NT rows");
@@ -114,8 +107,8 @@ struct TraitsBase {
   // the loader (at most STAGES - 1 tiles, so descriptors, ahead) never rewrites while that descriptor computes.
   static constexpr bool QSMEM = TRANSPOSED && NT > 2;
   static_assert(STAGES >= 2, "the pipeline waits for STAGES - 2 groups");
-  static constexpr int MROWS = TRANSPOSED ? 8 * NT * RW : 16;  // query rows per row group
-  static constexpr int ES = FP8 ? 1 : 2;                       // bytes per element
+  static constexpr int MROWS = TRANSPOSED ? 8 * NT : 16;  // query rows per row group
+  static constexpr int ES = FP8 ? 1 : 2;                  // bytes per element
   // FP8 rows and the transposed layout's BF16 rows are XOR-swizzled (16 B unit u of row t at u ^ (t & 7)); the row
   // layout's BF16 rows are padded by 16 B (its kq_unit map is conflict-free on 17-unit rows).
   static constexpr bool SWZ = FP8 || TRANSPOSED;
@@ -124,29 +117,16 @@ struct TraitsBase {
   static constexpr int KV_BYTES = kTile * ROWB;  // one of K or V
   static constexpr int QROWB = kD * ES;
   static constexpr int STAGE_BYTES = 2 * KV_BYTES + MROWS * QROWB + MROWS * 4;
+  static constexpr int MERGE_BYTES = 4 * MROWS * kD * 4 + 2 * 4 * MROWS * 4;
   static constexpr int DESC_BYTES = kDescCache * 8 * 4;
-  static constexpr bool fits(int merge_bytes) {
-    return CPS * (STAGES * STAGE_BYTES + merge_bytes + DESC_BYTES + kCtaSmemOverhead) <= kSmemPerSm;
-  }
-  // QSMEM (32-row groups): where the 32-row merge buffer does not fit beside the stages, the end-of-descriptor merge
-  // runs in 16-row passes over a 16-row buffer (derived, like MERGE_IN_STAGE: one more stage for one more barrier
-  // per descriptor end; the row maxima and sums of all rows stay in the buffer, they are small).
-  static constexpr int MERGE_PASSES = (QSMEM && !fits(4 * MROWS * kD * 4 + 2 * 4 * MROWS * 4)) ? MROWS / 16 : 1;
-  static constexpr int MERGE_ROWS = MROWS / MERGE_PASSES;  // O rows of the merge buffer per pass
-  static_assert(MERGE_PASSES == 1 || MERGE_PASSES == 2, "the epilogue runs one or two merge passes");
-  static constexpr int MERGE_BYTES = 4 * MERGE_ROWS * kD * 4 + 2 * 4 * MROWS * 4;
-  static constexpr bool MERGE_IN_STAGE = TRANSPOSED && !fits(MERGE_BYTES);
+  static constexpr bool MERGE_IN_STAGE =
+      TRANSPOSED && CPS * (STAGES * STAGE_BYTES + MERGE_BYTES + DESC_BYTES + kCtaSmemOverhead) > kSmemPerSm;
   // The whole stage is free at the descriptor's end: its K/V tile is consumed and, without QSMEM, the Q rows and
   // scales it carried (only for a descriptor starting at that tile) are already in registers.
   static_assert(!MERGE_IN_STAGE || (MERGE_BYTES <= STAGE_BYTES && !QSMEM), "the merge buffer must fit a stage");
   static constexpr int SMEM = STAGES * STAGE_BYTES + (MERGE_IN_STAGE ? 0 : MERGE_BYTES) + DESC_BYTES;
   static_assert(CPS * (SMEM + kCtaSmemOverhead) <= kSmemPerSm, "CPS CTAs of this configuration do not fit an SM");
 };
-template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1>
-struct Traits : TraitsBase<FP8_, TRANSPOSED_, STAGES_, CPS_, NT_, 1> {};
-// The wide MTP CTA ("v3mw"): 16 warps, 4 row-warps x 4 token slices, one 32-row group of 8-row n-tiles, 1 CTA per SM.
-template <int STAGES>
-struct TraitsWide : TraitsBase<true, true, STAGES, 1, 1, 4> {};
 
 // The configurations that run. Row layout: FP8 4 stages (XOR-swizzled rows leave room for a 4th), BF16 2 (3 do not
 // fit two CTAs per SM). Transposed: FP8 {stages, CTAs per SM} 4/2 ("v3"), 3/3, 5/2, 2/4; 9..16 rows always
@@ -799,8 +779,8 @@ __device__ __forceinline__ void tr_row_scale_lim(const Params& P, const float* s
 // online-softmax state and O^T. QSMEM: no Q fragments, and the scales / limits go to shared memory (the caller).
 // BF16: Q's B fragments are the row's 4 units of load_kq_words (16 words, k16 step ks = words 2ks, 2ks + 1).
 template <class CF>
-__device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg, int rb,
-                                                    int g, int tig, float kscale, int kv_cap,
+__device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg, int g,
+                                                    int tig, float kscale, int kv_cap,
                                                     uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8 * CF::ES],
                                                     float (&o)[CF::NT][8][4], float (&m_)[CF::NT][2],
                                                     float (&l_)[CF::NT][2], float (&sc)[CF::QSMEM ? 1 : CF::NT][2],
@@ -810,7 +790,7 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
   const float* sQs = reinterpret_cast<const float*>(sQ + MROWS * CF::QROWB);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const int row = rb + 8 * nt + g;  // rb: the warp's first row (TraitsWide), row & 7 == g
+    const int row = 8 * nt + g;
     if constexpr (!CF::FP8) {
       load_kq_words<CF>(sQ + row * CF::QROWB, tig, row, qb[nt]);
     } else if constexpr (!CF::QSMEM) {
@@ -826,7 +806,7 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       if constexpr (!CF::QSMEM)
-        tr_row_scale_lim<CF>(P, sQs, cdd, rg, rb + 8 * nt + 2 * tig + c, kscale, kv_cap, sc[nt][c], lim_[nt][c]);
+        tr_row_scale_lim<CF>(P, sQs, cdd, rg, 8 * nt + 2 * tig + c, kscale, kv_cap, sc[nt][c], lim_[nt][c]);
       m_[nt][c] = -INFINITY;
       l_[nt][c] = 0.f;
     }
@@ -1008,28 +988,26 @@ __device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF
 }
 
 // End of a descriptor, step 1: the warp's running max, row sums (reduced over the lanes of equal tig) and O^T rows,
-// stored by real dim, into the merge buffer. PASS (Traits::MERGE_PASSES > 1): only the n-tiles of rows
-// [PASS x MERGE_ROWS, + MERGE_ROWS), at buffer row r - PASS x MERGE_ROWS.
-template <class CF, int PASS = 0>
+// stored by real dim, into the merge buffer.
+template <class CF>
 __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], const float (&l_)[CF::NT][2],
                                                const float (&o)[CF::NT][8][4], float* merge_o, float* merge_m,
-                                               float* merge_l, int warp, int rb, int g, int tig) {
-  constexpr int MROWS = CF::MROWS, MR = CF::MERGE_ROWS;
-  constexpr int NT0 = CF::MERGE_PASSES > 1 ? PASS * MR / 8 : 0, NT1 = CF::MERGE_PASSES > 1 ? NT0 + MR / 8 : CF::NT;
+                                               float* merge_l, int warp, int g, int tig) {
+  constexpr int NT = CF::NT, MROWS = CF::MROWS;
 #pragma unroll
-  for (int nt = NT0; nt < NT1; ++nt)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       float l = l_[nt][c];
       l += __shfl_xor_sync(0xffffffffu, l, 4);
       l += __shfl_xor_sync(0xffffffffu, l, 8);
       l += __shfl_xor_sync(0xffffffffu, l, 16);
-      const int r = rb + 8 * nt + 2 * tig + c;
+      const int r = 8 * nt + 2 * tig + c;
       if (g == 0) {
         merge_m[warp * MROWS + r] = m_[nt][c];
         merge_l[warp * MROWS + r] = l;
       }
-      float* mrow = merge_o + (warp * MR + r - PASS * MR) * kD;
+      float* mrow = merge_o + (warp * MROWS + r) * kD;
       if constexpr (CF::FP8) {
       // units 4g + q of row r: q = 0, 1: dims 16g + 4q + i (c-slot c); q = 2, 3: dims 16g + 8 + 4(q-2) + i (c + 2)
 #pragma unroll
@@ -1051,16 +1029,15 @@ __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], con
 }
 
 // End of a descriptor, step 2 (after a barrier): merge the 4 warps' states per row and store the bf16 output (a
-// pair with one chunk: nch() == 1) or the normalized fp32 partial and its natural-log LSE. PASS: rows
-// [PASS x MERGE_ROWS, + MERGE_ROWS) (see tr_stage_merge).
-template <class CF, int PASS = 0, class Nch>
+// pair with one chunk: nch() == 1) or the normalized fp32 partial and its natural-log LSE.
+template <class CF, class Nch>
 __device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, const float* merge_m,
                                          const float* merge_l, const Desc& cdd, int rg, int tid, float vscale,
                                          Nch nch_of_cd) {
-  constexpr int MROWS = CF::MROWS, MR = CF::MERGE_ROWS, R0 = PASS * MR;
-  constexpr int PROWS = MR < 16 * CF::RW ? MR : 16 * CF::RW;  // rows per pass (register budget: see tr_fused_merge)
-  constexpr int TPR = CF::THREADS / PROWS;                    // threads per row
-  constexpr int UPT = 32 / TPR;                               // 16 B units per thread: seg + TPR * i
+  constexpr int MROWS = CF::MROWS;
+  constexpr int PROWS = MROWS < 16 ? MROWS : 16;  // rows per pass (register budget: see tr_fused_merge)
+  constexpr int TPR = kThreads / PROWS;           // threads per row
+  constexpr int UPT = 32 / TPR;                   // 16 B units per thread: seg + TPR * i
   const int seg = tid % TPR;
   auto one_row = [&](const int row) {
     const int rr = rg * MROWS + row;
@@ -1080,7 +1057,7 @@ __device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, 
         for (int w = 0; w < 4; ++w) {
           const float f = exp2f(mw[w] - M);
           L += merge_l[w * MROWS + row] * f;
-          const float* mrow = merge_o + (w * MR + row - R0) * kD;
+          const float* mrow = merge_o + (w * MROWS + row) * kD;
 #pragma unroll
           for (int i = 0; i < UPT; ++i) {
             const float4 x = *reinterpret_cast<const float4*>(mrow + (merge3_swz(row, seg + TPR * i) << 2));
@@ -1109,11 +1086,11 @@ __device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, 
       }
     }
   };
-  if constexpr (PROWS == MR) {
-    one_row(R0 + tid / TPR);
+  if constexpr (PROWS == MROWS) {
+    one_row(tid / TPR);
   } else {
 #pragma unroll 1
-    for (int row = R0 + tid / TPR; row < R0 + MR; row += PROWS) one_row(row);
+    for (int row = tid / TPR; row < MROWS; row += PROWS) one_row(row);
   }
 }
 
@@ -1125,9 +1102,9 @@ __device__ __forceinline__ void tr_fused_merge(const Params& P, const Desc& cdd,
   constexpr int MROWS = CF::MROWS;
   // At most 16 rows per pass: 4 chunks x 16 B units per thread in flight stay at 64 registers beside the O^T
   // accumulators, which stay live across descriptors (NT = 4 holds 128 of them).
-  constexpr int PROWS = MROWS < 16 * CF::RW ? MROWS : 16 * CF::RW;
-  constexpr int TPR = CF::THREADS / PROWS;  // threads per row
-  constexpr int UPT = 32 / TPR;             // 16 B units per thread: seg + TPR * i
+  constexpr int PROWS = MROWS < 16 ? MROWS : 16;
+  constexpr int TPR = kThreads / PROWS;  // threads per row
+  constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
   const int seg = tid % TPR;
   // Fused merge: the CTA that writes the last of a pair's 2..fuse_max chunks (for this row group) merges
   // them, so no combine work is left for the pair. Arrival: every writer fences its stores, one atomic per
@@ -1216,13 +1193,11 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   uint8_t* stages = smem;
   // the merge buffer: its own area, or (MERGE_IN_STAGE) the stage whose tile ended the descriptor
   float* merge_own = reinterpret_cast<float*>(smem + STAGES * CF::STAGE_BYTES);
-  float* merge_own_m = merge_own + 4 * CF::MERGE_ROWS * kD;
+  float* merge_own_m = merge_own + 4 * MROWS * kD;
   float* merge_own_l = merge_own_m + 4 * MROWS;
   int* dcache = reinterpret_cast<int*>(smem + STAGES * CF::STAGE_BYTES + (CF::MERGE_IN_STAGE ? 0 : CF::MERGE_BYTES));
 
-  const int tid = threadIdx.x, lane = tid & 31;
-  // warp: the 16-token slice of each tile; rb: the warp's first row of the group (row-warp tid / 128, TraitsWide)
-  const int warp = CF::RW > 1 ? (tid >> 5) & 3 : tid >> 5, rb = CF::RW > 1 ? 8 * NT * (tid >> 7) : 0;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tig = lane & 3;
   const int rg = blockIdx.y;  // row group of MROWS rows
 
@@ -1245,11 +1220,11 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     d_end = bin_start[blockIdx.x + 1];
     const bool lens_cached = P.batch <= kLenCache;
     if (lens_cached)
-      for (int i = tid; i < P.batch; i += CF::THREADS) s_len[i] = max(P.kv_lens[i], 0);
+      for (int i = tid; i < P.batch; i += kThreads) s_len[i] = max(P.kv_lens[i], 0);
     __syncthreads();
     const int* desc = tm.desc();
     const int* nchunks = tm.num_chunks();
-    for (int i = tid; i < min(d_end - d_begin, kDescCache); i += CF::THREADS) {
+    for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
       int d = d_begin + i;
       const int* dp = desc + kDescInts * d;
       const int4 dd = make_int4(dp[0], dp[1], dp[2], dp[3]);  // 4 B aligned only: four loads
@@ -1273,7 +1248,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     for (int p = blockIdx.x; p < P.batch * P.H; p += gridDim.x) {
       if (nchunks[p] != 0) continue;  // the same for every thread of the CTA
       const int r = p % P.batch, h = p / P.batch;
-      for (int i = tid; i < (r1 - r0) * (kD / 8); i += CF::THREADS) {
+      for (int i = tid; i < (r1 - r0) * (kD / 8); i += kThreads) {
         const int rr = r0 + i / (kD / 8), qi = rr / P.ratio, hl = rr % P.ratio;
         const size_t orow = P.head_row(r, h, qi, hl);
         reinterpret_cast<uint4*>(P.out + orow * kD)[i % (kD / 8)] = make_uint4(0u, 0u, 0u, 0u);
@@ -1310,7 +1285,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   constexpr int RC = kD * CF::ES / 16;  // 16 B units per K / V / Q row (FP8 8, BF16 16)
   constexpr int RC_SHIFT = RC == 8 ? 3 : 4;
   static_assert(RC == 1 << RC_SHIFT, "shift / mask addressing of a row's units");
-  constexpr int TPP = CF::THREADS / RC;  // token rows per pass of the CTA
+  constexpr int TPP = kThreads / RC;  // token rows per pass of the CTA
   auto load_tile = [&](int stage, const Desc& d, int tile, bool first, int qd) {
     uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     uint8_t* sV = sK + CF::KV_BYTES;
@@ -1338,7 +1313,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       uint8_t* sQ = CF::QSMEM ? q_area(qd) : sV + CF::KV_BYTES;
       float* sQs = reinterpret_cast<float*>(sQ + MROWS * CF::QROWB);
       constexpr int QPER = MROWS * RC;  // 16 B units
-      for (int c = tid; c < QPER; c += CF::THREADS) {
+      for (int c = tid; c < QPER; c += kThreads) {
         const int row = c >> RC_SHIFT, u = c & (RC - 1);
         const int rr = rg * MROWS + row;
         const bool ok = rr < P.R;
@@ -1382,7 +1357,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     const uint8_t* sQd = CF::QSMEM ? q_area(cd) : sV + CF::KV_BYTES;  // this descriptor's Q rows
 
     if (ct == cdd.tb) {
-      tr_begin_descriptor<CF>(P, sQd - CF::KV_BYTES, cdd, rg, rb, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
+      tr_begin_descriptor<CF>(P, sQd - CF::KV_BYTES, cdd, rg, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
       if constexpr (CF::QSMEM) {  // the previous descriptor's last reads of s_sc / s_lim precede the loop's barrier
         if (tid < MROWS)
           tr_row_scale_lim<CF>(P, reinterpret_cast<const float*>(sQd + MROWS * CF::QROWB), cdd, rg, tid, kscale, kv_cap,
@@ -1391,42 +1366,32 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       }
     }
 
-    // TraitsWide: a row-warp whose rows are all past R (q_len 1-2 at 8:1) skips the products (warp-uniform); its
-    // fresh state (max -inf, sum 0, O 0) is what the merge then reads for those rows, which no one stores.
-    if (CF::RW == 1 || rg * MROWS + rb < P.R) {
-      // ---- S^T = K Q^T ----
-      float s[NT][4];
-      tr_qk<CF>(sK, qb, sQd, warp, g, tig, s);
+    // ---- S^T = K Q^T ----
+    float s[NT][4];
+    tr_qk<CF>(sK, qb, sQd, warp, g, tig, s);
 
-      // ---- online softmax per row ----
-      uint32_t pb[NT][2];
-      tr_softmax_update<CF>(s, sc, lim_, s_sc, s_lim, tig, ct * kTile + warp * 16 + g, m_, l_, o, pb);
+    // ---- online softmax per row ----
+    uint32_t pb[NT][2];
+    tr_softmax_update<CF>(s, sc, lim_, s_sc, s_lim, tig, ct * kTile + warp * 16 + g, m_, l_, o, pb);
 
-      // ---- O^T += V^T P^T ----
-      tr_pv<CF>(sV, pb, warp, lane, g, tig, o);
-    }
+    // ---- O^T += V^T P^T ----
+    tr_pv<CF>(sV, pb, warp, lane, g, tig, o);
 
     // ---- advance; epilogue at the end of a descriptor ----
     if (++ct >= cdd.te) {
       float *merge_o = merge_own, *merge_m = merge_own_m, *merge_l = merge_own_l;
       if constexpr (CF::MERGE_IN_STAGE) {
         merge_o = reinterpret_cast<float*>(stages + stage * CF::STAGE_BYTES);
-        merge_m = merge_o + 4 * CF::MERGE_ROWS * kD;
+        merge_m = merge_o + 4 * MROWS * kD;
         merge_l = merge_m + 4 * MROWS;
       }
       // MERGE_IN_STAGE: every warp's PV must be done with this stage's V first; the loader rewrites the stage only
       // after the next iteration's barrier, which follows the merge's last read.
       if constexpr (CF::MERGE_IN_STAGE) __syncthreads();
-      auto nch_of_cd = [&]() { return nch_of(cd); };
-      tr_stage_merge<CF, 0>(m_, l_, o, merge_o, merge_m, merge_l, warp, rb, g, tig);
+      tr_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
       __syncthreads();
-      tr_store<CF, 0>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale, nch_of_cd);
-      if constexpr (CF::MERGE_PASSES == 2) {  // the second 16 rows, once every thread has read the first pass
-        __syncthreads();
-        tr_stage_merge<CF, 1>(m_, l_, o, merge_o, merge_m, merge_l, warp, rb, g, tig);
-        __syncthreads();
-        tr_store<CF, 1>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale, nch_of_cd);
-      }
+      auto nch_of_cd = [&]() { return nch_of(cd); };
+      tr_store<CF>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale, nch_of_cd);
       tr_fused_merge<CF>(P, cdd, rg, tid, s_last, nch_of_cd, [&]() { return first_slot_of(cd, cdd); });
       if (++cd >= d_end) break;
       cdd = fetch(cd);
@@ -1468,7 +1433,7 @@ __device__ void prefetch_start_up(const Params& P) {
 }
 
 template <class T>
-__global__ void __launch_bounds__(T::THREADS, T::CPS) attention_kernel(const Params P) {
+__global__ void __launch_bounds__(kThreads, T::CPS) attention_kernel(const Params P) {
   if (P.early) prefetch_start_up(P);  // before the PDL wait that opens either body
   if constexpr (T::TRANSPOSED)
     attention_transposed<T>(P);
@@ -1732,13 +1697,6 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 //     (4 stages), 17-32 one NT = 4 group, 33-64 two; NT = 4 with {stages, CTAs per SM} 2/2 (the merge buffer of 32
 //     rows leaves room for 2 stages at 2 CTAs per SM). The grid is sized 2 per SM for every R, so R = 9..16 does
 //     not run a 4-per-SM grid on a 2-per-SM kernel.
-//   9 "v3m3" (MTP): as "v3m", with the NT = 4 kernel at 3 stages / 2 CTAs per SM (two K/V tiles in flight per CTA
-//     instead of one; the 32-row merge buffer then does not fit, so the merge runs in two 16-row passes). R <= 16
-//     runs v3m's kernels.
-//   10 "v3mw" (MTP, wide CTA): TraitsWide<6>, 16 warps = 4 row-warps x 4 token slices, each warp the 8 rows of its
-//     n-tile over its 16 tokens of every tile (Q in registers, 32 O^T accumulators, 128 registers), so each K/V tile
-//     is read once per 32 rows and 4 warps per SM sub-partition hide each other's softmax chains; 6 stages, 1 CTA
-//     per SM. Every R runs it (rows past R are masked; 33-64 rows: two groups).
 //   6..8 "v3b", "v3bs3", "v3bc3": the transposed layout for BF16 KV (S^T = K Q^T and O^T += V^T P^T on bf16
 //     m16n8k16 MMAs: half the MMAs of the row layout at 8 rows, 32 O^T accumulators instead of 64) with {stages,
 //     CTAs per SM} 2/2, 3/2, 2/3 (the last two with the merge buffer in a stage: see Traits). FP8 KV runs "v3"
@@ -1751,30 +1709,18 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 // descriptors, leave ~16 words over the 255-register cap (stack 64 B, after Q, the row scales and the causal limits
 // moved to shared memory and the epilogues to 16-row passes); the alternative, two 16-row groups, reads every K/V
 // tile twice. Measured on the H200, spill included, it is the fastest at q_len 2-4 (docs/ops/split_kv_decode.md).
-// spills-ok(TraitsILb1ELb1ELi3ELi2ELi4EE): MTP NT = 4 at 3 stages ("v3m3"): the same 128 accumulators and register
-// cap as v3m (two CTAs per SM); a candidate beside v3m, not chosen by auto (docs/ops/split_kv_decode.md, "MTP at 32
-// rows").
-// spills-ok(TraitsWideILi6EE): the wide MTP CTA ("v3mw"): 512 threads at 1 CTA per SM cap it at 128 registers, as
-// v3s2c4's 4 CTAs of 128 do; 8 bytes spilled. A candidate, not chosen by auto.
-constexpr int kNumConfigs = 11;
+constexpr int kNumConfigs = 9;
 constexpr int kCfgMtp = 5;
-constexpr int kCfgMtp3 = 9;
-constexpr int kCfgMtpWide = 10;
 using MtpNt4 = Transposed<2, 2, 4>;
-using MtpNt4s3 = Transposed<3, 2, 4>;
-using MtpWide = TraitsWide<6>;
 using TrBf16 = TransposedBf16<2, 2>;
 using TrBf16s3 = TransposedBf16<3, 2>;
 using TrBf16c3 = TransposedBf16<2, 3>;
 constexpr int kConfigCps[kNumConfigs] = {RowFp8::CPS,           Transposed<4, 2>::CPS, Transposed<3, 3>::CPS,
                                          Transposed<5, 2>::CPS, Transposed<2, 4>::CPS, MtpNt4::CPS,
-                                         TrBf16::CPS,           TrBf16s3::CPS,         TrBf16c3::CPS,
-                                         MtpNt4s3::CPS,         MtpWide::CPS};
+                                         TrBf16::CPS,           TrBf16s3::CPS,         TrBf16c3::CPS};
 static_assert(RowFp8::CPS == RowBf16::CPS, "the row layout sizes its grid the same for both dtypes");
 static_assert(Transposed<4, 2>::CPS == MtpNt4::CPS && Transposed<4, 2, 2>::CPS == MtpNt4::CPS,
               "v3m's grid (2 per SM) fits every kernel it runs (R <= 8, 9-16, 17-64)");
-static_assert(MtpNt4s3::CPS == MtpNt4::CPS && MtpNt4s3::MERGE_PASSES == 2 && MtpNt4::MERGE_PASSES == 1,
-              "v3m3: v3m's grid, its 32-row kernel one stage deeper with a two-pass merge (v3m unchanged)");
 static_assert(TrBf16::CPS == Transposed<4, 2>::CPS && TrBf16s3::CPS == Transposed<4, 2>::CPS &&
                   TrBf16c3::CPS == Transposed<3, 3>::CPS,
               "a BF16 configuration's FP8 kernel is sized for the same grid");
@@ -1797,7 +1743,7 @@ template <class T>
 int launch_attention(const dim3 grid, bool pdl, cudaStream_t stream, const Params& P) {
   hp::LaunchOptions opt;
   opt.pdl = pdl;
-  return (int)hp::launch(attention_kernel<T>, grid, dim3(T::THREADS), T::SMEM, stream, opt, P);
+  return (int)hp::launch(attention_kernel<T>, grid, dim3(kThreads), T::SMEM, stream, opt, P);
 }
 
 bool valid_shape(int batch, int H, int q_heads, int q_len) {
@@ -1849,10 +1795,6 @@ extern "C" int hp_decode_smem_bytes(int config, int kv_fp8) {
       return Transposed<2, 4>::SMEM;
     case kCfgMtp:
       return MtpNt4::SMEM;
-    case kCfgMtp3:
-      return MtpNt4s3::SMEM;
-    case kCfgMtpWide:
-      return MtpWide::SMEM;
     default:
       return Transposed<4, 2>::SMEM;
   }
@@ -1907,16 +1849,11 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
         return launch_attention<TrBf16>(grid, pdl, s, P);
     }
   }
-  if (config == kCfgMtpWide) {  // one kernel for every R: groups of 32 rows
-    const dim3 grid(mode == kDynamic ? C : batch * H * splits, (P.R + MtpWide::MROWS - 1) / MtpWide::MROWS);
-    return launch_attention<MtpWide>(grid, pdl, s, P);
-  }
-  const bool mtp = config == kCfgMtp || config == kCfgMtp3;
+  const bool mtp = config == kCfgMtp;
   const int NT = P.R <= 8 ? 1 : (P.R <= 16 || !mtp) ? 2 : 4;  // MTP configs: one pass over the KV up to 32 rows
   const int G = (P.R + 8 * NT - 1) / (8 * NT);
   const dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
-  if (NT == 4)
-    return config == kCfgMtp3 ? launch_attention<MtpNt4s3>(grid, pdl, s, P) : launch_attention<MtpNt4>(grid, pdl, s, P);
+  if (NT == 4) return launch_attention<MtpNt4>(grid, pdl, s, P);
   if (NT == 2) return launch_attention<Transposed<4, 2, 2>>(grid, pdl, s, P);
   switch (config) {
     case 2:
