@@ -166,8 +166,9 @@ def test_resolve_gemm_auto_env_and_explicit(monkeypatch):
     monkeypatch.delenv(moe.GEMM_ENV, raising=False)
     assert moe.resolve_gemm(None, 4 * 8, 192) == "wgmma_ws"        # 0.17 rows per expert: decode
     assert moe.resolve_gemm(None, 1024 * 8, 192) == "wgmma_ws"     # 42.7 rows per expert
-    assert moe.resolve_gemm(None, 2304 * 8, 192) == "wgmma"        # 96 rows per expert: the threshold
-    assert moe.resolve_gemm("auto", 2296 * 8, 192) == "wgmma_ws"   # just below it
+    assert moe.resolve_gemm(None, 1536 * 8, 192) == "wgmma"        # 64 rows per expert: the threshold
+    assert moe.resolve_gemm("auto", 1535 * 8, 192) == "wgmma_ws"   # just below it
+    assert moe.resolve_gemm("auto", 256 * 8, 24) == "wgmma"        # TP1/EP8 batch 256 (85 per local expert)
     assert moe.resolve_gemm("auto", 4096 * 8, 192) == "wgmma"
     assert moe.resolve_gemm("auto", 4 * 8, 192, block_m=128) == "wgmma_ws"  # a wgmma tile: the wgmma family
     assert moe.resolve_gemm("auto", 4096 * 8, 192, block_m=8) == "mma"      # only mma has 8-pair tiles

@@ -54,15 +54,16 @@ MMA_GEMMS = ("mma", "mma_tma")       # the paths with mma.sync tiles (BLOCK_MS) 
 WGMMA_GEMMS = ("wgmma", "wgmma_ws")  # the paths with warpgroup-MMA tiles (WGMMA_BLOCK_MS)
 _GEMM_SUFFIX = {"mma": "", "mma_tma": "_tma", "wgmma": "_wg", "wgmma_ws": "_ws"}  # C entry points per path
 GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
-# "auto" takes the warp-specialized TMA-fed wgmma kernel (wgmma_ws) below this many routed pairs per expert on
-# average, the cp.async wgmma kernel from it (Hy3 TP8: batch >= 2048). Measured on the H200 (Hy3 TP8 per-tensor, one
-# run, us): batch 4 (0.17 rows per expert) mma 56.9, mma_tma 55.2, wgmma 59.1, wgmma_ws 53.1; 16: 121.4 / 110.1 /
-# 131.4 / 114.3; 64: 207.8 / 196.0 / 219.5 / 183.5; 256: 357.3 / 559.2 / 249.0 / 214.0; 1024 (42.7): 825.9 / 1236.9
-# / 331.3 / 301.6; 4096 (171): 2602.7 / 4043.3 / 786.9 / 833.5. The producer warp keeps weight boxes in flight across
-# work units, which pays while the weight stream is the cost; at many rows per expert the tile math is, and the
-# cp.async kernel's two full consumer warpgroups win. (The plan is built before the scale format is known, so one
-# threshold serves both formats.)
-WS_MAX_ROWS = 96.0
+# "auto" takes the warp-specialized TMA-fed wgmma kernel (wgmma_ws) below this many routed pairs per local expert
+# (max_pairs / E: with expert parallelism only ~1/EP of the pairs land on the rank, so this counts the plan's
+# capacity, not the rows a local expert gets), the cp.async wgmma kernel from it. Measured on the H200 (Hy3, per-tensor,
+# us, wgmma / wgmma_ws): TP8 (E = 192) batch 256 (10.7 pairs per expert) 249.0 / 214.0, 1024 (42.7) 331.3 / 301.6,
+# 4096 (171) 786.9 / 833.5; TP1/EP8 (E = 24) batch 64 (21) 154.5 / 154.0 (block-wise 186.1 / 164.6), 256 (85) 234.2 /
+# 270.4 (block-wise 295.4 / 413.3), 1024 (341) 249.0 / 292.8. So the crossover lies between 42.7 and 85; 64 sits
+# between them (no measured point in 43-85). The producer warp keeps weight boxes in flight across work units, which
+# pays while the weight stream is the cost; with many rows per tile the tile math is, and the cp.async kernel's two
+# full consumer warpgroups win. (The plan is built before the scale format is known, so one threshold serves both.)
+WS_MAX_ROWS = 64.0
 MAX_EXPERTS = 512            # the route kernels keep 32 x E counters in shared memory
 ROUTES = ("auto", "one", "multi")
 ROUTE_ENV = "HOTPATHS_MOE_ROUTE"  # default of plan(route=None)
