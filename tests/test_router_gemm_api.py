@@ -448,12 +448,14 @@ def test_accuracy_gate_of_the_tuner():
 def test_bf16x2_cublas_is_the_two_part_arithmetic():
     """impl="bf16x2_cublas" (a first-use dispatch candidate): one GEMM against [w_high; w_low], then
     acc_hi + acc_lo / 256: the BF16x2 emulation's numbers (same FP32 products, the 1/256 exact), also for weights
-    assembled from separate parts (no w_cat); plan() keeps the parts as views of w_cat (no extra memory)."""
+    assembled from separate parts; plan() keeps the parts as the two halves of one buffer, so the GEMM's [2N, K]
+    operand is a view of it (no extra memory, no copy per call)."""
     x, w = ref.make_router_inputs(5, N, K, seed=11)
     p = rg.plan(w)
-    assert p.w_cat.shape == (2 * N, K) and p.w_high.data_ptr() == p.w_cat.data_ptr()
+    cat = rg._stacked_parts(p)
+    assert cat.shape == (2 * N, K) and p.w_high.data_ptr() == cat.data_ptr()
     assert p.w_high.is_contiguous() and p.w_low.is_contiguous()
-    assert torch.equal(torch.cat([p.w_high, p.w_low]), p.w_cat)
+    assert torch.equal(torch.cat([p.w_high, p.w_low]), cat)
     hi, lo = ref.split_fp32_weight(w)
     assert torch.equal(p.w_high, hi) and torch.equal(p.w_low, lo)
     emu = ref.bf16x2_from_parts(x, p.w_high, p.w_low)
@@ -463,6 +465,7 @@ def test_bf16x2_cublas_is_the_two_part_arithmetic():
     assert float((got - emu).abs().max()) <= 1e-6 * float(emu.abs().max())
     loose = rg.RouterWeights(w=w, w_high=hi, w_low=lo, w_mid=None, w_low2=None, w_bf16=w.bfloat16(), n=N, k=K,
                              three_part=False)
+    assert rg._stacked_parts(loose).data_ptr() not in (hi.data_ptr(), lo.data_ptr())  # separate parts: a copy
     assert torch.allclose(rg.router_gemm(x, loose, impl="bf16x2_cublas"), got, rtol=0, atol=1e-6)
     # not the one-part BF16 GEMM: its error vs FP64 is the two-part class, far below BF16's
     r64 = ref.router_gemm_ref(x, w)

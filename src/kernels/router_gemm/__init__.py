@@ -222,9 +222,6 @@ class RouterWeights:
     n: int
     k: int
     three_part: bool
-    # [w_high; w_low] bf16 [2N, K] (w_high and w_low are its halves, views): one cuBLAS BF16 GEMM runs both products
-    # (impl="bf16x2_cublas"); None when the weights were assembled from separate parts (torch.ops path)
-    w_cat: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -254,8 +251,10 @@ def plan(w_fp32: torch.Tensor, *, three_part: bool = False) -> RouterWeights:
         if not torch.equal(hi3, hi):  # both splits truncate the high part; the kernel shares it between them
             raise RuntimeError("plan: the two- and three-part splits disagree on w_high (reference changed?)")
         mid, lo2 = mid.contiguous(), lo2.contiguous()
-    cat = torch.cat([hi, lo]).contiguous()  # the parts as its two halves: no extra memory
-    return RouterWeights(w=w_fp32, w_high=cat[:n], w_low=cat[n:], w_mid=mid, w_low2=lo2, w_cat=cat,
+    # w_high and w_low as the two halves of one [2N, K] buffer: impl="bf16x2_cublas" runs both products as one GEMM
+    # over it (_stacked_parts) with no copy
+    cat = torch.cat([hi, lo]).contiguous()
+    return RouterWeights(w=w_fp32, w_high=cat[:n], w_low=cat[n:], w_mid=mid, w_low2=lo2,
                          w_bf16=w_fp32.to(torch.bfloat16).contiguous(), n=n, k=k, three_part=three_part)
 
 
@@ -518,6 +517,16 @@ def _bf16_mm_fp32_out(x: torch.Tensor, wb: torch.Tensor, out: torch.Tensor) -> t
     return out
 
 
+def _stacked_parts(weights: RouterWeights) -> torch.Tensor:
+    """[w_high; w_low] bf16 [2N, K]: a view when the halves are adjacent in one buffer (plan()'s layout, also as
+    passed through the torch.ops path), else a copy (parts assembled separately)."""
+    hi, lo = weights.w_high, weights.w_low
+    if (hi.is_contiguous() and lo.is_contiguous() and hi.untyped_storage().data_ptr() == lo.untyped_storage().data_ptr()
+            and lo.data_ptr() == hi.data_ptr() + hi.numel() * hi.element_size()):
+        return torch.as_strided(hi, (2 * weights.n, weights.k), (weights.k, 1))
+    return torch.cat([hi, lo])
+
+
 def _bf16x2_cublas(x: torch.Tensor, weights: RouterWeights, out: torch.Tensor) -> torch.Tensor:
     """BF16x2 through cuBLAS: one BF16 GEMM of x against [w_high; w_low] ([2N, K]) accumulating and writing FP32,
     then acc_hi + acc_lo / 256 in one elementwise kernel. The kernel's arithmetic (two BF16 products in FP32, the
@@ -526,7 +535,7 @@ def _bf16x2_cublas(x: torch.Tensor, weights: RouterWeights, out: torch.Tensor) -
     by the same accuracy bound. The split-K reduction is kept in FP32 (no reduced-precision BF16 reduction).
     Shape/Dtype: x bf16 [M, K]; out fp32 [M, N]; returns out."""
     n = weights.n
-    wc = weights.w_cat if weights.w_cat is not None else torch.cat([weights.w_high, weights.w_low])
+    wc = _stacked_parts(weights)
     flag = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     try:
