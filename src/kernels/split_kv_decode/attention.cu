@@ -1066,12 +1066,14 @@ __device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF
 // VCONV: the CTA converts the stage's FP8 V tile once into sVc, the f16x2 words {V[2p][d], V[2p + 1][d]} of token
 // pair p (32 pairs x 128 dims, 512 B per pair): the A-fragment words tr_pv builds in registers, so the row-warps
 // read them without converting. 16 B unit u (dims 4u..4u+3) of pair p lies at u ^ (p & 3): a quarter warp of
-// tr_pv_vconv (g in {2k, 2k + 1}, pairs 8s + tig) then covers 8 distinct bank groups. Thread tid converts unit
-// c = tid >> 5 (dims 16c..16c+15) of pair p = tid & 31: 2 x 16 B loads, 16 conversions, 4 x 16 B stores.
+// tr_pv_vconv (g in {2k, 2k + 1}, pairs 8s + tig) then covers 8 distinct bank groups. Thread tid converts unit c
+// (dims 16c..16c+15) of pair p, 2 x 16 B loads, 16 conversions, 4 x 16 B stores, with lane bit 0 -> c & 1 and lane
+// bits 1-2 -> p & 3, so a quarter warp's loads (unit c ^ (2p & 7) of rows 2p, 2p + 1) and stores (bank group
+// 4 (c & 1) + (q ^ (p & 3))) each cover 8 distinct bank groups.
 template <class CF>
 __device__ __forceinline__ void tr_convert_v(const uint8_t* sV, uint32_t* sVc, int tid) {
   static_assert(CF::THREADS == 256, "one (pair, 16-dim unit) per thread");
-  const int p = tid & 31, c = tid >> 5;
+  const int p = (tid >> 1) & 31, c = (tid & 1) | ((tid >> 6) << 1);
   const int t0 = 2 * p, t1 = t0 + 1;
   const uint4 a = *reinterpret_cast<const uint4*>(sV + t0 * kD + ((c ^ (t0 & 7)) * 16));
   const uint4 b = *reinterpret_cast<const uint4*>(sV + t1 * kD + ((c ^ (t1 & 7)) * 16));
