@@ -585,9 +585,11 @@ def _run_kernel(x, weights, out, *, parts, variant="auto", splits=0):
         grid = -(-m // bm) * (n // bn) * cfg["splits"]
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         if grid > sms:
+            any_grid = next((v for v, i in info.items() if i.family == "ws" and i.splitk == "global"
+                             and i.tile == info[variant].tile), "a global split-K variant")
             raise ValueError(f"variant={variant!r}: its cooperative grid of {grid} CTAs (M={m}, N={n}, splits="
                              f"{cfg['splits']}) exceeds one wave of {sms} SMs on {x.device}; use fewer splits or "
-                             f"'ws128n192g' (any grid)")
+                             f"{any_grid!r} (any grid)")
     # Global split-K variants (WGMMA_GLOBAL_SPLITK) with K split: a per-call workspace from the caching allocator
     # (a graph's private pool under capture), its counters zeroed by the launcher (a memset node).
     vid = info[variant].id
