@@ -12,7 +12,7 @@ rows come from L2 and are left out). Variants (each a static assignment, as the 
 Time: a fluid model fitted to the measured wgmma_ws gate_up stage (x pre-pass included): fixed F us, every busy SM
 streams at min(c, B / busy SMs). Bytes in flight per SM = ring stages x weight bytes per stage.
 
-Run: PYTHONPATH=<dir holding hotpaths -> src> python studies/cpu_gate_up_balance.py [--json]
+Run: PYTHONPATH=<dir holding hotpaths -> src> python studies/cpu_gate_up_balance.py [--json] [--busy-frac 0.575]
 """
 
 from __future__ import annotations
@@ -80,14 +80,14 @@ def tiles_of(batch: int) -> list[int]:
     return out
 
 
-def fit(tiles: dict) -> tuple[float, float, float]:
+def fit(tiles: dict, busy_frac: float | None = None) -> tuple[float, float, float, float]:
     """(F us, c GB/s per SM, B TB/s) minimising the squared error against MEASURED_WS (grid search; B within 50-90%
-    of the probe)."""
+    of the probe, or held at busy_frac); also the rms error (us)."""
     best = None
     loads = {b: [sm_loads(t, "ws") for t in tiles[b]] for b in BATCHES}
     for f in np.arange(0.0, 20.01, 1.0):
         for c in np.arange(14.0, 60.01, 1.0):
-            for frac in np.arange(0.50, 0.9001, 0.02):
+            for frac in np.arange(0.50, 0.9001, 0.02) if busy_frac is None else (busy_frac,):
                 err = 0.0
                 for b in BATCHES:
                     pred = f + np.mean([fluid_us(x, c, frac * PROBE_TBS) for x in loads[b]])
@@ -100,9 +100,11 @@ def fit(tiles: dict) -> tuple[float, float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--busy-frac", type=float, default=None,
+                    help="hold the all-busy stream at this fraction of the probe (default: fitted)")
     args = ap.parse_args()
     tiles = {b: tiles_of(b) for b in BATCHES}
-    f, c, b_tbs, rms = fit(tiles)
+    f, c, b_tbs, rms = fit(tiles, args.busy_frac)
     rows = []
     for b in BATCHES:
         for v in ("ws", "ws64", "ws_2cta", "ws_lpt"):

@@ -282,7 +282,7 @@ class MoEPlan(PlanSize):
     max_tokens: int
     topk: int
     block_m: int
-    gemm: str = "mma"  # GEMM path (GEMMS): mma / mma_tma (expert_gemm.cu), wgmma / wgmma_ws / wgmma_ws64 (expert_wgmma.cu)
+    gemm: str = "mma"  # GEMM path (GEMMS): mma / mma_tma (expert_gemm.cu), wgmma / wgmma_ws[64] (expert_wgmma.cu)
     route: str = "one"  # route path (ROUTES less auto): one (one CTA), multi (histograms, then placement)
     _bufs: dict = field(default_factory=dict, repr=False)
 
@@ -417,8 +417,9 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
     Shape/Dtype: topk_ids int32 [T, K], contiguous, CUDA; global expert ids, -1 or any id outside
     [expert_offset, expert_offset + num_experts) is skipped here. num_experts: local experts E (1..512).
     max_tokens: the largest T ``update`` will see (default T). block_m: pairs per tile (mma, mma_tma: 8, 16, 32, 64;
-    wgmma, wgmma_ws, wgmma_ws64: 16, 32, 64, 128; default from the average rows per expert). gemm: a name of ``GEMMS`` (None:
-    ``$HOTPATHS_MOE_GEMM``, else "auto"; ``resolve_gemm``), kept in the plan and used by every ``run`` on it.
+    wgmma, wgmma_ws, wgmma_ws64: 16, 32, 64, 128; default from the average rows per expert). gemm: a name of
+    ``GEMMS`` (None: ``$HOTPATHS_MOE_GEMM``, else "auto"; ``resolve_gemm``), kept in the plan and used by every
+    ``run`` on it.
     route: a name of ``ROUTES`` (None: ``$HOTPATHS_MOE_ROUTE``, else "auto"; ``resolve_route``), fixed per plan.
     Raises TypeError / ValueError on bad input, ResourceError if the workspace does not fit, RuntimeError
     without an SM90 GPU.
