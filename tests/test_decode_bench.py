@@ -179,6 +179,14 @@ def test_ncu_regex_names_the_timed_instantiation():
     assert D.attention_traits("v3m", rows=32) == (True, True, 2, 2, 4)
     assert D.attention_traits("v3m", rows=16) == (True, True, 4, 2, 2)
     assert D.attention_traits("v3m", rows=8) == (True, True, 4, 2, 1)
+    # v3mv: its own 32-row kernel (TraitsVconv<3, 2>: 8 warps, NT = 1 per row-warp), v3m's kernels at 16 rows and below
+    assert D.attention_traits("v3mv", rows=32) == (True, True, 3, 2, 1)
+    assert D.attention_traits("v3mv", rows=16) == D.attention_traits("v3m", rows=16)
+    assert D.attention_traits("v3mv", rows=8) == D.attention_traits("v3m", rows=8)
+    vconv = f"{ns}attention_kernelINS_11TraitsVconvILi3ELi2EEEEEvNS_6ParamsE"
+    assert re.search(D.attention_kernel_regex("v3mv", rows=32), vconv)
+    assert not any(re.search(D.attention_kernel_regex("v3mv", rows=32), n) for n in names.values())
+    assert not re.search(D.attention_kernel_regex("v3m", rows=32), vconv)
     nt2 = f"{ns}attention_kernelINS_6TraitsILb1ELb1ELi4ELi2ELi2EEEEEvNS_6ParamsE"
     assert re.search(D.attention_kernel_regex("v3s2c4", rows=16), nt2)
     assert not re.search(D.attention_kernel_regex("v3s2c4", rows=16), names["v3s2c4"])
@@ -265,8 +273,8 @@ def test_ncu_regex_matches_the_built_library():
     if not lib.exists():
         pytest.skip(f"kernels not built here ({lib}); the sm_90a compile test builds them")
     syms = set(re.findall(rb"_ZN[A-Za-z0-9_]*attention_kernelI[A-Za-z0-9_]*", lib.read_bytes()))
-    for variant in ("v2", "v3", "v3s2c4", "v3s3c3", "v3s5", "v3m"):
-        for fp8, rows in ((True, 8), (True, 16), (False, 8)):
+    for variant in ("v2", "v3", "v3s2c4", "v3s3c3", "v3s5", "v3m", "v3mv"):
+        for fp8, rows in ((True, 8), (True, 16), (True, 32), (False, 8)):
             rx = D.attention_kernel_regex(variant, fp8=fp8, rows=rows).encode()
             assert any(re.search(rx, s) for s in syms), (variant, fp8, rows, rx)
 

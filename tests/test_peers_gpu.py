@@ -109,3 +109,23 @@ def test_router_tune_on_first_use_unseen_shape(tmp_path, monkeypatch):
         assert torch.isfinite(out2).all() and t.tunings == 1
     finally:
         K._TUNER = None
+
+
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+@pytest.mark.parametrize("q_len", [2, 3, 4])
+def test_xqa_draft_mask_is_causal_on_short_requests(kv, q_len):
+    # kv_len == q_len: draft 0 sees one key, so a mask that is not causal among the drafts moves the output by O(1);
+    # the control (every draft seeing every draft, i.e. each row as its own q_len-1 request) proves the test can
+    # tell the two apart at this tolerance
+    lens = [q_len, q_len + 1, 65, 700]
+    inp = make_decode_inputs(lens, q_heads=8, kv_heads=1, head_dim=128, page_size=64, q_len=q_len, kv_dtype=kv,
+                             device="cuda", seed=13)
+    ref = split_kv_decode_ref(**inp)
+    non_causal = dict(inp, q_len=1, block_table=inp["block_table"].repeat_interleave(q_len, 0),
+                      kv_lens=inp["kv_lens"].repeat_interleave(q_len, 0))
+    assert check(split_kv_decode_ref(**non_causal), ref).rel_l2_err > 4 * PEER_REL_L2[kv]
+    fn = _make_or_skip("flashinfer_xqa", inp)
+    out = fn()
+    torch.cuda.synchronize()
+    res = check(out, ref)
+    assert res.nan_count == 0 and res.rel_l2_err < PEER_REL_L2[kv], (kv, q_len, res)

@@ -145,7 +145,9 @@ def test_benchmark_rows_fall_back_to_emulations():
 def test_kernel_candidates():
     c = rg.kernel_candidates(16, 192, 4096)
     assert ("decode_n1", 0) in c and ("decode_n2", 0) in c and ("tiled64d", 8) in c and ("tiled128", 1) in c
-    assert all(not v.startswith("decode") for v, _ in rg.kernel_candidates(65, 192, 4096))
+    # from M = 65 only the tall decode form (65-128 rows) is left of the decode family
+    assert {v for v, _ in rg.kernel_candidates(65, 192, 4096) if v.startswith("decode")} == \
+        {"decode_m128", "decode_m128c16"} == set(rg.DECODE_TALL_VARIANTS)
     # big grids are not split further; every split keeps >= 4 k-steps
     assert ("tiled64", 8) not in rg.kernel_candidates(4096, 192, 4096)
     assert all((128 // rg.TILED_TILES[v][2]) // max(s, 1) >= 4 for v, s in rg.kernel_candidates(1, 64, 128)
@@ -156,12 +158,17 @@ def test_kernel_candidates():
 
 
 def test_every_decode_variant_is_a_candidate_only_at_decode_sizes():
-    assert set(rg.DECODE_VARIANTS) == {v for v in rg.VARIANTS if v.startswith("decode")} - {"decode"}
+    assert set(rg.DECODE_VARIANTS) | set(rg.DECODE_TALL_VARIANTS) == \
+        {v for v in rg.VARIANTS if v.startswith("decode")} - {"decode"}
+    assert not set(rg.DECODE_VARIANTS) & set(rg.DECODE_TALL_VARIANTS)
     assert sorted(rg.VARIANTS.values()) == list(range(len(rg.VARIANTS)))  # ids are the list order, no gaps
     for m in (1, 3, 17, 48, 64):
         got = [v for v, s in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
         assert got == list(rg.DECODE_VARIANTS), m
-    for m in (65, 2048):
+    for m in (65, 100, 128):
+        got = [(v, s) for v, s in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
+        assert got == [(v, 0) for v in rg.DECODE_TALL_VARIANTS], m
+    for m in (129, 2048):
         assert not [v for v, _ in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
 
 
@@ -170,18 +177,55 @@ def test_every_decode_variant_is_a_candidate_only_at_decode_sizes():
 def test_candidates_at_every_target_shape(n):
     """The first-use tuner's list at the target grid: every decode variant at M <= 64 for every N (they are
     instantiated per m16 tiles and n8 tiles per warp, not per N), and from M = 65 every tiled / wgmma variant whose
-    tile divides the shape. The TMA reduce-scatter family is fixed at BN = 192 (router_wgmma.cu kWsBN), so at
-    N = 128, 256, 512 the large-M candidates are wg128n128 and the tiled kernels only."""
+    tile divides the shape. The TMA family runs at BN = 192 (ws128n192*: N = 192, 384, 768) and BN = 128
+    (ws128n128*: N = 128, 256, 384, 512, 768), so from M = 65 every target N has TMA candidates."""
     tiles = {**rg.TILED_TILES, **rg.WGMMA_TILES}
     for k in (2048, 3072, 4096, 6144, 7168):
         for m in (1, 16, 64):
             assert [v for v, _ in rg.kernel_candidates(m, n, k) if v.startswith("decode")] == \
                 list(rg.DECODE_VARIANTS), (m, n, k)
-        for m in (128, 1024):
+        for m in (100, 128, 1024):
             want = {v for v, (_, bn, bk) in tiles.items() if n % bn == 0 and k % bk == 0}
+            if m <= 128:  # the tall decode form runs every N (instantiated per m16 / n8 tiles, not per N)
+                want |= set(rg.DECODE_TALL_VARIANTS)
             assert {v for v, _ in rg.kernel_candidates(m, n, k)} == want, (m, n, k)
         ws = {v for v, _ in rg.kernel_candidates(1024, n, k) if v.startswith("ws")}
-        assert bool(ws) == (n % 192 == 0), (n, k, ws)
+        assert {v for v in ws if v.startswith("ws128n192")} == ({"ws128n192g", "ws128n192p", "ws128n192r"}
+                                                                 if n % 192 == 0 else set()), (n, k, ws)
+        assert {v for v in ws if v.startswith("ws128n128")} == ({"ws128n128g", "ws128n128p", "ws128n128r"}
+                                                                 if n % 128 == 0 else set()), (n, k, ws)
+
+
+# The TMA kernel at BN = 128 (ws128n128g / p / r): K splits offered per (M, N, K), worked out by hand from the rules
+# of kernel_candidates (grid = ceil(M / 128) * N / 128 tiles x splits; the smallest split always, others while the
+# grid stays <= 2 x 132 CTAs and every split keeps >= 4 k-tiles; the reduce-scatter only within one wave of 132).
+BN128_SPLITS = [
+    # (m, n, k): {variant: splits}
+    ((1024, 256, 7168), {"ws128n128g": {1, 2, 4, 8}, "ws128n128p": {2, 4, 8}, "ws128n128r": {2, 4, 8}}),  # 16 tiles
+    ((1024, 512, 6144), {"ws128n128g": {1, 2, 4, 8}, "ws128n128p": {2, 4, 8}, "ws128n128r": {2, 4}}),  # 32: 8 > 132
+    ((4096, 512, 6144), {"ws128n128g": {1, 2}, "ws128n128p": {2}, "ws128n128r": set()}),  # 128 tiles: 256 > 132
+    ((4096, 128, 2048), {"ws128n128g": {1, 2, 4, 8}, "ws128n128p": {2, 4, 8}, "ws128n128r": {2, 4}}),  # 32 tiles
+    ((2048, 256, 4096), {"ws128n128g": {1, 2, 4, 8}, "ws128n128p": {2, 4, 8}, "ws128n128r": {2, 4}}),  # 32 tiles
+    ((100, 128, 512), {"ws128n128g": {1, 2}, "ws128n128p": {2}, "ws128n128r": {2}}),  # 8 k-tiles: 4 per split
+    ((65, 768, 4096), {"ws128n128g": {1, 2, 4, 8}, "ws128n128p": {2, 4, 8}, "ws128n128r": {2, 4, 8}}),  # 6 tiles
+    ((64, 256, 4096), {"ws128n128g": set(), "ws128n128p": set(), "ws128n128r": set()}),  # decode sizes
+    ((1024, 192, 4096), {"ws128n128g": set(), "ws128n128p": set(), "ws128n128r": set()}),  # 192 % 128
+    ((1024, 320, 4096), {"ws128n128g": set(), "ws128n128p": set(), "ws128n128r": set()}),  # 320 % 128
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("mnk,want", BN128_SPLITS, ids=[f"m{m}_n{n}_k{k}" for (m, n, k), _ in BN128_SPLITS])
+def test_bn128_ws_candidates(mnk, want):
+    """ws128n128g / p / r are first-use candidates exactly where 128 divides N and M >= WGMMA_MIN_M, with the splits
+    above (hand-counted); their tile is 128 x 128 x 64 and they run the two-part weight only."""
+    m, n, k = mnk
+    got = rg.kernel_candidates(m, n, k)
+    for v, splits in want.items():
+        assert rg.WGMMA_TILES[v] == (128, 128, 64) and rg.VARIANT_PARTS[v] == 2
+        assert {s for w, s in got if w == v} == splits, (mnk, v, got)
+    assert {"ws128n128p"} <= set(rg.WGMMA_PAIR_SPLITK) and {"ws128n128r"} <= set(rg.WGMMA_COOPERATIVE)
+    assert "ws128n128g" in rg.WGMMA_GLOBAL_SPLITK
 
 
 def test_tiled_candidates_at_m2048():
@@ -236,7 +280,11 @@ def test_variant_list_keeps_what_the_dispatch_table_picks():
     assert picked, "no dispatch table found"
     assert picked <= listed, picked - listed
     baselines = {"auto", "decode", "decode_n1", "decode_n2", "tiled64", "tiled128", "wg128n96"}
-    assert listed <= picked | baselines, listed - picked - baselines
+    # added as first-use candidates for the N that BN = 192 does not divide, before any H200 measurement: after the
+    # first sweep that times them, each is picked by a table (or the sweep's first-use cache) or removed
+    awaiting_measurement = {"ws128n128g", "ws128n128p", "ws128n128r", "decode_m128", "decode_m128c16"}
+    assert awaiting_measurement <= listed and not awaiting_measurement & picked, awaiting_measurement & picked
+    assert listed <= picked | baselines | awaiting_measurement, listed - picked - baselines - awaiting_measurement
 
 
 @needs_nvcc
@@ -248,6 +296,19 @@ def test_decode_configs_host_side():
             assert rg.kernel_config(m, 192, 4096, variant=v) == {"variant": v, "splits": cs, "mt": mt, "nt": nt}
         with pytest.raises(ValueError, match="decode needs M <= 64"):
             rg.kernel_config(65, 192, 4096, variant=v)
+    # the tall form: 5-8 m16 tiles for 65-128 rows (ceil(M / 16)), its cluster size, one n8 tile per warp; refused
+    # outside 65-128 (its MT 1-4 are not built)
+    for v, cs in (("decode_m128", 8), ("decode_m128c16", 16)):
+        for m, mt in ((65, 5), (80, 5), (81, 6), (96, 6), (100, 7), (112, 7), (113, 8), (128, 8)):
+            for n in (128, 256, 768):
+                assert rg.kernel_config(m, n, 4096, variant=v) == {"variant": v, "splits": cs, "mt": mt, "nt": 1}
+        for m in (1, 64, 129, 4096):
+            with pytest.raises(ValueError, match="65 <= M <= 128"):
+                rg.kernel_config(m, 192, 4096, variant=v)
+            assert not rg.decode_runs(v, m)
+        assert rg.decode_runs(v, 65) and rg.decode_runs(v, 128)
+    assert rg.decode_runs("decode_w8", 64) and not rg.decode_runs("decode_w8", 65)
+    assert rg.decode_runs("tiled64", 100) and rg.decode_runs("ws128n128r", 4096)
     for v, nt in (("decode_n1", 1), ("decode_n2", 2)):  # the baseline's kernels, reported as "decode"
         assert rg.kernel_config(48, 192, 4096, variant=v) == {"variant": "decode", "splits": 8, "mt": 3, "nt": nt}
     for v in rg.TILED_TILES:  # every tiled name resolves to itself, with a valid split
@@ -318,7 +379,8 @@ def test_wgmma_candidates_at_the_hy3_targets():
     c = rg.kernel_candidates(4096, 192, 4096)
     assert {("wg128n96", 2), ("ws128n192g", 4), ("ws128n192p", 2)} <= set(c)
     assert not [v for v, _ in c if v == "wg128n128"]  # 192 % 128
-    assert {v for v, _ in rg.kernel_candidates(4096, 256, 7168) if v in rg.WGMMA_TILES} == {"wg128n128"}
+    assert {v for v, _ in rg.kernel_candidates(4096, 256, 7168) if v in rg.WGMMA_TILES} == \
+        {"wg128n128", "ws128n128g", "ws128n128p", "ws128n128r"}  # 64 tiles: the reduce-scatter's 128 CTAs fit
     assert not [v for v, _ in rg.kernel_candidates(64, 192, 4096) if v in rg.WGMMA_TILES]  # decode sizes
     assert ("ws128n192p", 8) in rg.kernel_candidates(208, 768, 6144)  # the LongCat Chat prefill of 208 rows
 
@@ -360,6 +422,11 @@ def test_wgmma_configs_host_side():
         code = lib.hp_router_gemm(fake, fake, fake, fake, fake, 300 if "decode" not in v else 3, n, 4096, parts,
                                   1 / 256, 1 / 256, rg.VARIANTS[v], 1 if "decode" not in v else 0, None)
         assert code == 1, (parts, n, v, code)
+    for parts, m, v in ((3, 100, "decode_m128"), (2, 3, "decode_m128"), (2, 64, "decode_m128c16"),
+                        (2, 129, "decode_m128c16")):  # the tall decode form: two parts, 65-128 rows
+        code = lib.hp_router_gemm(fake, fake, fake, fake, fake, m, 192, 4096, parts, 1 / 256, 1 / 256,
+                                  rg.VARIANTS[v], 0, None)
+        assert code == 1, (parts, m, v, code)
 
 
 @needs_nvcc
@@ -395,6 +462,21 @@ def test_ws_configs_host_side():
     r = rg.VARIANTS["ws128n192r"]
     assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, r, 4) == 32 * 4 * 128 * 192 * 4
     assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, r, 1) == -1
+    # BN = 128 (ws128n128g / p / r): the same layouts with 128 x 128 partial tiles; N must be a multiple of 128.
+    g1, p1, r1 = (rg.VARIANTS[v] for v in ("ws128n128g", "ws128n128p", "ws128n128r"))
+    assert lib.hp_router_gemm_workspace_bytes(1024, 256, 7168, g1, 1) == 0
+    assert lib.hp_router_gemm_workspace_bytes(1024, 256, 7168, g1, 8) == 256 + 16 * 8 * 128 * 128 * 4
+    assert lib.hp_router_gemm_workspace_bytes(1100, 512, 6144, g1, 4) == 256 + 36 * 4 * 128 * 128 * 4  # 9 x 4 tiles
+    assert lib.hp_router_gemm_workspace_bytes(1024, 256, 7168, p1, 2) == 0
+    assert lib.hp_router_gemm_workspace_bytes(1024, 256, 7168, p1, 8) == 256 + 16 * 4 * 128 * 128 * 4
+    assert lib.hp_router_gemm_workspace_bytes(1024, 256, 7168, r1, 8) == 16 * 8 * 128 * 128 * 4
+    assert lib.hp_router_gemm_workspace_bytes(1024, 256, 7168, r1, 1) == -1
+    assert lib.hp_router_gemm_workspace_bytes(1024, 192, 4096, g1, 4) == -1  # 192 % 128
+    assert rg.kernel_config(1024, 256, 7168, variant="ws128n128r") == {"variant": "ws128n128r", "splits": 8,
+                                                                         "mt": 0, "nt": 0}  # 16 tiles x 8
+    assert rg.kernel_config(4096, 512, 6144, variant="ws128n128r")["splits"] == 2  # 128 tiles: 2 at least
+    with pytest.raises(ValueError, match="multiple of their BN"):
+        rg.kernel_config(1024, 192, 4096, variant="ws128n128g")
     for ws, nbytes in ((None, 0), (fake, 1024)):
         code = lib.hp_router_gemm_ex(fake, fake, fake, fake, fake, 4096, 192, 4096, 2, 1 / 256, 1 / 256, g, 4, ws,
                                      nbytes, None)
@@ -420,6 +502,20 @@ def test_tuned_config_bf16x3_skips_two_part_only_variants():
     assert rg.tuned_config(2, 192, 4096, table) == ("decode_c16", 0)
     assert rg.tuned_config(2, 192, 4096, table, parts=3) == ("decode_n2", 0)
     assert rg.tuned_config(32, 192, 4096, table) is None
+
+
+@needs_nvcc
+def test_tuned_config_keeps_the_tall_decode_form_in_its_rows():
+    """A row tuned to the tall decode form (65-128 rows) is used at any M of that range, and gives None (the
+    heuristic) at an M it cannot run that the same row is nearest to; BF16x3 falls back to a three-part candidate."""
+    table = {"shapes": [{"n": 256, "k": 7168, "rows": [
+        {"m": 96, "choice": "bf16x2_kernel", "kernel": {"variant": "decode_m128", "splits": 0},
+         "candidates_us": {"decode_m128/0": 11.0, "tiled64d/8": 16.9, "tiled64/8": 18.0}}]}]}
+    for m in (65, 96, 100, 128):
+        assert rg.tuned_config(m, 256, 7168, table) == ("decode_m128", 0), m
+    for m in (48, 64, 129, 160):
+        assert rg.tuned_config(m, 256, 7168, table) is None, m
+    assert rg.tuned_config(100, 256, 7168, table, parts=3) == ("tiled64", 8)  # tiled64d: two parts only
 
 
 def test_accuracy_gate_of_the_tuner():

@@ -112,7 +112,7 @@ def test_every_variant_matches_emulation(rg, hy3, variant, splits, m):
     _check_variant(rg, hy3[1], "bf16x2", variant, splits, m, seed=5)
 
 
-@pytest.mark.parametrize("m", [1, 3, 17, 48, 64, 128, 1000, 2048, 4096])
+@pytest.mark.parametrize("m", [1, 3, 17, 48, 64, 100, 128, 1000, 2048, 4096])
 def test_every_candidate_matches_emulation(rg, hy3, m):
     """Every configuration the tuner may pick at this M (kernel_candidates), each on a NaN-poisoned output."""
     _, weights, _ = hy3
@@ -120,7 +120,8 @@ def test_every_candidate_matches_emulation(rg, hy3, m):
     emu = ref.bf16x2_from_parts(x, weights.w_high, weights.w_low)
     cands = rg.kernel_candidates(m, N, K)
     assert {v for v, _ in cands} >= set(rg.TILED_TILES)
-    assert {v for v, _ in cands if v.startswith("decode")} == (set(rg.DECODE_VARIANTS) if m <= 64 else set())
+    assert {v for v, _ in cands if v.startswith("decode")} == (
+        set(rg.DECODE_VARIANTS) if m <= 64 else set(rg.DECODE_TALL_VARIANTS) if m <= 128 else set())
     for variant, splits in cands:
         out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
         torch.cuda.synchronize()
@@ -150,7 +151,8 @@ def test_generalised_decode_other_shapes(rg, variant):
                                               ("ws128n192g", 8, 2048), ("ws128n192p", 4, 4096),
                                               ("ws128n192p", 2, 1100), ("ws128n192p", 8, 2048),
                                               ("ws128n192r", 4, 4096), ("ws128n192r", 2, 2048),
-                                              ("ws128n192r", 8, 1024)])
+                                              ("ws128n192r", 8, 1024), ("decode_m128", 0, 100),
+                                              ("decode_m128c16", 0, 128), ("decode_m128", 0, 65)])
 def test_new_variants_deterministic_and_graph_safe(rg, hy3, variant, splits, m):
     """Same bits on every call (fixed-order reductions: cluster ranks, or ws128n192g's last-arriving CTA summing the
     partials in rank order), and the same bits from every replay of a captured graph (replayed twice into a
@@ -333,7 +335,8 @@ def test_wgmma_variants_match_emulation(rg, wg_weights, variant, m, splits):
                  path="bf16x2_vs_emulation", what=f"{variant} s={splits} m={m} n={n} k={k}")
 
 
-@pytest.mark.parametrize("variant", ["wg128n96", "wg128n128", "ws128n192g", "ws128n192p", "ws128n192r"])
+@pytest.mark.parametrize("variant", ["wg128n96", "wg128n128", "ws128n192g", "ws128n192p", "ws128n192r", "ws128n128g",
+                                     "ws128n128p", "ws128n128r"])
 def test_wgmma_variants_other_shapes(rg, wg_weights, variant):
     """Every router shape the variant's BN divides (several column tiles at N = 384 / 768; K = 3072 / 6144 /
     7168)."""
@@ -378,9 +381,10 @@ def test_wgmma_rejects_bf16x3_and_indivisible_n(rg, hy3):
         rg.router_gemm(_x(300, k=k), weights, impl="bf16x2_kernel", variant="wg128n96")
 
 
-# ---- TMA + mbarrier variants (router_wgmma_ws_kernel: ws128n192g, ws128n192p, ws128n192r) ----------------------
+# ---- TMA + mbarrier variants (router_wgmma_ws_kernel: ws128n192g, ws128n192p, ws128n192r; BN = 128: ws128n128*) ---
 
-WS_VARIANTS = ["ws128n192g", "ws128n192p", "ws128n192r"]
+WS_VARIANTS = ["ws128n192g", "ws128n192p", "ws128n192r"]  # the Hy3 tests below (N = 192)
+WS128_VARIANTS = ["ws128n128g", "ws128n128p", "ws128n128r"]
 WS_CASES = [(100, 8), (257, 1), (257, 4), (1000, 2), (1100, 1), (2048, 4), (4096, 0), (4096, 1), (4096, 4),
             (1000, 8), (1100, 8)]
 
@@ -411,7 +415,7 @@ def test_ws_refuses_bf16x3_and_one_split_for_two_rank_variants(rg, hy3):
     for v in WS_VARIANTS:
         with pytest.raises(ValueError, match="two-part"):
             rg.router_gemm(_x(300), w3, impl="bf16x3_kernel", variant=v)
-    for v in rg.WGMMA_PAIR_SPLITK + rg.WGMMA_REDUCE_SCATTER:
+    for v in set(rg.WGMMA_PAIR_SPLITK + rg.WGMMA_REDUCE_SCATTER) & set(WS_VARIANTS):  # BN = 128: test_ws128_refusals
         with pytest.raises(ValueError, match="splits 0, 2, 4, 8"):
             rg.router_gemm(_x(300), hy3[1], impl="bf16x2_kernel", variant=v, splits=1)
 
@@ -530,10 +534,9 @@ def test_reduce_scatter_bit_equal_to_last_arrival(rg, hy3, m, splits):
     _, weights, _ = hy3
     x = _x(m, seed=89)
     g = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant="ws128n192g", splits=splits)
-    for v in rg.WGMMA_REDUCE_SCATTER:
-        got = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=v, splits=splits)
-        torch.cuda.synchronize()
-        assert torch.equal(got, g), v
+    got = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant="ws128n192r", splits=splits)
+    torch.cuda.synchronize()
+    assert torch.equal(got, g)
 
 
 def test_reduce_scatter_grid_beyond_one_wave(rg, hy3):
@@ -551,6 +554,135 @@ def test_reduce_scatter_grid_beyond_one_wave(rg, hy3):
     torch.cuda.synchronize()
     assert_close(got, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
                  path="bf16x2_vs_emulation", what="ws128n192g s=4 m=8192")
+
+
+# ---- the decode kernel's tall form (decode_m128 / decode_m128c16: 65-128 rows as 5-8 m16 tiles) ---------------
+
+
+@pytest.mark.parametrize("variant", ["decode_m128", "decode_m128c16"])
+@pytest.mark.parametrize("n,k", [(128, 6144), (192, 4096), (256, 7168), (512, 2048), (768, 3072), (128, 2048)])
+def test_tall_decode_matches_emulation_and_fp64(rg, wg_weights, variant, n, k):
+    """Each m16 tile count 5-8 with full and partial last tiles (65: one row of the fifth; 80, 96, 112, 128: full;
+    100, 113, 127: partial), on a NaN-poisoned output vs the BF16x2 emulation, over N 128-768 (it runs every N: it is
+    instantiated per m16 and n8 tiles, not per N) and K 2048-7168 (the 16-CTA cluster leaves some warps without a K
+    chunk at K = 2048 and 3072: 64 and 96 chunks, 128 warps); error vs FP64 within 1.5x the emulation's, top-8 flips at
+    most one more than its."""
+    weights = wg_weights(n, k)
+    for m in (65, 80, 96, 100, 112, 113, 127, 128):
+        x = _x(m, k=k, seed=109)
+        out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant)
+        torch.cuda.synchronize()
+        emu = ref.bf16x2_from_parts(x, weights.w_high, weights.w_low)
+        assert_close(out, emu, op="router_gemm", path="bf16x2_vs_emulation", what=f"{variant} n={n} k={k} m={m}")
+        r64 = ref.router_gemm_ref(x, weights.w)
+        e_k, e_e = ref.error_metrics(out, r64), ref.error_metrics(emu, r64)
+        assert e_k["max_abs_err"] <= 1.5 * e_e["max_abs_err"] + 1e-7, (variant, n, k, m, e_k, e_e)
+        # at most one more top-8 flip than the emulation's: over 8 M x 6 shapes x 2 variants a near-tie at the 8th
+        # score can fall either way under a different (still fixed) summation order
+        flips_k = int(ref.topk_sets_differ(out, r64, 8).sum())
+        assert flips_k <= int(ref.topk_sets_differ(emu, r64, 8).sum()) + 1, (variant, n, k, m, flips_k)
+
+
+def test_tall_decode_refuses_rows_outside_65_128(rg, hy3):
+    """Its MT 1-4 are not built: M <= 64 and M > 128 are refused before launch (the output stays poisoned)."""
+    _, weights, w3 = hy3
+    for v in ("decode_m128", "decode_m128c16"):
+        for m in (64, 129):
+            out = _poisoned(m, N)
+            with pytest.raises(ValueError, match="65 <= M <= 128"):
+                rg.router_gemm(_x(m), weights, impl="bf16x2_kernel", out=out, variant=v)
+            torch.cuda.synchronize()
+            assert torch.isnan(out).all()
+        with pytest.raises(ValueError, match="two-part"):
+            rg.router_gemm(_x(100), w3, impl="bf16x3_kernel", variant=v)
+
+
+# ---- the TMA kernel at BN = 128 (ws128n128g / p / r: N = 128, 256, 512 and the other multiples of 128) --------
+
+# (n, k, m, splits): the target N that BN = 192 does not divide, K from 2048 to 7168 (32-112 k-tiles; 3072 and 6144
+# give K ranges of unequal length at 8 splits only when k-tiles % 8 != 0: 48 / 8 = 6, 96 / 8 = 12, 112 / 8 = 14,
+# 3072 at 4: 12), M with partial last tiles (65, 100, 257, 1100: rows past M zero-filled by TMA, masked at the store)
+# and full ones (1024, 2048, 4096); splits 0 = the launcher's choice.
+WS128_CASES = [(128, 2048, 65, 2), (128, 3072, 100, 8), (128, 6144, 1024, 4), (128, 7168, 4096, 2),
+               (256, 7168, 1024, 8), (256, 4096, 257, 4), (256, 2048, 2048, 2), (256, 6144, 1100, 0),
+               (512, 6144, 1024, 4), (512, 7168, 100, 8), (512, 2048, 4096, 2), (512, 3072, 1100, 2),
+               (384, 3072, 257, 2), (768, 4096, 1024, 0)]
+
+
+@pytest.mark.parametrize("variant", WS128_VARIANTS)
+@pytest.mark.parametrize("n,k,m,splits", WS128_CASES)
+def test_ws128_variants_match_emulation(rg, wg_weights, variant, n, k, m, splits):
+    """Each BN = 128 TMA variant vs the BF16x2 emulation on a NaN-poisoned output, over the N it was added for (128,
+    256, 512; also 384 / 768: several column tiles), K 2048-7168 and M with and without a partial last tile. A
+    reduce-scatter grid beyond one wave is skipped (the launcher refuses it: see the test of that refusal)."""
+    if variant in rg.WGMMA_REDUCE_SCATTER:
+        s = rg.kernel_config(m, n, k, variant=variant, splits=splits)["splits"]
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        if -(-m // 128) * (n // 128) * s > sms:
+            pytest.skip(f"{variant}: {-(-m // 128) * (n // 128) * s} CTAs exceed one wave of {sms} SMs")
+    weights = wg_weights(n, k)
+    x = _x(m, k=k, seed=101)
+    out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant, splits=splits)
+    torch.cuda.synchronize()
+    assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
+                 path="bf16x2_vs_emulation", what=f"{variant} s={splits} n={n} k={k} m={m}")
+
+
+@pytest.mark.parametrize("n,k,m,splits", [(256, 7168, 1024, 8), (512, 6144, 1024, 4), (128, 4096, 4096, 4),
+                                          (256, 4096, 257, 2)])
+def test_ws128_deterministic_graph_safe_and_scatter_bit_equal(rg, wg_weights, n, k, m, splits):
+    """At the shapes the BN = 128 variants were added for: the same bits on every call and from every replay of a
+    captured graph (tensor maps and workspace captured with it), and ws128n128r bit-equal to ws128n128g at the same
+    split (same main loop, same rank-order sum). Error vs FP64 within 1.5x of the emulation's."""
+    weights = wg_weights(n, k)
+    x = _x(m, k=k, seed=103)
+    outs = {}
+    for v in WS128_VARIANTS:
+        a = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=v, splits=splits)
+        b = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=v, splits=splits)
+        torch.cuda.synchronize()
+        assert torch.equal(a, b), v
+        out = _poisoned(m, n)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(g, stream=s):
+                rg.router_gemm(x, weights, impl="bf16x2_kernel", out=out, variant=v, splits=splits)
+        torch.cuda.current_stream().wait_stream(s)
+        for _ in range(2):
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, a), v
+        outs[v] = a
+    assert torch.equal(outs["ws128n128r"], outs["ws128n128g"])
+    w = weights.w
+    r64 = ref.router_gemm_ref(x, w)
+    e_k = ref.error_metrics(outs["ws128n128g"], r64)
+    e_e = ref.error_metrics(ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), r64)
+    assert e_k["max_abs_err"] <= 1.5 * e_e["max_abs_err"] + 1e-7, (e_k, e_e)
+
+
+def test_ws128_refusals(rg, wg_weights, hy3):
+    """N = 192 (not a multiple of 128), one split for the two-rank variants and a reduce-scatter grid beyond one
+    wave are refused before launch (the output stays poisoned); bf16x3 is refused as for every wgmma variant."""
+    _, weights192, w3 = hy3
+    for v in WS128_VARIANTS:
+        with pytest.raises(ValueError, match="multiple of their BN"):
+            rg.router_gemm(_x(300), weights192, impl="bf16x2_kernel", variant=v)
+        with pytest.raises(ValueError, match="two-part"):
+            rg.router_gemm(_x(300), w3, impl="bf16x3_kernel", variant=v)
+    weights = wg_weights(512, 2048)
+    x = _x(4096, k=2048, seed=107)
+    out = _poisoned(4096, 512)
+    for v in ("ws128n128p", "ws128n128r"):
+        with pytest.raises(ValueError, match="splits 0, 2, 4, 8"):
+            rg.router_gemm(x, weights, impl="bf16x2_kernel", out=out, variant=v, splits=1)
+    with pytest.raises(ValueError, match="one wave.*ws128n128g"):  # 128 tiles x 2 splits = 256 CTAs
+        rg.router_gemm(x, weights, impl="bf16x2_kernel", out=out, variant="ws128n128r", splits=2)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all()
 
 
 # ---- tune on first use: the tuner's timer follows the bench's convention -------------------------------------

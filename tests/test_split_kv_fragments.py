@@ -66,3 +66,25 @@ def test_bf16_check_catches_a_wrong_map(monkeypatch, broken):
         monkeypatch.setattr(F, "bf16_units", lambda t: [2 * t, 2 * t, 2 * t + 8, 2 * t + 8])
     with pytest.raises(AssertionError):
         F.check_v3_bf16_maps()
+
+
+def test_v3mv_maps_consistent():
+    """v3mv's converted V tile (f16x2 token-pair words, swizzled by pair) gives every PV A slot exactly v3's fragment
+    for every 16-token slice, each word is written by one thread, and no access of it has a bank conflict."""
+    facts = F.check_v3mv_maps()
+    assert facts["converted_words"] == 4096
+    assert F.vconv_thread(0) == (0, 0) and F.vconv_thread(1) == (0, 1) and F.vconv_thread(255) == (31, 7)
+
+
+@pytest.mark.parametrize("broken", ["no_swizzle", "thread_map", "pair_unit"])
+def test_v3mv_check_catches_a_wrong_map(monkeypatch, broken):
+    """Each v3mv map broken on purpose makes check_v3mv_maps fail."""
+    if broken == "no_swizzle":  # unswizzled pair rows: the 4 pairs a quarter warp reads share bank groups
+        monkeypatch.setattr(F, "vconv_unit", lambda p, u: u)
+    elif broken == "thread_map":  # p = tid & 31, c = tid >> 5: correct words, 2-way conflicts on loads and stores
+        monkeypatch.setattr(F, "vconv_thread", lambda tid: (tid & 31, tid >> 5))
+    else:  # the reader taking the neighbouring unit (dims 4 off): PV rows no longer match the merge's dims
+        monkeypatch.setattr(F, "pv_a_slots_vconv", lambda j, s=0, _r=F.pv_a_slots_vconv: {
+            k: (v[0] ^ 4, v[1]) for k, v in _r(j, s).items()})
+    with pytest.raises(AssertionError):
+        F.check_v3mv_maps()

@@ -333,16 +333,82 @@ def _first_call(call, out, what: str):
 # FlashInfer 0.7.2: XQA (what vLLM runs for Hopper decode) and the tensor-core decode wrapper
 # ------------------------------------------------------------------------------------------------------------
 
+def xqa_spec_dec_mask(q_len: int, kv_lens, *, device=None):
+    """The draft-block mask FlashInfer 0.7.2's XQA kernel needs at q_len > 1 (its ``mask`` argument), built so it
+    sees what our decode sees: draft token i of a request attends to kv_len - (q_len - 1 - i) tokens.
+
+    What the kernel reads (flashinfer/xqa.py docstring and data/csrc/xqa/mha.cu applyMaskFromInput, mha_sm90.cu
+    SpecDec::loadTileMaskRow): the last q_len cache positions of each request are its draft tokens; every earlier
+    position is visible to every draft row; row i may see draft j iff bit j of row i is set, where a row is
+    ceil(q_len/32) little-endian 32-bit words stored as pairs of uint16 (bit j is bit j % 16 of uint16 j // 16).
+    So causal drafts set bits 0..i of row i; the mask does not depend on kv_len, but kv_len must be >= q_len (the
+    kernel assumes the drafts are in the cache: the SM90 kernel asserts it) and is checked here.
+    Shape/Dtype: kv_lens [batch] ints (a sequence or a tensor; the q_len new tokens included); returns
+    uint16 [batch, q_len, 2 * ceil(q_len / 32)], contiguous, on ``device`` (default CPU).
+    Raises ValueError when q_len < 2 (no mask at q_len 1), kv_lens is empty, or a kv_len < q_len.
+    """
+    import torch
+
+    if isinstance(q_len, bool) or not isinstance(q_len, int) or q_len < 2:
+        raise ValueError(f"q_len: expected an int >= 2 (XQA takes no mask at q_len 1), got {q_len!r}")
+    lens = [int(v) for v in (kv_lens.tolist() if isinstance(kv_lens, torch.Tensor) else kv_lens)]
+    if not lens:
+        raise ValueError("kv_lens: expected at least one request, got none")
+    short = [(r, L) for r, L in enumerate(lens) if L < q_len]
+    if short:
+        raise ValueError(f"kv_lens: XQA's speculative decoding needs every kv_len >= q_len = {q_len} (the drafts "
+                         f"are the last q_len cache positions); request {short[0][0]} has {short[0][1]}")
+    words = -(-q_len // 32)
+    # byte k of row i holds drafts 8k..8k+7; bytes in little-endian order make the uint16 pairs (and the uint32
+    # words the kernel loads) directly
+    draft = torch.arange(words * 32, dtype=torch.int64).view(words * 4, 8)  # [bytes, 8 bits]
+    row = torch.arange(q_len, dtype=torch.int64).view(q_len, 1, 1)
+    weight = torch.tensor([1 << b for b in range(8)], dtype=torch.int64)
+    row_bytes = ((draft[None] <= row).to(torch.int64) * weight).sum(-1).to(torch.uint8)  # [q_len, 4*words]
+    mask = row_bytes.view(torch.uint16)  # [q_len, 2*words]
+    return mask[None].expand(len(lens), q_len, 2 * words).contiguous().to(device or "cpu")
+
+
+def xqa_mask_visibility(mask, q_len: int, kv_lens):
+    """Which keys each draft row sees under XQA's reading of ``mask`` (the rule quoted in xqa_spec_dec_mask),
+    decoded bit by bit, independently of how the mask was built: for tests and failure messages.
+    Shape/Dtype: mask uint16 [batch, q_len, 2 * ceil(q_len / 32)]; kv_lens [batch] ints; returns bool
+    [batch, q_len, max(kv_lens)] (True: row i of request r attends to key position p).
+    Raises ValueError when the mask's shape does not fit q_len and kv_lens.
+    """
+    import torch
+
+    lens = [int(v) for v in (kv_lens.tolist() if isinstance(kv_lens, torch.Tensor) else kv_lens)]
+    words16 = 2 * -(-q_len // 32)
+    if tuple(mask.shape) != (len(lens), q_len, words16) or mask.dtype != torch.uint16:
+        raise ValueError(f"mask: expected uint16 {(len(lens), q_len, words16)}, got {mask.dtype} "
+                         f"{tuple(mask.shape)}")
+    vals = mask.cpu().contiguous().view(torch.int16).to(torch.int64) & 0xFFFF  # the uint16 values as integers
+    vis = torch.zeros(len(lens), q_len, max(lens), dtype=torch.bool)
+    for r, L in enumerate(lens):
+        first_draft = L - q_len
+        for i in range(q_len):
+            for p in range(L):
+                if p < first_draft:
+                    vis[r, i, p] = True
+                else:
+                    j = p - first_draft
+                    vis[r, i, p] = bool((int(vals[r, i, j // 16]) >> (j % 16)) & 1)
+    return vis
+
+
 def make_flashinfer_xqa(inputs, *, out=None):
     """FlashInfer 0.7.2 ``flashinfer.decode.trtllm_batch_decode_with_kv_cache(..., kv_layout="NHD",
     backend="xqa")`` on our paged cache (block table and lengths as they are; no plan).
 
     Q is bf16 (q_fp8 * q_scale on the FP8 path); bmm1_scale = k_scale / sqrt(head_dim), bmm2_scale = v_scale (1
     for BF16). It reads a clean copy of the cache (clean_cache_copy, made here, not timed) and a zeroed 128 MB
-    workspace. q_len > 1 goes through its q_len_per_req argument. The first call (its JIT build, ~8 s) is here.
+    workspace. q_len > 1 (MTP) passes q_len_per_req=q_len and the causal draft mask of xqa_spec_dec_mask (built
+    here once per case on the device, not timed); Q and out stay [batch*q_len, ...] (request r owns rows
+    r*q_len .. r*q_len + q_len - 1, as FlashInfer wants). The first call (its JIT build, ~8 s) is here.
     Shape/Dtype: inputs as make_decode_inputs; returns fn() -> out [batch*q_len, q_heads, head_dim] bf16.
-    Raises PeerUnavailable without CUDA, without the FlashInfer 0.7.2 bundle, for kv_len 0, or when the first
-    call fails (its error is the reason).
+    Raises PeerUnavailable without CUDA, without the FlashInfer 0.7.2 bundle, for kv_len 0 (or kv_len < q_len
+    at q_len > 1), or when the first call fails (its error is the reason).
     """
     import torch
 
@@ -351,6 +417,9 @@ def make_flashinfer_xqa(inputs, *, out=None):
     lens = _lens(inputs)
     if any(L == 0 for L in lens):
         raise PeerUnavailable("not available: FlashInfer's paged decode needs every kv_len >= 1")
+    if q_len > 1 and any(L < q_len for L in lens):
+        raise PeerUnavailable(f"not available: XQA's speculative decoding needs every kv_len >= q_len ({q_len}): "
+                              "its draft tokens are the last q_len cache positions")
     fi = import_flashinfer_072()
     try:
         from flashinfer.decode import trtllm_batch_decode_with_kv_cache as xqa  # type: ignore
@@ -367,17 +436,22 @@ def make_flashinfer_xqa(inputs, *, out=None):
     seq = inputs["kv_lens"].to(torch.int32).contiguous()
     ws = torch.zeros(128 << 20, dtype=torch.uint8, device=kc.device)  # zeroed: XQA keeps semaphores in it
     kw = dict(bmm1_scale=bmm1, bmm2_scale=bmm2, out=out, kv_layout="NHD", backend="xqa")
+    mask = None
     if q_len > 1:
-        kw["q_len_per_req"] = q_len
+        mask = xqa_spec_dec_mask(q_len, lens, device=kc.device)
+        kw.update(q_len_per_req=q_len, mask=mask)
 
     def call():
         return xqa(q, (kc, vc), ws, bt, seq, max(lens), **kw)
-    _first_call(call, out, "flashinfer trtllm_batch_decode_with_kv_cache(backend='xqa')")
+    _first_call(call, out, "flashinfer trtllm_batch_decode_with_kv_cache(backend='xqa'"
+                + (f", q_len_per_req={q_len}, causal draft mask)" if q_len > 1 else ")"))
 
     def fn():
         call()
         return out
-    fn.keep = (ws, kc, vc)  # the workspace and the clean cache live as long as the closure
+    fn.keep = (ws, kc, vc, mask)  # the workspace, the clean cache and the mask live as long as the closure
+    if q_len > 1:
+        fn.note = f"q_len_per_req={q_len} with a causal draft mask (uint16 [batch, q_len, 2]), built once, not timed"
     return fn
 
 

@@ -661,12 +661,13 @@ int wg_ctas_per_sm() {
     return hp::ctas_per_sm(occ_slots, expert_wgmma_kernel<T>, T::THREADS, T::SMEM);
 }
 
-// The weights as a 3-D tensor map [E][w_rows][kdim] e4m3 with a box of 128 K columns x 64 rows of one expert (one
-// half of an item), 128-byte swizzle; rows past w_rows and columns past kdim read as zeros.
-inline cudaError_t encode_weight_map(hp::tma::TmaMap* map, const GemmArgs& a) {
+// The weights as a 3-D tensor map [E][w_rows][kdim] e4m3 with a box of 128 K columns x box_rows rows of one expert
+// (64: one half of a wgmma_ws item; 32: the gate or up half of a wgmma_ws64 item), 128-byte swizzle; rows past
+// w_rows and columns past kdim read as zeros.
+inline cudaError_t encode_weight_map(hp::tma::TmaMap* map, const GemmArgs& a, int box_rows = kHalfRows) {
   const uint64_t dims[3] = {(uint64_t)a.kdim, (uint64_t)a.w_rows, (uint64_t)a.num_experts};
   const uint64_t strides[2] = {(uint64_t)a.kdim, (uint64_t)a.kdim * a.w_rows};  // bytes (kdim % 64 == 0)
-  const uint32_t box[3] = {(uint32_t)kWgBK, (uint32_t)kHalfRows, 1};
+  const uint32_t box[3] = {(uint32_t)kWgBK, (uint32_t)box_rows, 1};
   return hp::tma::encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, a.w, dims, strides, box);
 }
 
@@ -717,6 +718,335 @@ constexpr auto wg_dispatch = &family_dispatch<WgTraits, GATE_UP, BLOCK>;
 template <bool GATE_UP, bool BLOCK>
 constexpr auto ws_dispatch = &family_dispatch<WsTraits, GATE_UP, BLOCK>;
 
+// ------------------------------------------------------------------------------------------------------------
+// Two-worker variant with 64-row items (MoEPlan.gemm == "wgmma_ws64", gate-up only; its down GEMM is wgmma_ws's):
+// expert_wgmma_ws64_kernel<Ws64Traits>.
+//
+// Why: a wgmma_ws gate-up item is 128 weight rows x the whole K = H, and an expert hit gives 2I / 128 of them (3 at
+// Hy3 TP8), so at decode batches the items fill whole rounds of the one-CTA-per-SM grid badly (batch 16: ~280 items
+// on 132 CTAs, 18 SMs stream a third item while the rest idle). Cutting K (split-K) was measured 50% slower
+// (partials, producer restarts, last-arrival waits; docs/ops/fused_moe.md). This kernel keeps K whole and halves
+// the rows: an item is 32 gate rows [j0, j0 + 32) and the 32 up rows [I + j0, I + j0 + 32) (j0 = 32 nt) of one
+// tile, one m64 wgmma A operand, so 2I / 64 items per tile and twice the items to balance.
+//
+// Each CTA holds two independent workers h = 0, 1: consumer warpgroup h (threads 128 h ..) and producer warp h
+// (warp 8 + h), with their own ring, barriers, item fields and epilogue tile (half of the shared memory each), so
+// each advances through its own items at its own pace; worker (cta, h) is number v = cta + h x grid and takes
+// items v + i x 2 grid (the first round spreads over every SM before any SM gets a second worker's item).
+//   - producer warp h: the wgmma_ws protocol (full / empty mbarriers, LAG-delayed lane arrivals after the token
+//     rows' cp.async), per stage two 3-D TMA boxes of 32 rows x 128 K columns (gate half, then up half, 128-byte
+//     swizzle; the boxes sit 4096 bytes apart, a multiple of the 1024-byte swizzle atom, so the 64-row A tile has
+//     the layout of one 64-row box);
+//   - consumer warpgroup h: wgmma m64nNk32 (N the narrowest of 16 / 32 / 64 / BM holding the tile's rows), per-tensor
+//     one group in flight, block-wise each stage's partial folded with its scales: the accumulator rows 0-31 (warps
+//     0-1) are gate rows, 32-63 (warps 2-3) up rows, so the weight block scale is per warp;
+//   - epilogue (named barrier 1 + h, the warpgroup's 128 threads): warps 2-3 leave u in fp32 in shared memory,
+//     warps 0-1 form silu(g) * u into a bf16 [BM][32 + 8] tile, then 16-byte stores (64 bytes per act row).
+// Numerics are the wgmma_ws kernel's (the same per-stage, per-k32 sums for each output; only which warp holds them
+// changes). Launch: grid min(SMs, ceil(items / 2)), 320 threads, one CTA per SM.
+constexpr int kW64Rows = 64;                     // weight rows per item (one m64 A operand)
+constexpr int kW64Half = kW64Rows / 2;           // gate (or up) rows per item
+constexpr int kW64Consumers = 256;               // two warpgroups, one per worker
+constexpr int kW64Threads = kW64Consumers + 64;  // + one producer warp per worker
+
+template <int BM_, bool BLOCK_>
+struct Ws64Traits {
+  static constexpr int BM = BM_;
+  static constexpr int R = BM / 2;
+  static constexpr bool GATE_UP = true;  // item_info / src_row read it
+  static constexpr bool BLOCK = BLOCK_;
+  static constexpr int THREADS = kW64Threads;
+  static constexpr int A_BYTES = kW64Rows * kWgBK;  // 8 KB: gate box + up box, 4 KB each
+  static constexpr int B_BYTES = BM * kWgBK;
+  static constexpr int SC_BYTES = BLOCK ? BM * 4 : 0;
+  static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + SC_BYTES + 1023) / 1024 * 1024;
+  static constexpr int OUT_COLS = kW64Half;  // act columns per item
+  static constexpr int OUT_STRIDE = OUT_COLS + 8;
+  static constexpr int XCH_STRIDE = kW64Half + 1;  // fp32 u, [BM][33]: conflict-free column writes
+  static constexpr int EPI_BYTES = (BM * OUT_STRIDE * 2 + BM * XCH_STRIDE * 4 + 1023) / 1024 * 1024;
+  static constexpr int HEAD = 1024;  // per worker: barriers and the per-slot item fields
+  static constexpr int WORKER_BUDGET = (227 * 1024 - 1024) / 2;
+  static constexpr int FIT = (WORKER_BUDGET - HEAD - EPI_BYTES) / STAGE_BYTES;
+  static constexpr int STAGES = FIT > 8 ? 8 : FIT;
+  static constexpr int LAG = STAGES / 2;
+  static constexpr int WORKER_BYTES = HEAD + STAGES * STAGE_BYTES + EPI_BYTES;  // a multiple of 1024
+  static constexpr int SMEM = 1024 + 2 * WORKER_BYTES;
+  static constexpr int B_PER_LANE = BM * 8 / 32;
+  static constexpr int SC_PER_LANE = (BM + 31) / 32;
+  static_assert(STAGES >= 3 && LAG >= 1 && LAG <= STAGES - 1, "ring depth");
+  static_assert(HEAD >= STAGES * (16 + 16), "barriers + item fields fit the head");
+  static_assert(WORKER_BYTES % 1024 == 0, "each worker's ring starts on a swizzle atom");
+  static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "wgmma N instantiated: 16, 32, 64, 128");
+  static_assert(SMEM <= 227 * 1024, "shared memory per block (sm_90)");
+};
+
+// Worker v's items: v + i x workers of the plan's tiles x I / 32 n-tiles, each kt_count K stages.
+template <class T>
+__device__ __forceinline__ ItemSeq w64_sequence(const GemmArgs& a, const PlanView& plan, int v, int workers) {
+  ItemSeq q;
+  q.n_tiles = a.inter / kW64Half;
+  const int num_items = plan.header()[1] * q.n_tiles;
+  q.kt_count = (a.kdim + kWgBK - 1) / kWgBK;
+  const int my_items = num_items > v ? (num_items - 1 - v) / workers + 1 : 0;
+  q.total = my_items * q.kt_count;
+  return q;
+}
+
+// First weight row of box b of an item: b = 0 the gate rows j0.., b = 1 the up rows I + j0...
+__device__ __forceinline__ int w64_box_row(const ItemInfo& it, int b, int inter) {
+  return b * inter + it.nt * kW64Half;
+}
+
+// Producer warp of worker (v, workers): ws_produce's protocol over this worker's items and ring.
+template <class T>
+__device__ __forceinline__ void w64_produce(const GemmArgs& a, const hp::tma::TmaMap* wmap, const PlanView& plan,
+                                            uint8_t* ring, ItemInfo* meta, uint32_t bars, const ItemSeq& seq, int v,
+                                            int workers) {
+  const int lane = threadIdx.x & 31, q = lane & 7;
+  auto full_bar = [&](int s) { return bars + 8u * s; };
+  auto empty_bar = [&](int s) { return bars + 8u * (T::STAGES + s); };
+  int ld_i = -1;
+  ItemInfo ld{};
+  int bsrc[T::B_PER_LANE];
+  int ssrc[T::SC_PER_LANE];
+#pragma unroll 1
+  for (int step = 0; step < seq.total; ++step) {
+    const int i = step / seq.kt_count, kt = step - i * seq.kt_count, s = step % T::STAGES;
+    if (i != ld_i) {
+      ld_i = i;
+      ld = item_info<T>(plan, v + i * workers, seq.n_tiles);
+#pragma unroll
+      for (int b = 0; b < T::B_PER_LANE; ++b) bsrc[b] = src_row<T>(plan, ld, (lane >> 3) + 4 * b, a.topk);
+      if constexpr (T::BLOCK) {
+#pragma unroll
+        for (int b = 0; b < T::SC_PER_LANE; ++b) ssrc[b] = src_row<T>(plan, ld, lane + 32 * b, a.topk);
+      }
+    }
+    if (step >= T::STAGES && !hp::tma::mbar_wait(empty_bar(s), ((step / T::STAGES) & 1) ^ 1))
+      hp::tma::mbar_hang_report(2);
+    uint8_t* st = ring + s * T::STAGE_BYTES;
+    if (lane == 0) {
+      meta[s] = ld;
+      hp::tma::mbar_expect_tx(full_bar(s), T::A_BYTES);
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+        hp::tma::tma_load_3d(hp::smem_u32(st + b * kW64Half * kWgBK), wmap, kt * kWgBK, w64_box_row(ld, b, a.inter),
+                             ld.e, full_bar(s));
+    }
+    const int kk = kt * kWgBK + q * 16;
+    const bool k_ok = kk < a.kdim;
+    uint8_t* sb = st + T::A_BYTES;
+#pragma unroll
+    for (int b = 0; b < T::B_PER_LANE; ++b) {
+      const int n = (lane >> 3) + 4 * b, row = bsrc[b];
+      const bool ok = k_ok && row >= 0;
+      cp_async16(sb + n * kWgBK + ((q ^ (n & 7)) << 4), ok ? a.src + (size_t)row * a.kdim + kk : a.src, ok);
+    }
+    if constexpr (T::BLOCK) {
+      const int groups = (a.kdim + kWgBK - 1) / kWgBK;
+      float* xs = reinterpret_cast<float*>(sb + T::B_BYTES);
+#pragma unroll
+      for (int b = 0; b < T::SC_PER_LANE; ++b) {
+        const int n = lane + 32 * b;
+        if (n < T::BM)
+          cp_async4(xs + n, ssrc[b] >= 0 ? a.src_scale + (size_t)ssrc[b] * groups + kt : a.src_scale, ssrc[b] >= 0);
+      }
+    }
+    cp_commit();
+    if (step >= T::LAG) {  // this lane's copies of step - LAG have landed: publish them
+      cp_wait<T::LAG>();
+      hp::wg::fence_proxy_async();
+      hp::tma::mbar_arrive_local(full_bar((step - T::LAG) % T::STAGES));
+    }
+  }
+  cp_wait<0>();
+  hp::wg::fence_proxy_async();
+  for (int step = seq.total > T::LAG ? seq.total - T::LAG : 0; step < seq.total; ++step)
+    hp::tma::mbar_arrive_local(full_bar(step % T::STAGES));
+}
+
+// The worker's 128 consumer threads only (named barrier 1 + h; 0 is __syncthreads).
+__device__ __forceinline__ void w64_bar_sync(int h) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + h), "n"(128) : "memory");
+}
+
+// One item's epilogue inside warpgroup h: warps 2-3 hold u (accumulator rows 32-63), warps 0-1 g (rows 0-31).
+template <class T>
+__device__ __forceinline__ void w64_epilogue(const GemmArgs& a, const ItemInfo& it, const float (&acc)[T::R], float sc,
+                                             __nv_bfloat16* out_s, float* xch, int h) {
+  const int t = threadIdx.x & 127, lane = t & 31, wiw = t >> 5;
+  w64_bar_sync(h);  // the previous item's stores have read out_s
+  if (wiw >= 2) {
+#pragma unroll
+    for (int j = 0; j < T::R; ++j)
+      xch[hp::wg::acc_col(lane, j) * T::XCH_STRIDE + hp::wg::acc_row(wiw, lane, j) - kW64Half] =
+          T::BLOCK ? acc[j] : acc[j] * sc;
+  }
+  w64_bar_sync(h);
+  if (wiw < 2) {
+#pragma unroll
+    for (int j = 0; j < T::R; ++j) {
+      const int r = hp::wg::acc_row(wiw, lane, j), n = hp::wg::acc_col(lane, j);
+      const float g = T::BLOCK ? acc[j] : acc[j] * sc;
+      out_s[n * T::OUT_STRIDE + r] = __float2bfloat16_rn(silu_mul(g, xch[n * T::XCH_STRIDE + r]));
+    }
+  }
+  w64_bar_sync(h);
+  constexpr int CPR = T::OUT_COLS * 2 / 16;  // 16-byte chunks per act row
+  for (int idx = t; idx < T::BM * CPR; idx += 128) {
+    const int n = idx / CPR, c = idx - n * CPR;
+    if (n >= it.rows) continue;
+    const uint4 val = *reinterpret_cast<const uint4*>(out_s + n * T::OUT_STRIDE + c * 8);
+    *reinterpret_cast<uint4*>(a.dst + (size_t)(it.start + n) * a.dst_cols + it.nt * kW64Half + c * 8) = val;
+  }
+}
+
+// Consumer warpgroup of worker h: every stage of its ring in order.
+template <class T>
+__device__ __forceinline__ void w64_consume(const GemmArgs& a, const uint8_t* ring, const ItemInfo* meta, uint32_t bars,
+                                            __nv_bfloat16* out_s, float* xch, const ItemSeq& seq, int h) {
+  const int lane = threadIdx.x & 31, wiw = (threadIdx.x >> 5) & 3;
+  auto full_bar = [&](int s) { return bars + 8u * s; };
+  auto empty_bar = [&](int s) { return bars + 8u * (T::STAGES + s); };
+  auto release = [&](int s) {
+    __syncwarp();
+    if (lane == 0) hp::tma::mbar_arrive_local(empty_bar(s));
+  };
+  const int row_groups = (a.w_rows + 127) / 128;
+  const float a_s = T::BLOCK ? 1.0f : a.a_scale[0];
+  float acc[T::R];
+  float p[T::BLOCK ? T::R : 1];
+#pragma unroll
+  for (int j = 0; j < T::R; ++j) acc[j] = 0.f;
+#pragma unroll
+  for (int j = 0; j < (T::BLOCK ? T::R : 1); ++j) p[j] = 0.f;
+  ItemInfo cur{};
+  float sc = 1.0f;
+  int pending = -1;
+#pragma unroll 1
+  for (int step = 0; step < seq.total; ++step) {
+    const int kt = step % seq.kt_count, s = step % T::STAGES;
+    if (!hp::tma::mbar_wait(full_bar(s), (step / T::STAGES) & 1)) hp::tma::mbar_hang_report(1);
+    if (kt == 0) {
+      cur = meta[s];
+      sc = T::BLOCK ? 1.0f : a_s * a.w_scale[cur.e];
+    }
+    const uint8_t* st = ring + s * T::STAGE_BYTES;
+    const uint64_t da = hp::wg::desc_sw128(st);
+    const uint64_t db = hp::wg::desc_sw128(st + T::A_BYTES);
+    if constexpr (T::BLOCK) {
+      // this warp's rows: the gate box (warps 0-1) or the up box (warps 2-3), each inside one 128-row block
+      const int r0 = w64_box_row(cur, wiw >> 1, a.inter);
+      const float wsc = a.w_scale[((size_t)cur.e * row_groups + r0 / 128) * seq.kt_count + kt];
+      hp::wg::fence();
+      ws_mma_stage<T>(p, da, db, cur.rows, true);
+      hp::wg::commit();
+      hp::wg::wait<0>();
+      hp::wg::pin(p);
+      const float* xs = reinterpret_cast<const float*>(st + T::A_BYTES + T::B_BYTES);
+#pragma unroll
+      for (int j = 0; j < T::R; ++j) acc[j] += p[j] * (xs[hp::wg::acc_col(lane, j)] * wsc);
+      release(s);
+    } else {
+      hp::wg::pin(acc);
+      hp::wg::fence();
+      ws_mma_stage<T>(acc, da, db, cur.rows, false);
+      hp::wg::commit();
+      hp::wg::wait<1>();
+      hp::wg::pin(acc);
+      if (pending >= 0) release(pending);
+      pending = s;
+    }
+    if (kt == seq.kt_count - 1) {  // uniform: the item's last stage
+      hp::wg::wait<0>();
+      hp::wg::pin(acc);
+      if (pending >= 0) release(pending);
+      pending = -1;
+      w64_epilogue<T>(a, cur, acc, sc, out_s, xch, h);
+#pragma unroll
+      for (int j = 0; j < T::R; ++j) acc[j] = 0.f;
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kW64Threads, 1)
+    expert_wgmma_ws64_kernel(GemmArgs a, const __grid_constant__ hp::tma::TmaMap wmap) {
+  extern __shared__ uint8_t w64_smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(w64_smem_raw));
+  const int tid = threadIdx.x;
+  const bool producer = tid >= kW64Consumers;
+  const int h = producer ? (tid - kW64Consumers) >> 5 : tid >> 7;  // this thread's worker
+  uint8_t* head = w64_smem_raw + ((1024u - (raw & 1023u)) & 1023u) + h * T::WORKER_BYTES;
+  const uint32_t bars = hp::smem_u32(head);  // full[s] at + 8 s, empty[s] at + 8 (STAGES + s)
+  ItemInfo* meta = reinterpret_cast<ItemInfo*>(head + 16 * T::STAGES);
+  uint8_t* ring = head + T::HEAD;
+  auto* out_s = reinterpret_cast<__nv_bfloat16*>(ring + T::STAGES * T::STAGE_BYTES);
+  float* xch = reinterpret_cast<float*>(ring + T::STAGES * T::STAGE_BYTES + T::BM * T::OUT_STRIDE * 2);
+  const PlanView plan{const_cast<int*>(a.ws), a.num_experts, a.max_pairs, a.block_m};
+
+  if (producer && (tid & 31) == 0) {  // each producer's lane 0 sets up its worker's barriers
+    for (int s = 0; s < T::STAGES; ++s) {
+      hp::tma::mbar_init(bars + 8u * s, 32);
+      hp::tma::mbar_init(bars + 8u * (T::STAGES + s), 4);  // the worker's four consumer warps
+    }
+    hp::tma::fence_mbar_init();
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&wmap)) : "memory");
+  }
+  __syncthreads();
+
+  hp::pdl_wait();
+  hp::pdl_launch_dependents();
+
+  const int workers = 2 * (int)gridDim.x, v = (int)blockIdx.x + h * (int)gridDim.x;
+  const ItemSeq seq = w64_sequence<T>(a, plan, v, workers);
+  if (producer)
+    w64_produce<T>(a, &wmap, plan, ring, meta, bars, seq, v, workers);
+  else
+    w64_consume<T>(a, ring, meta, bars, out_s, xch, seq, h);
+}
+
+template <class T>
+int launch_ws64(const GemmArgs& a, int pdl, cudaStream_t stream) {
+  static std::atomic<int> occ_slots[16];
+  const int n_tiles = a.inter / kW64Half;
+  const long long max_items = (long long)PlanView::max_tiles_of(a.num_experts, a.max_pairs, a.block_m) * n_tiles;
+  long long grid =
+      (long long)hp::sm_count() * hp::ctas_per_sm(occ_slots, expert_wgmma_ws64_kernel<T>, T::THREADS, T::SMEM);
+  if (grid > (max_items + 1) / 2) grid = (max_items + 1) / 2;
+  if (grid < 1) return 0;
+  hp::LaunchOptions opt;
+  opt.pdl = pdl != 0;
+  hp::tma::TmaMap wmap;
+  const cudaError_t e = encode_weight_map(&wmap, a, kW64Half);
+  if (e != cudaSuccess) return (int)e;
+  return (int)hp::launch(expert_wgmma_ws64_kernel<T>, dim3((unsigned)grid), dim3(T::THREADS), T::SMEM, stream, opt, a,
+                         wmap);
+}
+
+// The gate-up launcher of wgmma_ws64 (items of 32 gate + 32 up rows: I must be a multiple of 32, which the
+// contract's multiple of 64 gives); its down GEMM is wgmma_ws's (ws_dispatch).
+template <bool GATE_UP, bool BLOCK>
+int ws64_dispatch(const GemmArgs& a, int pdl, cudaStream_t stream) {
+  if constexpr (!GATE_UP) {
+    return family_dispatch<WsTraits, false, BLOCK>(a, pdl, stream);
+  } else {
+    if (a.kdim % 64 != 0 || a.dst_cols % 64 != 0) return (int)cudaErrorInvalidValue;
+    switch (a.block_m) {
+      case 16:
+        return launch_ws64<Ws64Traits<16, BLOCK>>(a, pdl, stream);
+      case 32:
+        return launch_ws64<Ws64Traits<32, BLOCK>>(a, pdl, stream);
+      case 64:
+        return launch_ws64<Ws64Traits<64, BLOCK>>(a, pdl, stream);
+      case 128:
+        return launch_ws64<Ws64Traits<128, BLOCK>>(a, pdl, stream);
+      default:
+        return (int)cudaErrorInvalidValue;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hp_moe
 
@@ -733,5 +1063,8 @@ HP_MOE_GEMM_ENTRY(hp_moe_gate_up_wg, true, hp_moe::wg_dispatch)
 HP_MOE_GEMM_ENTRY(hp_moe_down_wg, false, hp_moe::wg_dispatch)
 HP_MOE_GEMM_ENTRY(hp_moe_gate_up_ws, true, hp_moe::ws_dispatch)
 HP_MOE_GEMM_ENTRY(hp_moe_down_ws, false, hp_moe::ws_dispatch)
+// wgmma_ws64: expert_wgmma_ws64_kernel for gate-up (64-row items, two workers per CTA), wgmma_ws's kernel for down.
+HP_MOE_GEMM_ENTRY(hp_moe_gate_up_ws64, true, hp_moe::ws64_dispatch)
+HP_MOE_GEMM_ENTRY(hp_moe_down_ws64, false, hp_moe::ws64_dispatch)
 
 }  // extern "C"

@@ -231,25 +231,29 @@ __global__ void __launch_bounds__(WGS * 128, 1)
 
 // ------------------------------------------------------------------------------------------------------------
 // TMA + mbarrier variants, split-K through a global workspace (ws128n192g: the last arrival sums; ws128n192p: K
-// pairs summed through DSMEM first; ws128n192r: a reduce-scatter): router_wgmma_ws_kernel<STAGES, KP, RS>.
+// pairs summed through DSMEM first; ws128n192r: a reduce-scatter; ws128n128g / p / r: the same with BN = 128):
+// router_wgmma_ws_kernel<BN, STAGES, KP, RS>.
 //
 // Same math and the same 128-byte-swizzled stage layout as router_wgmma_kernel (TMA's SWIZZLE_128B writes
 // 16-byte chunk c of row r at chunk c ^ (r % 8) inside 1024-byte-aligned tiles: exactly what the cp.async loader
-// above writes, so the same descriptors feed wgmma); what changes is how the 128 x 192 tile is fed:
-//   - thread 0 issues, per k-tile, three cp.async.bulk.tensor (TMA) loads, x[128, 64], W0[192, 64], W1[192, 64],
-//     completing on the slot's "full" mbarrier (armed with the 64 KB it will receive); nobody else touches
+// above writes, so the same descriptors feed wgmma); what changes is how the 128 x BN tile is fed (numbers for
+// BN = 192, then BN = 128):
+//   - thread 0 issues, per k-tile, three cp.async.bulk.tensor (TMA) loads, x[128, 64], W0[BN, 64], W1[BN, 64],
+//     completing on the slot's "full" mbarrier (armed with the 64 / 48 KB it will receive); nobody else touches
 //     addresses or copies;
-//   - both warpgroups (64 x 192 each: acc0 + acc1 = 192 fp32 registers) wait on "full", issue 4 x 2 wgmma
-//     m64n192k16, keep one k-tile of wgmma in flight (wait_group 1) and release the previous slot by arriving on
+//   - both warpgroups (64 x BN each: acc0 + acc1 = 192 / 128 fp32 registers) wait on "full", issue 4 x 2 wgmma
+//     m64nBNk16, keep one k-tile of wgmma in flight (wait_group 1) and release the previous slot by arriving on
 //     its "empty" mbarrier (one arrival per warp); thread 0 then waits on that "empty" barrier (overlapping its
 //     own in-flight wgmma) and refills the slot STAGES tiles ahead.
-// So a slot is refilled as soon as both warpgroups are done with it: 2 of the 3 slots (128 KB per SM) are in
-// flight while the tensor cores work on the third, with no __syncthreads in the loop (the cp.async kernel keeps
-// one slot in flight, and its time per k-tile grows with the grid: latency, not bandwidth, bound).
+// So a slot is refilled as soon as both warpgroups are done with it: STAGES - 1 slots (BN 192: 2 of 3, 128 KB per
+// SM; BN 128: 3 of 4, 144 KB) are in flight while the tensor cores work on the last, with no __syncthreads in the
+// loop (the cp.async kernel keeps one slot in flight, and its time per k-tile grows with the grid: latency, not
+// bandwidth, bound). BN = 128 exists for N = 128, 256, 512, which 192 does not divide; its 48 KB stages leave room
+// for a fourth slot in the same 194 KB.
 // Not a separate producer warpgroup with setmaxnreg: ptxas allocates the whole kernel under the 384-thread cap of
 // 168 registers, and the 192 accumulators then spill.
-// Launch: grid (ceil(M / 128), N / 192, S), 256 threads, 194 KB of shared memory (3 x 64 KB stages + barriers),
-// one CTA per SM; cluster (1, 1, KP). Rows past M: TMA zero-fills the box, stores are masked.
+// Launch: grid (ceil(M / 128), N / BN, S), 256 threads, 194 KB of shared memory (3 x 64 KB or 4 x 48 KB stages +
+// barriers), one CTA per SM; cluster (1, 1, KP). Rows past M: TMA zero-fills the box, stores are masked.
 // Every mbarrier wait is bounded (kHangNs of %globaltimer) and then traps (no printf: see mbar_hang_report), so a
 // protocol bug fails the launch with an error instead of hanging the device.
 
@@ -285,9 +289,14 @@ __device__ __forceinline__ uint32_t sm_id() {
 }
 #endif
 
-constexpr int kWsBM = 128, kWsBN = 192, kWsThreads = 256;
-constexpr int kWsABytes = kWsBM * kRowBytes, kWsBBytes = kWsBN * kRowBytes;  // 16 KB, 24 KB
-// Global split-K workspace: tile counters (padded to 256 B), then S fp32 partial tiles of 128 x 192 per output tile
+// The tile is 128 x BN, BN = 192 (ws128n192*: N = 192, 384, 768) or 128 (ws128n128*: N = 128, 256, 512).
+constexpr int kWsBM = 128, kWsThreads = 256;
+constexpr int kWsABytes = kWsBM * kRowBytes;  // 16 KB
+template <int BN>
+constexpr int ws_b_bytes() {  // one W part's k-tile: 24 KB at BN 192, 16 KB at 128
+  return BN * kRowBytes;
+}
+// Global split-K workspace: tile counters (padded to 256 B), then S fp32 partial tiles of 128 x BN per output tile
 // of the grid. With K pairs (KP = 2): four counters per tile (ticket and stored count per 64-row half) and S / 2
 // pair sums per tile; nothing at S = 2. The reduce-scatter (RS) needs no counters: its ranks meet at a grid barrier.
 constexpr int ws_gred_counters_per_tile(int kp) {
@@ -296,38 +305,41 @@ constexpr int ws_gred_counters_per_tile(int kp) {
 constexpr size_t ws_gred_counter_bytes(int counters) {
   return (static_cast<size_t>(counters) * 4 + 255) / 256 * 256;
 }
-constexpr int ws_grid_tiles(int M, int N) {
-  return ((M + kWsBM - 1) / kWsBM) * (N / kWsBN);
+constexpr int ws_grid_tiles(int M, int N, int bn) {
+  return ((M + kWsBM - 1) / kWsBM) * (N / bn);
 }
-constexpr int ws_gred_counters(int M, int N, int kp, int rs) {
-  return rs ? 0 : ws_grid_tiles(M, N) * ws_gred_counters_per_tile(kp);
+constexpr int ws_gred_counters(int M, int N, int bn, int kp, int rs) {
+  return rs ? 0 : ws_grid_tiles(M, N, bn) * ws_gred_counters_per_tile(kp);
 }
-constexpr size_t ws_gred_workspace_bytes(int M, int N, int splits, int kp, int rs) {
+constexpr size_t ws_gred_workspace_bytes(int M, int N, int bn, int splits, int kp, int rs) {
   return splits / kp <= 1 ? 0
-                          : ws_gred_counter_bytes(ws_gred_counters(M, N, kp, rs)) +
-                                static_cast<size_t>(ws_grid_tiles(M, N)) * (splits / kp) * kWsBM * kWsBN * 4;
+                          : ws_gred_counter_bytes(ws_gred_counters(M, N, bn, kp, rs)) +
+                                static_cast<size_t>(ws_grid_tiles(M, N, bn)) * (splits / kp) * kWsBM * bn * 4;
 }
 
-constexpr int kWsStageBytes = kWsABytes + 2 * kWsBBytes;  // 64 KB, the "full" tx count
+template <int BN>
+constexpr int ws_stage_bytes() {  // the "full" tx count: 64 KB at BN 192, 48 KB at 128
+  return kWsABytes + 2 * ws_b_bytes<BN>();
+}
 
-template <int STAGES>
+template <int BN, int STAGES>
 constexpr int ws_smem_bytes() {
-  return 1024 /* alignment slack */ + 1024 /* barriers */ + STAGES * kWsStageBytes;
+  return 1024 /* alignment slack */ + 1024 /* barriers */ + STAGES * ws_stage_bytes<BN>();
 }
 // The reduce-scatter split-K epilogue of router_wgmma_ws_kernel<..., RS = 1> (S = splits; see there). Workspace slot of
-// rank q: float2 number p (= 2 j + h, 48 per thread) of lane l of warp w (rows 16 w .. 16 w + 15) at
+// rank q: float2 number p (= 2 j + h, BN / 4 per thread: 48 at BN 192) of lane l of warp w (rows 16 w .. 16 w + 15) at
 // [(w * 48 + p) * 32 + l], so the rows rank k owns, warps [k * 8 / S, (k + 1) * 8 / S), are one contiguous run
-// of 8 / S * 6 KB and every thread of the owner reads it as float4 at [i * 256 + tid] (coalesced). A float4 f of the
+// of 8 / S * 32 * BN B and every thread of the owner reads it as float4 at [i * 256 + tid] (coalesced). A float4 f of the
 // run is lanes 2 m, 2 m + 1 of one (w, p): one row, 4 consecutive columns, so the output store is a float4 too.
-template <int S>
-__device__ __forceinline__ void rs_reduce(const float (&acc0)[kWsBN / 2], const float (&acc1)[kWsBN / 2], float s1,
+template <int BN, int S>
+__device__ __forceinline__ void rs_reduce(const float (&acc0)[BN / 2], const float (&acc1)[BN / 2], float s1,
                                           unsigned char* stages, float* __restrict__ partials, float* __restrict__ out,
                                           int M, int N, int tile, int rank_k, int m_block, int n_block,
                                           unsigned long long* trace) {
-  constexpr int P = kWsBN / 4;            // float2 per thread
+  constexpr int P = BN / 4;               // float2 per thread
   constexpr int WPC = 8 / S;              // warps (16-row bands) per owned run
   constexpr int RUN4 = WPC * P * 32 / 2;  // float4 per owned run
-  constexpr int F4 = RUN4 / kWsThreads;   // float4 per thread per rank (12, 6, 3)
+  constexpr int F4 = RUN4 / kWsThreads;   // float4 per thread per rank (BN 192: 12, 6, 3; BN 128: 8, 4, 2)
   static_assert(RUN4 % kWsThreads == 0, "the run splits evenly over the threads");
   const int tid = threadIdx.x, lane = tid & 31, gw = tid >> 5;
   float2* slots = reinterpret_cast<float2*>(partials) + static_cast<size_t>(tile) * S * P * kWsThreads;
@@ -338,7 +350,7 @@ __device__ __forceinline__ void rs_reduce(const float (&acc0)[kWsBN / 2], const 
                     ? own + static_cast<size_t>(gw - owner * WPC) * P * 32
                     : slots + static_cast<size_t>(rank_k) * P * kWsThreads + static_cast<size_t>(gw) * P * 32;
 #pragma unroll
-  for (int j = 0; j < kWsBN / 8; ++j)
+  for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int e = 4 * j + 2 * h;
@@ -399,16 +411,18 @@ __device__ __forceinline__ void rs_reduce(const float (&acc0)[kWsBN / 2], const 
 // its rows over the S ranks in rank order (bit-equal to ws128n192g at the same S). The last CTA of a tile then
 // reads (S - 1) / S of one tile instead of S tiles, and all S read at once. Every rank waits for its peers, so
 // they must be resident together: a cooperative launch (the grid must fit in one wave, checked by the launcher).
-template <int STAGES, int KP, int RS>
+template <int BN, int STAGES, int KP, int RS>
 __global__ void __launch_bounds__(kWsThreads, 1)
     router_wgmma_ws_kernel(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w0,
                            const __grid_constant__ TmaMap map_w1, float* __restrict__ out, int M, int N, int K,
                            float s1, float* __restrict__ partials, int* __restrict__ counters) {
-  constexpr int R = kWsBN / 2;  // 96 fp32 per accumulator per thread
+  constexpr int R = BN / 2;  // fp32 per accumulator per thread: 96 at BN 192, 64 at 128
+  constexpr int kWsBBytes = ws_b_bytes<BN>(), kWsStageBytes = ws_stage_bytes<BN>();
+  static_assert(BN == 128 || BN == 192, "the TMA box and the wgmma N: 128 or 192");
   static_assert(KP == 1 || KP == 2, "K pairs");
   static_assert(RS == 0 || (RS == 1 && KP == 1), "reduce-scatter: no K pairs");
-  static_assert(ws_smem_bytes<STAGES>() <= 227 * 1024, "shared memory per block (sm_90)");
-  static_assert(kWsBM * (kWsBN + 4) * 4 <= STAGES * kWsStageBytes, "split-K buffer reuses the stages");
+  static_assert(ws_smem_bytes<BN, STAGES>() <= 227 * 1024, "shared memory per block (sm_90)");
+  static_assert(kWsBM * (BN + 4) * 4 <= STAGES * kWsStageBytes, "split-K buffer reuses the stages");
   extern __shared__ unsigned char ws_smem_raw[];
   unsigned char* base = ws_smem_raw + ((1024u - (smem_u32(ws_smem_raw) & 1023u)) & 1023u);
   const uint32_t bar_base = smem_u32(base);  // full[s] at + 8 s, empty[s] at + 8 (STAGES + s)
@@ -425,7 +439,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int bx = blockIdx.x, by = blockIdx.y;                        // the tile
   const int splits = gridDim.z, rank_k = blockIdx.z;                 // this CTA's K rank
   const uint32_t cluster_rank = static_cast<uint32_t>(rank_k % KP);  // the cluster is the K pair (KP = 2) or one CTA
-  const int n_block = by * kWsBN, m_block = bx * kWsBM;
+  const int n_block = by * BN, m_block = bx * kWsBM;
   const int kt_total = K / kWgBK;
   const int kt_begin = static_cast<int>((static_cast<long long>(kt_total) * rank_k) / splits);
   const int kt_end = static_cast<int>((static_cast<long long>(kt_total) * (rank_k + 1)) / splits);
@@ -502,7 +516,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if (kTrace && trace && t == 0 && tid == 0) trace[1] = global_ns();
     __syncwarp();  // the wgmma instructions below are .sync.aligned: the warp must be converged
     // after this, tile t - 1's products are done: its slot goes back to the issuer(s)
-    ktile_mma<kWsBN, kWsABytes>(acc0, acc1, stages + s * kWsStageBytes, wg);
+    ktile_mma<BN, kWsABytes>(acc0, acc1, stages + s * kWsStageBytes, wg);
     if (t > 0) {
       const int sp = (t - 1) % STAGES;
       release(sp);
@@ -529,7 +543,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   const int row0 = wg * 64 + warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
   if (splits == 1) {
-    store_combined<kWsBN>(out, acc0, acc1, s1, M, N, m_block, n_block, row0, col0);
+    store_combined<BN>(out, acc0, acc1, s1, M, N, m_block, n_block, row0, col0);
     if (hang) mbar_hang_report(hang);  // here the accumulators are dead: no call inside the wgmma pipeline
     if (kTrace && trace && tid == 0) trace[3] = trace[4] = global_ns();
     return;
@@ -537,10 +551,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   if constexpr (KP == 2) {
     __syncthreads();  // both warpgroups are past their last wgmma: the stage buffers can take the partial tile
-    constexpr int LDR = kWsBN + 4, C4 = kWsBN / 4, H4 = 64 * C4 / kWsThreads;  // H4 = 12 float4 per thread
+    constexpr int LDR = BN + 4, C4 = BN / 4, H4 = 64 * C4 / kWsThreads;  // H4 float4 per thread: 12 (BN 192), 8
     static_assert(64 * C4 % kWsThreads == 0, "a 64-row half splits evenly over the threads");
     float* red = reinterpret_cast<float*>(stages);
-    partial_to_smem<kWsBN>(red, acc0, acc1, s1, row0, col0);
+    partial_to_smem<BN>(red, acc0, acc1, s1, row0, col0);
     if (hang) mbar_hang_report(hang);
     cg::cluster_group cluster = cg::this_cluster();
     cluster_sync_all();  // both partials of the K pair are complete
@@ -582,7 +596,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       trace[6] = store;
     }
     if (groups > 1) {
-      // Workspace: [tile][half][group] slots of 64 x 192 fp32, float4 i of thread tid at [i * kWsThreads + tid].
+      // Workspace: [tile][half][group] slots of 64 x BN fp32, float4 i of thread tid at [i * kWsThreads + tid].
       float4* slot0 =
           reinterpret_cast<float4*>(partials) + (static_cast<size_t>(tile) * 2 + kp) * groups * H4 * kWsThreads;
       if (!store) {
@@ -621,25 +635,25 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const int tile = by * gridDim.x + bx;
     switch (splits) {  // the loop trip counts below are compile-time per split count: the sums stay in registers
       case 2:
-        rs_reduce<2>(acc0, acc1, s1, stages, partials, out, M, N, tile, rank_k, m_block, n_block, trace);
+        rs_reduce<BN, 2>(acc0, acc1, s1, stages, partials, out, M, N, tile, rank_k, m_block, n_block, trace);
         break;
       case 4:
-        rs_reduce<4>(acc0, acc1, s1, stages, partials, out, M, N, tile, rank_k, m_block, n_block, trace);
+        rs_reduce<BN, 4>(acc0, acc1, s1, stages, partials, out, M, N, tile, rank_k, m_block, n_block, trace);
         break;
       default:
-        rs_reduce<8>(acc0, acc1, s1, stages, partials, out, M, N, tile, rank_k, m_block, n_block, trace);
+        rs_reduce<BN, 8>(acc0, acc1, s1, stages, partials, out, M, N, tile, rank_k, m_block, n_block, trace);
         break;
     }
     if (kTrace && trace && tid == 0) trace[4] = global_ns();
     return;
   } else {
     // Fragment layout: float2 number p = 2 j + h of thread tid sits at [p * kWsThreads + tid] of the rank's slot.
-    constexpr int P = kWsBN / 4;  // float2 per thread
+    constexpr int P = BN / 4;  // float2 per thread
     const int tile = by * gridDim.x + bx;
     float2* slot0 = reinterpret_cast<float2*>(partials) + static_cast<size_t>(tile) * splits * P * kWsThreads;
     float2* mine = slot0 + static_cast<size_t>(rank_k) * P * kWsThreads;
 #pragma unroll
-    for (int j = 0; j < kWsBN / 8; ++j)
+    for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int e = 4 * j + 2 * h;
@@ -660,9 +674,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if (!last) return;
     __threadfence();  // acquire side: the other ranks' partials (read through L2 with ld.cg below)
     // Sum the S slots in rank order (this rank's own slot re-read from L2 too, so the order and the bits do not
-    // depend on which rank arrived last). A slot's 48 float2 per thread are loaded together into acc1 (dead after
+    // depend on which rank arrived last). A slot's BN / 4 float2 per thread are loaded together into acc1 (dead after
     // the combine above): one L2 round trip per slot (looping q inside each element would cost a round trip per
-    // element, 48 x (S - 1) of them).
+    // element, BN / 4 x (S - 1) of them).
     for (int q = 0; q < splits; ++q) {
       const float2* src = slot0 + static_cast<size_t>(q) * P * kWsThreads + tid;
 #pragma unroll
@@ -675,7 +689,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       for (int e = 0; e < R; ++e) acc0[e] = q ? acc0[e] + acc1[e] : acc1[e];
     }
 #pragma unroll
-    for (int j = 0; j < kWsBN / 8; ++j)
+    for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int e = 4 * j + 2 * h, row = m_block + row0 + 8 * h;
@@ -706,7 +720,7 @@ cudaError_t encode_bf16_map(TmaMap* map, const void* ptr, int rows, int K, int b
   return hp::tma::encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, ptr, dims, strides, box);
 }
 
-template <int STAGES, int KP, int RS>
+template <int BN, int STAGES, int KP, int RS>
 cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __nv_bfloat16* w1, float* out, int M,
                       int N, int K, float s1, int splits, void* workspace, size_t workspace_bytes,
                       cudaStream_t stream) {
@@ -715,10 +729,10 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
   float* partials = nullptr;
   int* counters = nullptr;
   if (splits / KP > 1) {
-    if (!workspace || workspace_bytes < ws_gred_workspace_bytes(M, N, splits, KP, RS) ||
+    if (!workspace || workspace_bytes < ws_gred_workspace_bytes(M, N, BN, splits, KP, RS) ||
         reinterpret_cast<uintptr_t>(workspace) % 256)
       return cudaErrorInvalidValue;
-    const int ncounters = ws_gred_counters(M, N, KP, RS);
+    const int ncounters = ws_gred_counters(M, N, BN, KP, RS);
     counters = static_cast<int*>(workspace);
     partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + ws_gred_counter_bytes(ncounters));
     // Zeroed before every launch (a memset node in a graph): a zeroing kernel overlapped with the GEMM through PDL
@@ -732,12 +746,12 @@ cudaError_t launch_ws(const __nv_bfloat16* x, const __nv_bfloat16* w0, const __n
   // them, so a captured graph keeps the ones of its capture, like the raw pointers of the other variants.
   TmaMap mx, mw0, mw1;
   cudaError_t e = encode_bf16_map(&mx, x, M, K, kWsBM);
-  if (e == cudaSuccess) e = encode_bf16_map(&mw0, w0, N, K, kWsBN);
-  if (e == cudaSuccess) e = encode_bf16_map(&mw1, w1, N, K, kWsBN);
+  if (e == cudaSuccess) e = encode_bf16_map(&mw0, w0, N, K, BN);
+  if (e == cudaSuccess) e = encode_bf16_map(&mw1, w1, N, K, BN);
   if (e != cudaSuccess) return e;
-  constexpr int smem = ws_smem_bytes<STAGES>();
-  auto kernel = router_wgmma_ws_kernel<STAGES, KP, RS>;
-  const dim3 grid((M + kWsBM - 1) / kWsBM, N / kWsBN, splits);
+  constexpr int smem = ws_smem_bytes<BN, STAGES>();
+  auto kernel = router_wgmma_ws_kernel<BN, STAGES, KP, RS>;
+  const dim3 grid((M + kWsBM - 1) / kWsBM, N / BN, splits);
   hp::LaunchOptions opt;
   if (RS == 1) {
     // Every CTA waits for the other ranks of its tile: the whole grid must be resident at once. A cooperative
@@ -777,7 +791,8 @@ namespace hp_router {
 
 size_t router_wgmma_workspace_bytes(int variant, int M, int N, int splits) {
   return global_splitk(variant) && splits > 1 && M > 0 && N > 0
-             ? ws_gred_workspace_bytes(M, N, splits, pair_splitk(variant) ? 2 : 1, reduce_scatter(variant) ? 1 : 0)
+             ? ws_gred_workspace_bytes(M, N, info(variant).bn, splits, pair_splitk(variant) ? 2 : 1,
+                                       reduce_scatter(variant) ? 1 : 0)
              : 0;
 }
 
@@ -789,10 +804,10 @@ size_t router_wgmma_workspace_bytes(int variant, int M, int N, int splits) {
   case k##Ident:                                                                     \
     static_assert(bm == 64 * WGS && bk == kWgBK, "router_variants.cuh: wgmma tile"); \
     return launch_wg<WGS, bn, STAGES>(x, w0, w1, out, M, N, K, s1, splits, stream);
-#define HP_ROUTER_WG_kWsFamily(Ident, bm, bn, bk, STAGES, KP, RS)                                               \
-  case k##Ident:                                                                                                \
-    static_assert(bm == kWsBM && bn == kWsBN && bk == kWgBK, "router_variants.cuh: the TMA kernel's one tile"); \
-    return launch_ws<STAGES, KP, RS>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
+#define HP_ROUTER_WG_kWsFamily(Ident, bm, bn, bk, STAGES, KP, RS)                            \
+  case k##Ident:                                                                             \
+    static_assert(bm == kWsBM && bk == kWgBK, "router_variants.cuh: the TMA kernel's tile"); \
+    return launch_ws<bn, STAGES, KP, RS>(x, w0, w1, out, M, N, K, s1, splits, workspace, workspace_bytes, stream);
 #define HP_ROUTER_WG_(Ident, name, family, bm, bn, bk, parts, splitk, ...) \
   HP_ROUTER_WG_##family(Ident, bm, bn, bk, __VA_ARGS__)
 

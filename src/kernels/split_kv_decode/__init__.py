@@ -66,16 +66,19 @@ MAX_Q_LEN = 4
 MODES = ("dynamic", "static_count", "static_chunk", "batch_invariant")
 _MODE_CODE = {"dynamic": 0, "static_count": 1, "static_chunk": 2, "batch_invariant": 2}
 DEFAULT_CHUNK_TILES = 16  # static_chunk / batch_invariant chunk: 1024 tokens
-VARIANTS = ("v2", "v3", "v3s3c3", "v3s5", "v3s2c4", "v3m", "v3b", "v3bs3", "v3bc3")
+VARIANTS = ("v2", "v3", "v3s3c3", "v3s5", "v3s2c4", "v3m", "v3b", "v3bs3", "v3bc3", "v3mv")
 # variant -> config id of hp_decode_attention (attention.cu kNumConfigs): 0 the row layout, 1..4 the transposed
 # layout with {stages, CTAs per SM} 4/2, 3/3, 5/2, 2/4; 5 the MTP configuration (transposed, one row group of up to
 # 32 rows per pass over the KV: 8:1 GQA at q_len 2-4 reads each K/V tile once; the 32-row kernel at 2 stages, 2 CTAs
 # per SM); 6..8 the transposed layout for BF16 KV with {stages, CTAs per SM} 2/2, 3/2, 2/3 (the last two keep their merge
-# buffer in the stage just computed, which is what makes them fit: attention.cu Traits::MERGE_IN_STAGE).
-CONFIGS = {"v2": 0, "v3": 1, "v3s3c3": 2, "v3s5": 3, "v3s2c4": 4, "v3m": 5, "v3b": 6, "v3bs3": 7, "v3bc3": 8}
+# buffer in the stage just computed, which is what makes them fit: attention.cu Traits::MERGE_IN_STAGE); 9 "v3mv", a
+# candidate that auto does not pick: v3m with its 17-32-row groups on an 8-warp CTA (4 row-warps of 8 rows x 2
+# token-slice warps) that converts each V tile once into shared memory for all row-warps (3 stages, 2 CTAs per SM).
+CONFIGS = {"v2": 0, "v3": 1, "v3s3c3": 2, "v3s5": 3, "v3s2c4": 4, "v3m": 5, "v3b": 6, "v3bs3": 7, "v3bc3": 8,
+           "v3mv": 9}
 ROW_CONFIGS = {k: v for k, v in CONFIGS.items() if v == 0}  # the row layout (v2)
 V3_CONFIGS = {k: v for k, v in CONFIGS.items() if k not in ROW_CONFIGS}  # the transposed (v3) configurations
-MTP_CONFIGS = ("v3m",)
+MTP_CONFIGS = ("v3m", "v3mv")
 # The configurations whose BF16 kernel is the transposed layout (at most 8 query rows per group; more run the row
 # layout): the fused merge and fuse-all then work for BF16 KV too.
 BF16_TRANSPOSED_CONFIGS = ("v3b", "v3bs3", "v3bc3")

@@ -91,13 +91,22 @@ constexpr int kCtaSmemOverhead = 1024 + 1536;
 // descriptor cache. Where that does not fit CPS CTAs per SM (transposed layout only), the merge buffer lives in
 // the stage just computed instead (MERGE_IN_STAGE, derived, not chosen): one more stage, or one more
 // CTA per SM, for one more barrier per descriptor (the warps must have finished that stage's PV first).
-template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1>
-struct Traits {
+// RW > 1 (FP8 transposed, TraitsVconv): RW row-warps of 8 x NT rows each, TS token-slice warps per row-warp (each
+// slice warp takes the tile's 16-token slices ts and ts + TS), and each V tile converted once per CTA into a
+// shared f16 tile (VCONV) that every row-warp reads without converting. RW = 1, TS = 4: one warp per 16-token slice.
+template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_, int RW_, int TS_>
+struct TraitsBase {
   static constexpr bool FP8 = FP8_;
   static constexpr bool TRANSPOSED = TRANSPOSED_;
   static constexpr int STAGES = STAGES_;
   static constexpr int CPS = CPS_;
   static constexpr int NT = NT_;
+  static constexpr int RW = RW_;
+  static constexpr int TS = TS_;                // token-slice warps per row-warp = states merged per row
+  static constexpr int THREADS = 32 * RW * TS;  // kThreads for RW = 1
+  static constexpr bool VCONV = RW > 1;         // V converted once per tile into shared memory
+  static_assert(RW == 1 ? TS == 4 : (TRANSPOSED && FP8 && NT == 1 && RW == 4 && TS == 2),
+                "row-warps: the FP8 transposed layout, 4 row-warps of 8 rows x 2 token-slice warps");
   static_assert(TRANSPOSED || NT == 1, "the row layout has one m16 tile of query rows");
   static_assert(FP8 || NT == 1, "BF16 transposed: one n-tile of 8 rows (9+ rows run the row layout, m16 then full)");
   static_assert(NT == 1 || NT == 2 || NT == 4, "tr_store splits 128 threads evenly over 8 NT rows");
@@ -105,10 +114,12 @@ struct Traits {
   // across tiles but re-read from shared memory per n-tile (2 x 16 B per tile and n-tile). Q then has to outlive
   // the stage of the descriptor's first tile: it lives in the Q area of stage (descriptor index % STAGES), which
   // the loader (at most STAGES - 1 tiles, so descriptors, ahead) never rewrites while that descriptor computes.
-  static constexpr bool QSMEM = TRANSPOSED && NT > 2;
+  // RW > 1 (8 warps at the 128-register cap of 2 CTAs per SM): the same, for the 32 registers of both token slices' K
+  // fragments in flight.
+  static constexpr bool QSMEM = TRANSPOSED && (NT > 2 || RW > 1);
   static_assert(STAGES >= 2, "the pipeline waits for STAGES - 2 groups");
-  static constexpr int MROWS = TRANSPOSED ? 8 * NT : 16;  // query rows per row group
-  static constexpr int ES = FP8 ? 1 : 2;                  // bytes per element
+  static constexpr int MROWS = TRANSPOSED ? 8 * NT * RW : 16;  // query rows per row group
+  static constexpr int ES = FP8 ? 1 : 2;                       // bytes per element
   // FP8 rows and the transposed layout's BF16 rows are XOR-swizzled (16 B unit u of row t at u ^ (t & 7)); the row
   // layout's BF16 rows are padded by 16 B (its kq_unit map is conflict-free on 17-unit rows).
   static constexpr bool SWZ = FP8 || TRANSPOSED;
@@ -117,16 +128,25 @@ struct Traits {
   static constexpr int KV_BYTES = kTile * ROWB;  // one of K or V
   static constexpr int QROWB = kD * ES;
   static constexpr int STAGE_BYTES = 2 * KV_BYTES + MROWS * QROWB + MROWS * 4;
-  static constexpr int MERGE_BYTES = 4 * MROWS * kD * 4 + 2 * 4 * MROWS * 4;
+  static constexpr int MERGE_BYTES = TS * MROWS * kD * 4 + 2 * TS * MROWS * 4;
   static constexpr int DESC_BYTES = kDescCache * 8 * 4;
+  // VCONV: the converted V tile, f16x2 words {V[2p][d], V[2p + 1][d]} per token pair p and dim d (tr_convert_v)
+  static constexpr int VCONV_BYTES = VCONV ? kTile * kD * 2 : 0;
   static constexpr bool MERGE_IN_STAGE =
-      TRANSPOSED && CPS * (STAGES * STAGE_BYTES + MERGE_BYTES + DESC_BYTES + kCtaSmemOverhead) > kSmemPerSm;
+      TRANSPOSED &&
+      CPS * (STAGES * STAGE_BYTES + MERGE_BYTES + VCONV_BYTES + DESC_BYTES + kCtaSmemOverhead) > kSmemPerSm;
   // The whole stage is free at the descriptor's end: its K/V tile is consumed and, without QSMEM, the Q rows and
   // scales it carried (only for a descriptor starting at that tile) are already in registers.
   static_assert(!MERGE_IN_STAGE || (MERGE_BYTES <= STAGE_BYTES && !QSMEM), "the merge buffer must fit a stage");
-  static constexpr int SMEM = STAGES * STAGE_BYTES + (MERGE_IN_STAGE ? 0 : MERGE_BYTES) + DESC_BYTES;
+  static_assert(!VCONV || !MERGE_IN_STAGE, "VCONV keeps its merge buffer in its own area");
+  static constexpr int SMEM = STAGES * STAGE_BYTES + (MERGE_IN_STAGE ? 0 : MERGE_BYTES) + VCONV_BYTES + DESC_BYTES;
   static_assert(CPS * (SMEM + kCtaSmemOverhead) <= kSmemPerSm, "CPS CTAs of this configuration do not fit an SM");
 };
+template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1>
+struct Traits : TraitsBase<FP8_, TRANSPOSED_, STAGES_, CPS_, NT_, 1, 4> {};
+// "v3mv": 8 warps = 4 row-warps of 8 rows x 2 token-slice warps, one 32-row group, V converted once per tile.
+template <int STAGES, int CPS>
+struct TraitsVconv : TraitsBase<true, true, STAGES, CPS, 1, 4, 2> {};
 
 // The configurations that run. Row layout: FP8 4 stages (XOR-swizzled rows leave room for a 4th), BF16 2 (3 do not
 // fit two CTAs per SM). Transposed: FP8 {stages, CTAs per SM} 4/2 ("v3"), 3/3, 5/2, 2/4; 9..16 rows always
@@ -775,12 +795,12 @@ __device__ __forceinline__ void tr_row_scale_lim(const Params& P, const float* s
   lim = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
 }
 
-// Descriptor start: B fragments of Q (rows 8nt + g), the score scale and causal limit of rows 8nt + 2tig + c, fresh
+// Descriptor start: B fragments of Q (rows rb + 8nt + g), the score scale and causal limit of rows rb + 8nt + 2tig + c, fresh
 // online-softmax state and O^T. QSMEM: no Q fragments, and the scales / limits go to shared memory (the caller).
 // BF16: Q's B fragments are the row's 4 units of load_kq_words (16 words, k16 step ks = words 2ks, 2ks + 1).
 template <class CF>
-__device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg, int g,
-                                                    int tig, float kscale, int kv_cap,
+__device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg, int rb,
+                                                    int g, int tig, float kscale, int kv_cap,
                                                     uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8 * CF::ES],
                                                     float (&o)[CF::NT][8][4], float (&m_)[CF::NT][2],
                                                     float (&l_)[CF::NT][2], float (&sc)[CF::QSMEM ? 1 : CF::NT][2],
@@ -790,7 +810,7 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
   const float* sQs = reinterpret_cast<const float*>(sQ + MROWS * CF::QROWB);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const int row = 8 * nt + g;
+    const int row = rb + 8 * nt + g;  // rb: the row-warp's first row (0 unless RW > 1), a multiple of 8
     if constexpr (!CF::FP8) {
       load_kq_words<CF>(sQ + row * CF::QROWB, tig, row, qb[nt]);
     } else if constexpr (!CF::QSMEM) {
@@ -806,7 +826,7 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       if constexpr (!CF::QSMEM)
-        tr_row_scale_lim<CF>(P, sQs, cdd, rg, 8 * nt + 2 * tig + c, kscale, kv_cap, sc[nt][c], lim_[nt][c]);
+        tr_row_scale_lim<CF>(P, sQs, cdd, rg, rb + 8 * nt + 2 * tig + c, kscale, kv_cap, sc[nt][c], lim_[nt][c]);
       m_[nt][c] = -INFINITY;
       l_[nt][c] = 0.f;
     }
@@ -821,7 +841,7 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
 // BF16: m16n8k16 bf16 MMAs, A = K rows t, t + 8 (16 words each by load_kq_words, the same dim map as Q's).
 template <class CF>
 __device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8 * CF::ES],
-                                      const uint8_t* sQ, int warp, int g, int tig, float (&s)[CF::NT][4]) {
+                                      const uint8_t* sQ, int warp, int g, int tig, float (&s)[CF::NT][4], int rb = 0) {
   constexpr int NT = CF::NT;
   if constexpr (!CF::FP8) {
     const int t = warp * 16 + g;
@@ -860,7 +880,7 @@ __device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
       uint32_t qs[8];
       if constexpr (CF::QSMEM) {
-        const int row = 8 * nt + g;  // row & 7 == g
+        const int row = rb + 8 * nt + g;  // row & 7 == g (rb: the row-warp's first row, a multiple of 8)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ g) * 16));
@@ -940,6 +960,62 @@ __device__ __forceinline__ void tr_softmax_update(float (&s)[CF::NT][4], const f
   }
 }
 
+// VCONV: the online-softmax update of tr_softmax_update over the warp's SPW 16-token slices of the tile at once
+// (tok0[k]: slice k's token g): one running-max step per row and tile (max over 4 x SPW scores, then the 3 shuffles),
+// so the P of every slice is on the same scale when the PV products (after the converted-V barrier) accumulate it.
+template <class CF, int SPW>
+__device__ __forceinline__ void tr_softmax_update_slices(float (&s)[SPW][4], const float* s_sc, const int* s_lim,
+                                                         int rb, int tig, const int (&tok0)[SPW], float (&m_)[1][2],
+                                                         float (&l_)[1][2], float (&o)[1][8][4],
+                                                         uint32_t (&pb)[SPW][1][2]) {
+  static_assert(CF::NT == 1 && CF::QSMEM, "one n-tile of 8 rows per row-warp, scales and limits in shared memory");
+  float alpha[2];
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const float scv = s_sc[rb + 2 * tig + c];
+    const int lim = s_lim[rb + 2 * tig + c];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < SPW; ++k) {
+      float v0 = s[k][c] * scv, v1 = s[k][c + 2] * scv;
+      v0 = tok0[k] < lim ? v0 : -INFINITY;
+      v1 = tok0[k] + 8 < lim ? v1 : -INFINITY;
+      s[k][c] = v0;
+      s[k][c + 2] = v1;
+      mx = fmaxf(mx, fmaxf(v0, v1));
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    const float mnew = fmaxf(m_[0][c], mx);
+    const float muse = (mnew == -INFINITY) ? 0.f : mnew;
+    alpha[c] = exp2f(m_[0][c] - muse);
+    m_[0][c] = mnew;
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < SPW; ++k) {
+      s[k][c] = exp2f(s[k][c] - muse);
+      s[k][c + 2] = exp2f(s[k][c + 2] - muse);
+      sum += s[k][c] + s[k][c + 2];
+    }
+    l_[0][c] = l_[0][c] * alpha[c] + sum;  // per-thread partial sum, reduced at the end
+  }
+  if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      o[0][j][0] *= alpha[0];
+      o[0][j][1] *= alpha[1];
+      o[0][j][2] *= alpha[0];
+      o[0][j][3] *= alpha[1];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < SPW; ++k) {
+    pb[k][0][0] = movmatrix_trans(pack_p<CF::FP8>(s[k][0], s[k][1]));
+    pb[k][0][1] = movmatrix_trans(pack_p<CF::FP8>(s[k][2], s[k][3]));
+  }
+}
+
 // O^T += V^T P^T: A = V^T built in registers from the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9 (dims
 // 16g..16g+15; prmt + exact e4m3 -> f16). BF16: A = V^T of m-tile j (dims 16j..16j+15) by one ldmatrix.x4.trans of
 // the warp's 16 V rows (lane l addresses token (l & 7) + 8 (l >> 4), unit 2j + ((l >> 3) & 1)), so m-tile j holds
@@ -987,12 +1063,60 @@ __device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF
   }
 }
 
+// VCONV: the CTA converts the stage's FP8 V tile once into sVc, the f16x2 words {V[2p][d], V[2p + 1][d]} of token
+// pair p (32 pairs x 128 dims, 512 B per pair): the A-fragment words tr_pv builds in registers, so the row-warps
+// read them without converting. 16 B unit u (dims 4u..4u+3) of pair p lies at u ^ (p & 3): a quarter warp of
+// tr_pv_vconv (g in {2k, 2k + 1}, pairs 8s + tig) then covers 8 distinct bank groups. Thread tid converts unit c
+// (dims 16c..16c+15) of pair p, 2 x 16 B loads, 16 conversions, 4 x 16 B stores, with lane bit 0 -> c & 1 and lane
+// bits 1-2 -> p & 3, so a quarter warp's loads (unit c ^ (2p & 7) of rows 2p, 2p + 1) and stores (bank group
+// 4 (c & 1) + (q ^ (p & 3))) each cover 8 distinct bank groups.
+template <class CF>
+__device__ __forceinline__ void tr_convert_v(const uint8_t* sV, uint32_t* sVc, int tid) {
+  static_assert(CF::THREADS == 256, "one (pair, 16-dim unit) per thread");
+  const int p = (tid >> 1) & 31, c = (tid & 1) | ((tid >> 6) << 1);
+  const int t0 = 2 * p, t1 = t0 + 1;
+  const uint4 a = *reinterpret_cast<const uint4*>(sV + t0 * kD + ((c ^ (t0 & 7)) * 16));
+  const uint4 b = *reinterpret_cast<const uint4*>(sV + t1 * kD + ((c ^ (t1 & 7)) * 16));
+  const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {  // word q: dims 16c + 4q..16c + 4q + 3 -> unit 4c + q
+    const uint32_t lo = __byte_perm(aw[q], bw[q], 0x5140), hi = __byte_perm(aw[q], bw[q], 0x7362);
+    const uint4 u =
+        make_uint4(e4m3x2_to_f16x2(lo), e4m3x2_hi_to_f16x2(lo), e4m3x2_to_f16x2(hi), e4m3x2_hi_to_f16x2(hi));
+    *reinterpret_cast<uint4*>(sVc + p * kD + (((4 * c + q) ^ (p & 3)) * 4)) = u;
+  }
+}
+
+// VCONV: O^T += V^T P^T for the 16-token slice `slice`, A read from the converted tile (tr_convert_v): m-tile j's
+// words are {pair 8 slice + tig, + 4} x {dim 16g + j, 16g + 8 + j}, the map tr_pv builds from FP8 (so tr_stage_merge
+// stores both the same way), 8 x 16 B loads and no conversion.
+template <class CF>
+__device__ __forceinline__ void tr_pv_vconv(const uint32_t* sVc, const uint32_t (&pb)[CF::NT][2], int slice, int g,
+                                            int tig, float (&o)[CF::NT][8][4]) {
+  constexpr int NT = CF::NT;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // m-tiles 4h..4h+3: 4 x 16 B loads live at a time (the 128-register cap)
+    uint32_t w[4][4];  // A register k (0: tokens 2tig, +1 / dim 16g + j; 1: dim 16g + 8 + j; 2, 3: tokens + 8)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int p = 8 * slice + tig + 4 * (k >> 1);
+      put_words(w[k], *reinterpret_cast<const uint4*>(sVc + p * kD + (((4 * g + 2 * (k & 1) + h) ^ (p & 3)) * 4)));
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t a[4] = {w[0][i], w[1][i], w[2][i], w[3][i]};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma16816<true>(o[nt][4 * h + i], a, pb[nt][0], pb[nt][1]);
+    }
+  }
+}
+
 // End of a descriptor, step 1: the warp's running max, row sums (reduced over the lanes of equal tig) and O^T rows,
-// stored by real dim, into the merge buffer.
+// stored by real dim, into the merge buffer (slot `warp`: the warp's token slice, 0..TS-1; rows from rb).
 template <class CF>
 __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], const float (&l_)[CF::NT][2],
                                                const float (&o)[CF::NT][8][4], float* merge_o, float* merge_m,
-                                               float* merge_l, int warp, int g, int tig) {
+                                               float* merge_l, int warp, int rb, int g, int tig) {
   constexpr int NT = CF::NT, MROWS = CF::MROWS;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -1002,7 +1126,7 @@ __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], con
       l += __shfl_xor_sync(0xffffffffu, l, 4);
       l += __shfl_xor_sync(0xffffffffu, l, 8);
       l += __shfl_xor_sync(0xffffffffu, l, 16);
-      const int r = 8 * nt + 2 * tig + c;
+      const int r = rb + 8 * nt + 2 * tig + c;
       if (g == 0) {
         merge_m[warp * MROWS + r] = m_[nt][c];
         merge_l[warp * MROWS + r] = l;
@@ -1028,23 +1152,23 @@ __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], con
     }
 }
 
-// End of a descriptor, step 2 (after a barrier): merge the 4 warps' states per row and store the bf16 output (a
+// End of a descriptor, step 2 (after a barrier): merge the TS warps' states per row and store the bf16 output (a
 // pair with one chunk: nch() == 1) or the normalized fp32 partial and its natural-log LSE.
 template <class CF, class Nch>
 __device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, const float* merge_m,
                                          const float* merge_l, const Desc& cdd, int rg, int tid, float vscale,
                                          Nch nch_of_cd) {
-  constexpr int MROWS = CF::MROWS;
+  constexpr int MROWS = CF::MROWS, TS = CF::TS;
   constexpr int PROWS = MROWS < 16 ? MROWS : 16;  // rows per pass (register budget: see tr_fused_merge)
-  constexpr int TPR = kThreads / PROWS;           // threads per row
+  constexpr int TPR = CF::THREADS / PROWS;        // threads per row
   constexpr int UPT = 32 / TPR;                   // 16 B units per thread: seg + TPR * i
   const int seg = tid % TPR;
   auto one_row = [&](const int row) {
     const int rr = rg * MROWS + row;
     if (rr < P.R) {
-      float mw[4], M = -INFINITY;
+      float mw[TS], M = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
+      for (int w = 0; w < TS; ++w) {
         mw[w] = merge_m[w * MROWS + row];
         M = fmaxf(M, mw[w]);
       }
@@ -1054,7 +1178,7 @@ __device__ __forceinline__ void tr_store(const Params& P, const float* merge_o, 
       float L = 0.f;
       if (M != -INFINITY) {
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
+        for (int w = 0; w < TS; ++w) {
           const float f = exp2f(mw[w] - M);
           L += merge_l[w * MROWS + row] * f;
           const float* mrow = merge_o + (w * MROWS + row) * kD;
@@ -1103,8 +1227,8 @@ __device__ __forceinline__ void tr_fused_merge(const Params& P, const Desc& cdd,
   // At most 16 rows per pass: 4 chunks x 16 B units per thread in flight stay at 64 registers beside the O^T
   // accumulators, which stay live across descriptors (NT = 4 holds 128 of them).
   constexpr int PROWS = MROWS < 16 ? MROWS : 16;
-  constexpr int TPR = kThreads / PROWS;  // threads per row
-  constexpr int UPT = 32 / TPR;          // 16 B units per thread: seg + TPR * i
+  constexpr int TPR = CF::THREADS / PROWS;  // threads per row
+  constexpr int UPT = 32 / TPR;             // 16 B units per thread: seg + TPR * i
   const int seg = tid % TPR;
   // Fused merge: the CTA that writes the last of a pair's 2..fuse_max chunks (for this row group) merges
   // them, so no combine work is left for the pair. Arrival: every writer fences its stores, one atomic per
@@ -1193,11 +1317,17 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   uint8_t* stages = smem;
   // the merge buffer: its own area, or (MERGE_IN_STAGE) the stage whose tile ended the descriptor
   float* merge_own = reinterpret_cast<float*>(smem + STAGES * CF::STAGE_BYTES);
-  float* merge_own_m = merge_own + 4 * MROWS * kD;
-  float* merge_own_l = merge_own_m + 4 * MROWS;
-  int* dcache = reinterpret_cast<int*>(smem + STAGES * CF::STAGE_BYTES + (CF::MERGE_IN_STAGE ? 0 : CF::MERGE_BYTES));
+  float* merge_own_m = merge_own + CF::TS * MROWS * kD;
+  float* merge_own_l = merge_own_m + CF::TS * MROWS;
+  // VCONV: the converted V tile, after the merge buffer
+  uint32_t* sVc = reinterpret_cast<uint32_t*>(smem + STAGES * CF::STAGE_BYTES + CF::MERGE_BYTES);
+  int* dcache = reinterpret_cast<int*>(smem + STAGES * CF::STAGE_BYTES + (CF::MERGE_IN_STAGE ? 0 : CF::MERGE_BYTES) +
+                                       CF::VCONV_BYTES);
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
+  // warp: the warp's token slice (RW > 1: slices warp and warp + TS of each tile); rb: its row-warp's first row
+  const int warp = CF::RW > 1 ? (tid >> 5) % CF::TS : tid >> 5,
+            rb = CF::RW > 1 ? 8 * CF::NT * ((tid >> 5) / CF::TS) : 0;
   const int g = lane >> 2, tig = lane & 3;
   const int rg = blockIdx.y;  // row group of MROWS rows
 
@@ -1220,11 +1350,11 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     d_end = bin_start[blockIdx.x + 1];
     const bool lens_cached = P.batch <= kLenCache;
     if (lens_cached)
-      for (int i = tid; i < P.batch; i += kThreads) s_len[i] = max(P.kv_lens[i], 0);
+      for (int i = tid; i < P.batch; i += CF::THREADS) s_len[i] = max(P.kv_lens[i], 0);
     __syncthreads();
     const int* desc = tm.desc();
     const int* nchunks = tm.num_chunks();
-    for (int i = tid; i < min(d_end - d_begin, kDescCache); i += kThreads) {
+    for (int i = tid; i < min(d_end - d_begin, kDescCache); i += CF::THREADS) {
       int d = d_begin + i;
       const int* dp = desc + kDescInts * d;
       const int4 dd = make_int4(dp[0], dp[1], dp[2], dp[3]);  // 4 B aligned only: four loads
@@ -1248,7 +1378,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     for (int p = blockIdx.x; p < P.batch * P.H; p += gridDim.x) {
       if (nchunks[p] != 0) continue;  // the same for every thread of the CTA
       const int r = p % P.batch, h = p / P.batch;
-      for (int i = tid; i < (r1 - r0) * (kD / 8); i += kThreads) {
+      for (int i = tid; i < (r1 - r0) * (kD / 8); i += CF::THREADS) {
         const int rr = r0 + i / (kD / 8), qi = rr / P.ratio, hl = rr % P.ratio;
         const size_t orow = P.head_row(r, h, qi, hl);
         reinterpret_cast<uint4*>(P.out + orow * kD)[i % (kD / 8)] = make_uint4(0u, 0u, 0u, 0u);
@@ -1285,7 +1415,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   constexpr int RC = kD * CF::ES / 16;  // 16 B units per K / V / Q row (FP8 8, BF16 16)
   constexpr int RC_SHIFT = RC == 8 ? 3 : 4;
   static_assert(RC == 1 << RC_SHIFT, "shift / mask addressing of a row's units");
-  constexpr int TPP = kThreads / RC;  // token rows per pass of the CTA
+  constexpr int TPP = CF::THREADS / RC;  // token rows per pass of the CTA
   auto load_tile = [&](int stage, const Desc& d, int tile, bool first, int qd) {
     uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     uint8_t* sV = sK + CF::KV_BYTES;
@@ -1313,7 +1443,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       uint8_t* sQ = CF::QSMEM ? q_area(qd) : sV + CF::KV_BYTES;
       float* sQs = reinterpret_cast<float*>(sQ + MROWS * CF::QROWB);
       constexpr int QPER = MROWS * RC;  // 16 B units
-      for (int c = tid; c < QPER; c += kThreads) {
+      for (int c = tid; c < QPER; c += CF::THREADS) {
         const int row = c >> RC_SHIFT, u = c & (RC - 1);
         const int rr = rg * MROWS + row;
         const bool ok = rr < P.R;
@@ -1357,7 +1487,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     const uint8_t* sQd = CF::QSMEM ? q_area(cd) : sV + CF::KV_BYTES;  // this descriptor's Q rows
 
     if (ct == cdd.tb) {
-      tr_begin_descriptor<CF>(P, sQd - CF::KV_BYTES, cdd, rg, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
+      tr_begin_descriptor<CF>(P, sQd - CF::KV_BYTES, cdd, rg, rb, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
       if constexpr (CF::QSMEM) {  // the previous descriptor's last reads of s_sc / s_lim precede the loop's barrier
         if (tid < MROWS)
           tr_row_scale_lim<CF>(P, reinterpret_cast<const float*>(sQd + MROWS * CF::QROWB), cdd, rg, tid, kscale, kv_cap,
@@ -1366,29 +1496,65 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       }
     }
 
-    // ---- S^T = K Q^T ----
-    float s[NT][4];
-    tr_qk<CF>(sK, qb, sQd, warp, g, tig, s);
+    if constexpr (CF::VCONV) {
+      // V converted once for the CTA (sVc's previous reads precede the loop's barrier), covered by QK and softmax
+      // before the barrier that publishes it. A row-warp whose rows are all past R (R = 17..24 leaves the last one
+      // idle) skips the products (warp-uniform): its fresh state (max -inf, sum 0, O 0) is what the merge reads
+      // for rows no one stores.
+      tr_convert_v<CF>(sV, sVc, tid);
+      const bool live = rg * MROWS + rb < P.R;
+      constexpr int SPW = 4 / CF::TS;  // 16-token slices per warp and tile
+      uint32_t pb[SPW][NT][2];
+      if (live) {
+        float s[SPW][4];
+        int tok0[SPW];
+#pragma unroll
+        for (int k = 0; k < SPW; ++k) {
+          const int slice = warp + CF::TS * k;
+          float sk[NT][4];
+          tr_qk<CF>(sK, qb, sQd, slice, g, tig, sk, rb);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[k][e] = sk[0][e];
+          tok0[k] = ct * kTile + slice * 16 + g;
+        }
+        tr_softmax_update_slices<CF, SPW>(s, s_sc, s_lim, rb, tig, tok0, m_, l_, o, pb);
+      }
+      __syncthreads();
+      if (live) {
+#pragma unroll
+        for (int k = 0; k < SPW; ++k) tr_pv_vconv<CF>(sVc, pb[k], warp + CF::TS * k, g, tig, o);
+      }
+    } else {
+      // ---- S^T = K Q^T ----
+      float s[NT][4];
+      tr_qk<CF>(sK, qb, sQd, warp, g, tig, s);
 
-    // ---- online softmax per row ----
-    uint32_t pb[NT][2];
-    tr_softmax_update<CF>(s, sc, lim_, s_sc, s_lim, tig, ct * kTile + warp * 16 + g, m_, l_, o, pb);
+      // ---- online softmax per row ----
+      uint32_t pb[NT][2];
+      tr_softmax_update<CF>(s, sc, lim_, s_sc, s_lim, tig, ct * kTile + warp * 16 + g, m_, l_, o, pb);
 
-    // ---- O^T += V^T P^T ----
-    tr_pv<CF>(sV, pb, warp, lane, g, tig, o);
+      // ---- O^T += V^T P^T ----
+      tr_pv<CF>(sV, pb, warp, lane, g, tig, o);
+    }
 
     // ---- advance; epilogue at the end of a descriptor ----
     if (++ct >= cdd.te) {
       float *merge_o = merge_own, *merge_m = merge_own_m, *merge_l = merge_own_l;
       if constexpr (CF::MERGE_IN_STAGE) {
         merge_o = reinterpret_cast<float*>(stages + stage * CF::STAGE_BYTES);
-        merge_m = merge_o + 4 * MROWS * kD;
-        merge_l = merge_m + 4 * MROWS;
+        merge_m = merge_o + CF::TS * MROWS * kD;
+        merge_l = merge_m + CF::TS * MROWS;
       }
       // MERGE_IN_STAGE: every warp's PV must be done with this stage's V first; the loader rewrites the stage only
       // after the next iteration's barrier, which follows the merge's last read.
       if constexpr (CF::MERGE_IN_STAGE) __syncthreads();
-      tr_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
+      tr_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, rb, g, tig);
+      if constexpr (CF::VCONV) {
+        // O^T is re-zeroed by the next descriptor's start anyway; zeroing it here ends its live range before the
+        // store and fused-merge epilogues, which otherwise spill beside it at the 128-register cap.
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[0][j][0] = o[0][j][1] = o[0][j][2] = o[0][j][3] = 0.f;
+      }
       __syncthreads();
       auto nch_of_cd = [&]() { return nch_of(cd); };
       tr_store<CF>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale, nch_of_cd);
@@ -1433,7 +1599,7 @@ __device__ void prefetch_start_up(const Params& P) {
 }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads, T::CPS) attention_kernel(const Params P) {
+__global__ void __launch_bounds__(T::THREADS, T::CPS) attention_kernel(const Params P) {
   if (P.early) prefetch_start_up(P);  // before the PDL wait that opens either body
   if constexpr (T::TRANSPOSED)
     attention_transposed<T>(P);
@@ -1701,6 +1867,10 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 //     m16n8k16 MMAs: half the MMAs of the row layout at 8 rows, 32 O^T accumulators instead of 64) with {stages,
 //     CTAs per SM} 2/2, 3/2, 2/3 (the last two with the merge buffer in a stage: see Traits). FP8 KV runs "v3"
 //     (6, 7) or "v3s3c3" (8) under them. BF16 with more than 8 rows per group runs the row layout (its m16 is full).
+//   9 "v3mv" (MTP, a candidate auto does not pick): as "v3m", with its 17-32-row groups on TraitsVconv<3, 2>: 8 warps
+//     = 4 row-warps of 8 rows (NT = 1, Q in registers) x 2 token-slice warps, each V tile converted once per CTA into
+//     a shared f16 tile that all row-warps read (no per-warp conversion), 3 stages, 2 CTAs per SM (so one CTA's
+//     barrier waits are covered by the other's warps). R <= 16 runs v3m's kernels.
 // BF16 KV runs the row layout under every other configuration.
 // spills-ok(TraitsILb1ELb1ELi2ELi4ELi1EE): transposed, 2 stages / 4 CTAs per SM caps the kernel at 128 registers and it spills 4
 // bytes; it is the configuration `auto` picks for batches without a dominant request, and the fastest there as
@@ -1709,18 +1879,25 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 // descriptors, leave ~16 words over the 255-register cap (stack 64 B, after Q, the row scales and the causal limits
 // moved to shared memory and the epilogues to 16-row passes); the alternative, two 16-row groups, reads every K/V
 // tile twice. Measured on the H200, spill included, it is the fastest at q_len 2-4 (docs/ops/split_kv_decode.md).
-constexpr int kNumConfigs = 9;
+// spills-ok(TraitsVconvILi3ELi2EE): "v3mv", 8 warps at 2 CTAs per SM cap it at 128 registers (as v3s2c4's 4 CTAs of
+// 128 threads do); 8 bytes spilled. A candidate that auto does not pick (docs/ops/split_kv_decode.md, "MTP at 32 rows").
+constexpr int kNumConfigs = 10;
 constexpr int kCfgMtp = 5;
+constexpr int kCfgMtpVconv = 9;
 using MtpNt4 = Transposed<2, 2, 4>;
+using MtpVconv = TraitsVconv<3, 2>;
 using TrBf16 = TransposedBf16<2, 2>;
 using TrBf16s3 = TransposedBf16<3, 2>;
 using TrBf16c3 = TransposedBf16<2, 3>;
-constexpr int kConfigCps[kNumConfigs] = {RowFp8::CPS,           Transposed<4, 2>::CPS, Transposed<3, 3>::CPS,
-                                         Transposed<5, 2>::CPS, Transposed<2, 4>::CPS, MtpNt4::CPS,
-                                         TrBf16::CPS,           TrBf16s3::CPS,         TrBf16c3::CPS};
+constexpr int kConfigCps[kNumConfigs] = {
+    RowFp8::CPS, Transposed<4, 2>::CPS, Transposed<3, 3>::CPS, Transposed<5, 2>::CPS, Transposed<2, 4>::CPS,
+    MtpNt4::CPS, TrBf16::CPS,           TrBf16s3::CPS,         TrBf16c3::CPS,         MtpVconv::CPS};
 static_assert(RowFp8::CPS == RowBf16::CPS, "the row layout sizes its grid the same for both dtypes");
 static_assert(Transposed<4, 2>::CPS == MtpNt4::CPS && Transposed<4, 2, 2>::CPS == MtpNt4::CPS,
               "v3m's grid (2 per SM) fits every kernel it runs (R <= 8, 9-16, 17-64)");
+static_assert(MtpVconv::CPS == MtpNt4::CPS && MtpVconv::MROWS == MtpNt4::MROWS && MtpVconv::THREADS == 256 &&
+                  !MtpVconv::MERGE_IN_STAGE,
+              "v3mv: v3m's grid and 32-row groups, 8 warps, 3 stages beside its own merge and converted-V buffers");
 static_assert(TrBf16::CPS == Transposed<4, 2>::CPS && TrBf16s3::CPS == Transposed<4, 2>::CPS &&
                   TrBf16c3::CPS == Transposed<3, 3>::CPS,
               "a BF16 configuration's FP8 kernel is sized for the same grid");
@@ -1743,7 +1920,7 @@ template <class T>
 int launch_attention(const dim3 grid, bool pdl, cudaStream_t stream, const Params& P) {
   hp::LaunchOptions opt;
   opt.pdl = pdl;
-  return (int)hp::launch(attention_kernel<T>, grid, dim3(kThreads), T::SMEM, stream, opt, P);
+  return (int)hp::launch(attention_kernel<T>, grid, dim3(T::THREADS), T::SMEM, stream, opt, P);
 }
 
 bool valid_shape(int batch, int H, int q_heads, int q_len) {
@@ -1849,11 +2026,13 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
         return launch_attention<TrBf16>(grid, pdl, s, P);
     }
   }
-  const bool mtp = config == kCfgMtp;
+  const bool mtp = config == kCfgMtp || config == kCfgMtpVconv;
   const int NT = P.R <= 8 ? 1 : (P.R <= 16 || !mtp) ? 2 : 4;  // MTP configs: one pass over the KV up to 32 rows
   const int G = (P.R + 8 * NT - 1) / (8 * NT);
   const dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
-  if (NT == 4) return launch_attention<MtpNt4>(grid, pdl, s, P);
+  if (NT == 4)
+    return config == kCfgMtpVconv ? launch_attention<MtpVconv>(grid, pdl, s, P)
+                                  : launch_attention<MtpNt4>(grid, pdl, s, P);
   if (NT == 2) return launch_attention<Transposed<4, 2, 2>>(grid, pdl, s, P);
   switch (config) {
     case 2:
