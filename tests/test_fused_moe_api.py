@@ -154,7 +154,7 @@ def test_choose_block_m_wgmma_tiles():
         moe.choose_block_m(64, 8, "auto")
 
 
-@pytest.mark.parametrize("gemm,base", [("wgmma_ws", "wgmma"), ("mma_tma", "mma"), ("wgmma_ws64", "wgmma")])
+@pytest.mark.parametrize("gemm,base", [("wgmma_ws", "wgmma"), ("mma_tma", "mma")])
 def test_new_gemm_paths_share_their_family_tiles(gemm, base):
     """The warp-specialized / TMA-fed kernels take the tiles of the kernel family they vary."""
     for pairs in (4 * 8, 64 * 8, 256 * 8, 1024 * 8, 4096 * 8):
@@ -189,29 +189,16 @@ def test_resolve_gemm_auto_env_and_explicit(monkeypatch):
     (dict(gemm="wgmma", block_m=8), r"block_m: expected one of \(16, 32, 64, 128\) for gemm='wgmma'"),
     (dict(gemm="wgmma_ws", block_m=8), r"block_m: expected one of \(16, 32, 64, 128\) for gemm='wgmma_ws'"),
     (dict(gemm="mma_tma", block_m=128), r"block_m: expected one of \(8, 16, 32, 64\) for gemm='mma_tma'"),
-    (dict(gemm="wgmma_ws64", block_m=8), r"block_m: expected one of \(16, 32, 64, 128\) for gemm='wgmma_ws64'"),
 ])
 def test_plan_rejects_bad_gemm_choice(kwargs, match):
     with pytest.raises(ValueError, match=match):
         moe.plan(_ids(), num_experts=8, **kwargs)
 
 
-@pytest.mark.parametrize("gemm", ["wgmma", "wgmma_ws", "wgmma_ws64"])
+@pytest.mark.parametrize("gemm", ["wgmma", "wgmma_ws"])
 def test_wgmma_plan_never_splits_k(gemm):
     p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, 16), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2, 16, gemm)
     assert p.split_factors(128, 64) == (1, 1)
-
-
-def test_ws64_is_selectable_only(monkeypatch):
-    """wgmma_ws64 is a forced path (A/B against wgmma_ws): auto never picks it, at any batch or tile, and its gate-up
-    and down entry points are the ones run() looks up."""
-    monkeypatch.delenv(moe.GEMM_ENV, raising=False)
-    for pairs, e in ((1 * 8, 192), (4 * 8, 192), (16 * 8, 192), (256 * 8, 192), (4096 * 8, 192), (64 * 8, 24)):
-        for bm in (None, 16, 32, 64, 128):
-            assert moe.resolve_gemm("auto", pairs, e, block_m=bm) != "wgmma_ws64"
-    monkeypatch.setenv(moe.GEMM_ENV, "wgmma_ws64")
-    assert moe.resolve_gemm(None, 4 * 8, 192) == "wgmma_ws64"  # the environment can force it, like every path
-    assert moe._GEMM_SUFFIX["wgmma_ws64"] == "_ws64"
 
 
 def test_resolve_route_auto_env_and_explicit(monkeypatch):

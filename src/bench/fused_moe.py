@@ -16,11 +16,11 @@ import sys
 
 OP = "fused_moe"
 IMPLS = ("fused", "hpc_ops", "torch_grouped_mm_bf16", "torch_scaled_grouped_mm_fp8", "triton_fused_moe",
-         "flashinfer_cutlass", "fused_mma", "fused_wgmma", "fused_wgmma_ws", "fused_mma_tma", "fused_wgmma_ws64")
+         "flashinfer_cutlass", "fused_mma", "fused_wgmma", "fused_wgmma_ws", "fused_mma_tma")
 # our kernel under each GEMM path: "fused" lets the plan choose (gemm=None: $HOTPATHS_MOE_GEMM or auto); the others
 # force one path on the same inputs, so one run A/Bs them (checked like "fused": vs exact and vs emulation)
 FUSED_GEMM = {"fused": None, "fused_mma": "mma", "fused_wgmma": "wgmma", "fused_wgmma_ws": "wgmma_ws",
-              "fused_mma_tma": "mma_tma", "fused_wgmma_ws64": "wgmma_ws64"}
+              "fused_mma_tma": "mma_tma"}
 DEFAULT_IMPLS = "fused,hpc_ops,triton_fused_moe,torch_grouped_mm_bf16"
 STAGES = ("route", "gate_up", "down", "reduce", "all", "all_no_pdl")
 # published H20 column of data/reported/moe_hy3_*_h20.csv per impl ("fused" is the published HPC-Ops design)

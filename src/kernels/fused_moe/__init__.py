@@ -23,10 +23,7 @@ producer warp feeding the weights by TMA and the token rows by cp.async through 
 warpgroups; same tiles as wgmma). ``plan(gemm="auto")`` picks mma or wgmma by the average rows per expert
 (``resolve_gemm``); ``$HOTPATHS_MOE_GEMM`` (any name of ``GEMMS``) is the default when ``gemm`` is not given, so one
 process can be switched without code changes. ``"mma_tma"`` is the mma.sync GEMM fed the same way (TMA weight boxes
-through a deep mbarrier ring that runs across work units; the decode sizes). ``"wgmma_ws64"`` (selectable only, never
-chosen by auto) is wgmma_ws with a gate-up of 64-row items (32 gate + 32 up rows, whole K) run by two independent
-producer + consumer workers per CTA, so the decode batches' items fill the grid's rounds better; its down GEMM is
-wgmma_ws's.
+through a deep mbarrier ring that runs across work units; the decode sizes).
 
 Route paths, one plan (``MoEPlan.route``, fixed at plan time from max_pairs so a captured graph replays the same
 launches at any live token count): ``"one"`` (route.cu's one-CTA kernel: a few us at decode sizes) and ``"multi"``
@@ -52,11 +49,10 @@ from hotpaths.reference.fused_moe import PlanSize
 OP = "fused_moe"
 BLOCK_MS = (8, 16, 32, 64)   # pairs per tile the mma.sync kernels are instantiated for
 WGMMA_BLOCK_MS = (16, 32, 64, 128)  # pairs per tile the wgmma kernels are instantiated for
-GEMMS = ("auto", "mma", "wgmma", "wgmma_ws", "mma_tma", "wgmma_ws64")
+GEMMS = ("auto", "mma", "wgmma", "wgmma_ws", "mma_tma")
 MMA_GEMMS = ("mma", "mma_tma")       # the paths with mma.sync tiles (BLOCK_MS) and split-K
-WGMMA_GEMMS = ("wgmma", "wgmma_ws", "wgmma_ws64")  # the paths with warpgroup-MMA tiles (WGMMA_BLOCK_MS)
-# C entry points per path; wgmma_ws64's down GEMM is wgmma_ws's kernel (only its gate-up differs: 64-row items)
-_GEMM_SUFFIX = {"mma": "", "mma_tma": "_tma", "wgmma": "_wg", "wgmma_ws": "_ws", "wgmma_ws64": "_ws64"}
+WGMMA_GEMMS = ("wgmma", "wgmma_ws")  # the paths with warpgroup-MMA tiles (WGMMA_BLOCK_MS)
+_GEMM_SUFFIX = {"mma": "", "mma_tma": "_tma", "wgmma": "_wg", "wgmma_ws": "_ws"}  # C entry points per path
 GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
 # "auto" takes the warp-specialized TMA-fed wgmma kernel (wgmma_ws) below this many routed pairs per local expert
 # (max_pairs / E: with expert parallelism only ~1/EP of the pairs land on the rank, so this counts the plan's
@@ -282,7 +278,7 @@ class MoEPlan(PlanSize):
     max_tokens: int
     topk: int
     block_m: int
-    gemm: str = "mma"  # GEMM path (GEMMS): mma / mma_tma (expert_gemm.cu), wgmma / wgmma_ws[64] (expert_wgmma.cu)
+    gemm: str = "mma"  # GEMM path (GEMMS): mma / mma_tma (expert_gemm.cu), wgmma / wgmma_ws (expert_wgmma.cu)
     route: str = "one"  # route path (ROUTES less auto): one (one CTA), multi (histograms, then placement)
     _bufs: dict = field(default_factory=dict, repr=False)
 
@@ -417,9 +413,8 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
     Shape/Dtype: topk_ids int32 [T, K], contiguous, CUDA; global expert ids, -1 or any id outside
     [expert_offset, expert_offset + num_experts) is skipped here. num_experts: local experts E (1..512).
     max_tokens: the largest T ``update`` will see (default T). block_m: pairs per tile (mma, mma_tma: 8, 16, 32, 64;
-    wgmma, wgmma_ws, wgmma_ws64: 16, 32, 64, 128; default from the average rows per expert). gemm: a name of
-    ``GEMMS`` (None: ``$HOTPATHS_MOE_GEMM``, else "auto"; ``resolve_gemm``), kept in the plan and used by every
-    ``run`` on it.
+    wgmma, wgmma_ws: 16, 32, 64, 128; default from the average rows per expert). gemm: a name of ``GEMMS`` (None:
+    ``$HOTPATHS_MOE_GEMM``, else "auto"; ``resolve_gemm``), kept in the plan and used by every ``run`` on it.
     route: a name of ``ROUTES`` (None: ``$HOTPATHS_MOE_ROUTE``, else "auto"; ``resolve_route``), fixed per plan.
     Raises TypeError / ValueError on bad input, ResourceError if the workspace does not fit, RuntimeError
     without an SM90 GPU.
