@@ -145,9 +145,7 @@ def test_benchmark_rows_fall_back_to_emulations():
 def test_kernel_candidates():
     c = rg.kernel_candidates(16, 192, 4096)
     assert ("decode_n1", 0) in c and ("decode_n2", 0) in c and ("tiled64d", 8) in c and ("tiled128", 1) in c
-    # from M = 65 only the tall decode form (65-128 rows) is left of the decode family
-    assert {v for v, _ in rg.kernel_candidates(65, 192, 4096) if v.startswith("decode")} == \
-        {"decode_m128", "decode_m128c16"} == set(rg.DECODE_TALL_VARIANTS)
+    assert all(not v.startswith("decode") for v, _ in rg.kernel_candidates(65, 192, 4096))
     # big grids are not split further; every split keeps >= 4 k-steps
     assert ("tiled64", 8) not in rg.kernel_candidates(4096, 192, 4096)
     assert all((128 // rg.TILED_TILES[v][2]) // max(s, 1) >= 4 for v, s in rg.kernel_candidates(1, 64, 128)
@@ -158,17 +156,12 @@ def test_kernel_candidates():
 
 
 def test_every_decode_variant_is_a_candidate_only_at_decode_sizes():
-    assert set(rg.DECODE_VARIANTS) | set(rg.DECODE_TALL_VARIANTS) == \
-        {v for v in rg.VARIANTS if v.startswith("decode")} - {"decode"}
-    assert not set(rg.DECODE_VARIANTS) & set(rg.DECODE_TALL_VARIANTS)
+    assert set(rg.DECODE_VARIANTS) == {v for v in rg.VARIANTS if v.startswith("decode")} - {"decode"}
     assert sorted(rg.VARIANTS.values()) == list(range(len(rg.VARIANTS)))  # ids are the list order, no gaps
     for m in (1, 3, 17, 48, 64):
         got = [v for v, s in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
         assert got == list(rg.DECODE_VARIANTS), m
-    for m in (65, 100, 128):
-        got = [(v, s) for v, s in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
-        assert got == [(v, 0) for v in rg.DECODE_TALL_VARIANTS], m
-    for m in (129, 2048):
+    for m in (65, 2048):
         assert not [v for v, _ in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
 
 
@@ -184,10 +177,8 @@ def test_candidates_at_every_target_shape(n):
         for m in (1, 16, 64):
             assert [v for v, _ in rg.kernel_candidates(m, n, k) if v.startswith("decode")] == \
                 list(rg.DECODE_VARIANTS), (m, n, k)
-        for m in (100, 128, 1024):
+        for m in (128, 1024):
             want = {v for v, (_, bn, bk) in tiles.items() if n % bn == 0 and k % bk == 0}
-            if m <= 128:  # the tall decode form runs every N (instantiated per m16 / n8 tiles, not per N)
-                want |= set(rg.DECODE_TALL_VARIANTS)
             assert {v for v, _ in rg.kernel_candidates(m, n, k)} == want, (m, n, k)
         ws = {v for v, _ in rg.kernel_candidates(1024, n, k) if v.startswith("ws")}
         assert {v for v in ws if v.startswith("ws128n192")} == ({"ws128n192g", "ws128n192p", "ws128n192r"}
@@ -282,7 +273,7 @@ def test_variant_list_keeps_what_the_dispatch_table_picks():
     baselines = {"auto", "decode", "decode_n1", "decode_n2", "tiled64", "tiled128", "wg128n96"}
     # added as first-use candidates for the N that BN = 192 does not divide, before any H200 measurement: after the
     # first sweep that times them, each is picked by a table (or the sweep's first-use cache) or removed
-    awaiting_measurement = {"ws128n128g", "ws128n128p", "ws128n128r", "decode_m128", "decode_m128c16"}
+    awaiting_measurement = {"ws128n128g", "ws128n128p", "ws128n128r"}
     assert awaiting_measurement <= listed and not awaiting_measurement & picked, awaiting_measurement & picked
     assert listed <= picked | baselines | awaiting_measurement, listed - picked - baselines - awaiting_measurement
 
@@ -296,19 +287,6 @@ def test_decode_configs_host_side():
             assert rg.kernel_config(m, 192, 4096, variant=v) == {"variant": v, "splits": cs, "mt": mt, "nt": nt}
         with pytest.raises(ValueError, match="decode needs M <= 64"):
             rg.kernel_config(65, 192, 4096, variant=v)
-    # the tall form: 5-8 m16 tiles for 65-128 rows (ceil(M / 16)), its cluster size, one n8 tile per warp; refused
-    # outside 65-128 (its MT 1-4 are not built)
-    for v, cs in (("decode_m128", 8), ("decode_m128c16", 16)):
-        for m, mt in ((65, 5), (80, 5), (81, 6), (96, 6), (100, 7), (112, 7), (113, 8), (128, 8)):
-            for n in (128, 256, 768):
-                assert rg.kernel_config(m, n, 4096, variant=v) == {"variant": v, "splits": cs, "mt": mt, "nt": 1}
-        for m in (1, 64, 129, 4096):
-            with pytest.raises(ValueError, match="65 <= M <= 128"):
-                rg.kernel_config(m, 192, 4096, variant=v)
-            assert not rg.decode_runs(v, m)
-        assert rg.decode_runs(v, 65) and rg.decode_runs(v, 128)
-    assert rg.decode_runs("decode_w8", 64) and not rg.decode_runs("decode_w8", 65)
-    assert rg.decode_runs("tiled64", 100) and rg.decode_runs("ws128n128r", 4096)
     for v, nt in (("decode_n1", 1), ("decode_n2", 2)):  # the baseline's kernels, reported as "decode"
         assert rg.kernel_config(48, 192, 4096, variant=v) == {"variant": "decode", "splits": 8, "mt": 3, "nt": nt}
     for v in rg.TILED_TILES:  # every tiled name resolves to itself, with a valid split
@@ -422,11 +400,6 @@ def test_wgmma_configs_host_side():
         code = lib.hp_router_gemm(fake, fake, fake, fake, fake, 300 if "decode" not in v else 3, n, 4096, parts,
                                   1 / 256, 1 / 256, rg.VARIANTS[v], 1 if "decode" not in v else 0, None)
         assert code == 1, (parts, n, v, code)
-    for parts, m, v in ((3, 100, "decode_m128"), (2, 3, "decode_m128"), (2, 64, "decode_m128c16"),
-                        (2, 129, "decode_m128c16")):  # the tall decode form: two parts, 65-128 rows
-        code = lib.hp_router_gemm(fake, fake, fake, fake, fake, m, 192, 4096, parts, 1 / 256, 1 / 256,
-                                  rg.VARIANTS[v], 0, None)
-        assert code == 1, (parts, m, v, code)
 
 
 @needs_nvcc
@@ -502,20 +475,6 @@ def test_tuned_config_bf16x3_skips_two_part_only_variants():
     assert rg.tuned_config(2, 192, 4096, table) == ("decode_c16", 0)
     assert rg.tuned_config(2, 192, 4096, table, parts=3) == ("decode_n2", 0)
     assert rg.tuned_config(32, 192, 4096, table) is None
-
-
-@needs_nvcc
-def test_tuned_config_keeps_the_tall_decode_form_in_its_rows():
-    """A row tuned to the tall decode form (65-128 rows) is used at any M of that range, and gives None (the
-    heuristic) at an M it cannot run that the same row is nearest to; BF16x3 falls back to a three-part candidate."""
-    table = {"shapes": [{"n": 256, "k": 7168, "rows": [
-        {"m": 96, "choice": "bf16x2_kernel", "kernel": {"variant": "decode_m128", "splits": 0},
-         "candidates_us": {"decode_m128/0": 11.0, "tiled64d/8": 16.9, "tiled64/8": 18.0}}]}]}
-    for m in (65, 96, 100, 128):
-        assert rg.tuned_config(m, 256, 7168, table) == ("decode_m128", 0), m
-    for m in (48, 64, 129, 160):
-        assert rg.tuned_config(m, 256, 7168, table) is None, m
-    assert rg.tuned_config(100, 256, 7168, table, parts=3) == ("tiled64", 8)  # tiled64d: two parts only
 
 
 def test_accuracy_gate_of_the_tuner():

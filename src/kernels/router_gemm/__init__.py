@@ -146,10 +146,7 @@ def _views() -> dict:
         "VARIANTS": {v.name: v.id for v in t.values()},
         # the decode variants the tuner times at M <= 64 (each needs M <= 64; "decode" itself picks its n8 tiles by
         # shape, and decode_n1 / decode_n2 time both of its choices)
-        "DECODE_VARIANTS": tuple(v.name for v in t.values() if v.family == "decode" and v.name != "decode"
-                                 and v.tile[0] == 0),
-        # the decode kernel's tall form (tile (128, 0, 0)): 65 <= M <= 128 as 5-8 m16 tiles, timed in that range only
-        "DECODE_TALL_VARIANTS": tuple(v.name for v in t.values() if v.family == "decode" and v.tile[0] == 128),
+        "DECODE_VARIANTS": tuple(v.name for v in t.values() if v.family == "decode" and v.name != "decode"),
         "TILED_TILES": {v.name: v.tile for v in t.values() if v.family == "tiled"},
         # BF16x2 only: never candidates or tuned choices of impl="bf16x3_kernel"
         "WGMMA_TILES": wg,
@@ -163,7 +160,7 @@ def _views() -> dict:
     }
 
 
-_VIEW_NAMES = ("VARIANTS", "DECODE_VARIANTS", "DECODE_TALL_VARIANTS", "TILED_TILES", "WGMMA_TILES", "WGMMA_GLOBAL_SPLITK",
+_VIEW_NAMES = ("VARIANTS", "DECODE_VARIANTS", "TILED_TILES", "WGMMA_TILES", "WGMMA_GLOBAL_SPLITK",
                "WGMMA_PAIR_SPLITK", "WGMMA_REDUCE_SCATTER", "WGMMA_COOPERATIVE", "VARIANT_PARTS")
 
 
@@ -180,18 +177,6 @@ def _variant_id(variant: str) -> int:
     return t[variant].id
 
 
-def decode_runs(variant: str, m: int) -> bool:
-    """Whether variant can run M = m as far as its row range goes: a decode variant M <= 64, its tall form (tile
-    (128, 0, 0): decode_m128*) 65 <= M <= 128; every other variant any M >= 1. Raises ValueError for an unknown
-    variant."""
-    v = variant_table().get(variant)
-    if v is None:
-        raise ValueError(f"variant: unknown {variant!r}; expected one of {list(variant_table())}")
-    if v.family != "decode":
-        return m >= 1
-    return 64 < m <= 128 if v.tile[0] == 128 else 1 <= m <= 64
-
-
 def _tile(variant: str) -> tuple[int, int, int]:
     v = variant_table().get(variant)
     return v.tile if v and v.tile[1] else (0, 64, 0)
@@ -205,8 +190,7 @@ def kernel_config(m: int, n: int, k: int, *, variant: str = "auto", splits: int 
     code = _lib().hp_router_gemm_config(m, n, k, _variant_id(variant), splits, buf)
     if code:
         raise ValueError(f"router GEMM kernel: no configuration for M={m}, N={n}, K={k}, variant={variant!r}, "
-                         f"splits={splits} (N, K multiples of 64; decode needs M <= 64, its tall form "
-                         f"{' / '.join(_views()['DECODE_TALL_VARIANTS'])} 65 <= M <= 128; the tiled variants need N "
+                         f"splits={splits} (N, K multiples of 64; decode needs M <= 64; the tiled variants need N "
                          f"a multiple of their BN, {_tile(variant)[1]}; splits in 0, 1, 2, 4, 8; "
                          f"{' / '.join(_views()['WGMMA_PAIR_SPLITK'] + _views()['WGMMA_REDUCE_SCATTER'])}: "
                          f"splits 0, 2, 4, 8)")
@@ -312,7 +296,7 @@ def _nearest_row(m: int, n: int, k: int, table: dict | None):
 
 def tuned_config(m: int, n: int, k: int, table: dict | None = None, *, parts: int = 2) -> tuple[str, int] | None:
     """The kernel (variant, splits) measured fastest at the M nearest to m (log2) for (N, K), or None (no table,
-    shape not measured, or the tuned variant cannot run this M: decode needs M <= 64, its tall form 65-128).
+    shape not measured, or the tuned variant cannot run this M: decode needs M <= 64).
     parts=3 (BF16x3): when the tuned variant runs two parts only (VARIANT_PARTS), the fastest measured candidate
     of that row that runs three is returned instead (None when the row lists none). A variant this build does not
     have (a table written by another build) gives None."""
@@ -330,11 +314,11 @@ def tuned_config(m: int, n: int, k: int, table: dict | None = None, *, parts: in
     if parts > info[variant].parts:
         cands = [(t, c.split("/")) for c, t in (row.get("candidates_us") or {}).items()]
         cands = [(t, v, int(sp)) for t, (v, sp) in cands
-                 if v in info and info[v].parts >= parts and decode_runs(v, m)]
+                 if v in info and info[v].parts >= parts and not (v.startswith("decode") and m > 64)]
         if not cands:
             return None
         _, variant, splits = min(cands)
-    if not decode_runs(variant, m):
+    if variant.startswith("decode") and m > 64:
         return None
     return variant, splits
 
@@ -672,7 +656,7 @@ def router_gemm(x: torch.Tensor, weights: RouterWeights, *, impl: str = "dispatc
 
 def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tuple[str, int]]:
     """Kernel configurations worth timing at M x (N, K) with the two-part weight (BF16x2): every decode variant
-    (DECODE_VARIANTS, M <= 64; DECODE_TALL_VARIANTS, 65 <= M <= 128) and each tiled variant whose BN divides N, with K splits 1, 2, 4, 8 while the grid
+    (DECODE_VARIANTS, M <= 64) and each tiled variant whose BN divides N, with K splits 1, 2, 4, 8 while the grid
     stays under ~4 CTAs per SM and each split keeps >= 4 k-steps; at M >= WGMMA_MIN_M also each wgmma variant whose
     BN divides N and BK divides K, with splits 1, 2, 4, 8 while the grid stays under ~2 CTAs per SM (they run one
     CTA per SM) and each split keeps >= 4 k-tiles (the K-pair and reduce-scatter variants: splits 2, 4, 8, the
@@ -682,8 +666,6 @@ def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tu
         raise ValueError(f"kernel_candidates: unsupported M={m}, N={n}, K={k} (N, K multiples of 64, M >= 1)")
     views = _views()
     out = [(v, 0) for v in views["DECODE_VARIANTS"]] if m <= 64 else []
-    if 64 < m <= 128:  # the tall decode form: all rows of a CTA share its weight slab's register load
-        out += [(v, 0) for v in views["DECODE_TALL_VARIANTS"]]
     for v, (bm, bn, bk) in views["TILED_TILES"].items():
         if n % bn:
             continue
@@ -708,7 +690,7 @@ def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tu
 
 
 __all__ = ["IMPLS", "RouterWeights", "plan", "router_gemm", "choose_impl", "kernel_config",
-           "decode_runs", "variant_table", "VariantInfo", "load_traced_library",
+           "variant_table", "VariantInfo", "load_traced_library",
            "kernel_candidates", "tuned_config", "dispatch_path", "dispatch_choice", "set_tune_on_first_use",
            "first_use_tuner", "first_use_cache_path",
            "reload_dispatch_table", "EMULATION_OF"]

@@ -6,8 +6,7 @@
 // acc0 + s1 * acc1 (or acc0 + s1 * (acc1 + s2 * acc2)) in fp32 and writes the scores once. Two kernels share that
 // idea (the variants of each are listed in router_variants.cuh):
 //
-// 1. router_decode_kernel (M <= 64, and 65-128 in its tall form (MT = 5-8 m16 tiles: every row of the CTA shares one
-//    register load of its weight slab); memory bound: the weight read is the whole cost). Launch: grid
+// 1. router_decode_kernel (M <= 64, memory bound: the weight read is the whole cost). Launch: grid
 //    (CS, N / (8 * NT * WN)), cluster (CS, 1, 1). Every warp owns an n8 * NT slab of W and a strided set of
 //    32-wide K chunks; the CS CTAs of a cluster split K, so the weight streams from every SM. No shared-memory
 //    staging: a thread loads 16 contiguous bytes of one weight row and of one activation row, and both MMA
@@ -66,7 +65,7 @@ __device__ __forceinline__ float combine(const float (&acc)[PARTS][MI][NT][4], i
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// Decode kernel (M <= 64; the tall variants 65-128): MT = m16 tiles (M <= 16 * MT), NT = n8 tiles per warp. The cluster size CS
+// Decode kernel (M <= 64): MT = m16 tiles (M <= 16 * MT), NT = n8 tiles per warp. The cluster size CS
 // (8 or 16: 16 is a non-portable size, allowed per kernel by an attribute) comes from the launch, so more,
 // smaller CTAs can share the weight read; WARPS warps per CTA as WN n-slabs x KW = WARPS / WN k-phases (WN > 1:
 // a CTA covers 8 * NT * WN experts, so x is re-read by fewer column groups, which matters at M = 48: x is then
@@ -375,8 +374,7 @@ Config choose(int M, int N, int K, int variant, int splits) {
     }
   }
   if (hp_router::is_decode(cfg.variant)) {
-    cfg.mt = M <= 16 ? 1 : M <= 32 ? 2 : M <= 48 ? 3 : 4;                // 48 rows: 3 m16 tiles, not 4
-    if (hp_router::is_tall_decode(cfg.variant)) cfg.mt = (M + 15) / 16;  // 65-128 rows: 5-8
+    cfg.mt = M <= 16 ? 1 : M <= 32 ? 2 : M <= 48 ? 3 : 4;  // 48 rows: 3 m16 tiles, not 4
     switch (cfg.variant) {
       HP_ROUTER_VARIANTS(HP_ROUTER_DECODE_SHAPE_)
       default:
@@ -424,26 +422,11 @@ cudaError_t launch_decode(const Args& a) {
 
 // A decode variant: the m16 tiles (MT) and, for the baseline, the n8 tiles per warp (NT = 0) come from the config.
 // U1: K chunks in flight at MT = 1, 2; U4 at MT = 3, 4 (x fragments for 48 / 64 rows cost 3-4x the registers).
-// TALL (router_variants.cuh bm = 128): MT = 5-8 only (65-128 rows), all with U4; its MT 1-4 are never built.
-template <int PARTS, int CS, int WARPS, int WN, int NT, int U1, int U4, bool TALL>
+template <int PARTS, int CS, int WARPS, int WN, int NT, int U1, int U4>
 cudaError_t run_decode(const Config& cfg, const Args& a) {
   if constexpr (NT == 0) {
-    static_assert(!TALL, "the tall form fixes its n8 tiles");
-    return cfg.nt == 2 ? run_decode<PARTS, CS, WARPS, WN, 2, U1, U4, false>(cfg, a)
-                       : run_decode<PARTS, CS, WARPS, WN, 1, U1, U4, false>(cfg, a);
-  } else if constexpr (TALL) {
-    switch (cfg.mt) {
-      case 5:
-        return launch_decode<5, NT, PARTS, CS, WARPS, WN, U4>(a);
-      case 6:
-        return launch_decode<6, NT, PARTS, CS, WARPS, WN, U4>(a);
-      case 7:
-        return launch_decode<7, NT, PARTS, CS, WARPS, WN, U4>(a);
-      case 8:
-        return launch_decode<8, NT, PARTS, CS, WARPS, WN, U4>(a);
-      default:
-        return cudaErrorInvalidValue;
-    }
+    return cfg.nt == 2 ? run_decode<PARTS, CS, WARPS, WN, 2, U1, U4>(cfg, a)
+                       : run_decode<PARTS, CS, WARPS, WN, 1, U1, U4>(cfg, a);
   } else {
     switch (cfg.mt) {
       case 1:
@@ -472,9 +455,9 @@ cudaError_t run_tiled(const Config& cfg, const Args& a) {
 // The dispatch switch, generated from router_variants.cuh: each mma.sync variant's kernel template arguments.
 #define HP_ROUTER_RUN_kAutoFamily(...)
 // A variant built for fewer parts than PARTS is not instantiated (hp_router_gemm_ex refuses the request first).
-#define HP_ROUTER_RUN_kDecodeFamily(Ident, parts, bm, bn, bk, CS, WARPS, WN, NT, U1, U4)                  \
-  case hp_router::k##Ident:                                                                               \
-    if constexpr (PARTS <= parts) return run_decode<PARTS, CS, WARPS, WN, NT, U1, U4, bm == 128>(cfg, a); \
+#define HP_ROUTER_RUN_kDecodeFamily(Ident, parts, bm, bn, bk, CS, WARPS, WN, NT, U1, U4)       \
+  case hp_router::k##Ident:                                                                    \
+    if constexpr (PARTS <= parts) return run_decode<PARTS, CS, WARPS, WN, NT, U1, U4>(cfg, a); \
     return cudaErrorInvalidValue;
 #define HP_ROUTER_RUN_kTiledFamily(Ident, parts, bm, bn, bk, WARPS_M, STAGES2, STAGES3)                   \
   case hp_router::k##Ident:                                                                               \
@@ -522,7 +505,7 @@ int hp_router_variant_info(int v, int* info_out) {
 int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg_out) {
   if (M < 1 || N < 64 || N % 64 || K < 64 || K % 64 || !hp_router::valid_variant(variant) || splits < 0 || splits > 8)
     return cudaErrorInvalidValue;
-  if (hp_router::is_decode(variant) && !hp_router::decode_runs(variant, M)) return cudaErrorInvalidValue;
+  if (hp_router::is_decode(variant) && M > 64) return cudaErrorInvalidValue;
   if (splits > 0 && (splits & (splits - 1))) return cudaErrorInvalidValue;  // 1, 2, 4, 8: divides BM
   if (variant != hp_router::kAuto && tile_of(variant).bn && N % tile_of(variant).bn) return cudaErrorInvalidValue;
   if (hp_router::wgmma_cluster_size(variant, splits) > 8) return cudaErrorInvalidValue;     // portable cluster size

@@ -13,9 +13,7 @@
 //   family    kAutoFamily (the heuristic), kDecodeFamily (router_decode_kernel, M <= 64), kTiledFamily
 //             (router_tiled_kernel, mma.sync), kWgFamily (router_wgmma_kernel: cp.async + wgmma), kWsFamily
 //             (router_wgmma_ws_kernel: TMA + mbarrier + wgmma, split-K through a global workspace)
-//   bm bn bk  CTA output tile and k-tile (0 for decode, whose tile follows M and the n8 tiles per warp; a decode
-//             entry with bm = 128 is the tall form: it runs 65 <= M <= 128 only, as 5-8 m16 tiles, where the others
-//             run M <= 64 as 1-4)
+//   bm bn bk  CTA output tile and k-tile (0 for decode, whose tile follows M and the n8 tiles per warp)
 //   parts     the most weight parts the variant runs: 3 (BF16x2 and BF16x3) or 2 (BF16x2 only). Three parts
 //             (impl="bf16x3_kernel", an accuracy reference, not in the dispatch table) run on the baselines only:
 //             the table's choices were measured with two parts, and each three-part build doubles a variant's
@@ -26,38 +24,35 @@
 //             the workspace after one grid barrier: a cooperative launch)
 //   ...       the kernel's template arguments, per family:
 //             decode: CS (cluster size), WARPS, WN (n-slabs per CTA), NT (n8 tiles per warp; 0 = by shape, 1 or 2),
-//                     U1 (K chunks in flight per warp at MT = 1, 2), U4 (at MT = 3, 4; the tall form: every MT)
+//                     U1 (K chunks in flight per warp at MT = 1, 2), U4 (at MT = 3, 4)
 //             tiled:  WARPS_M, STAGES (two parts), STAGES (three parts)
 //             wg:     WGS (warpgroups; BM = 64 * WGS), STAGES
 //             ws:     STAGES, KP (K ranks paired in the cluster), RS (1: reduce-scatter, cooperative)
-// decode_m128 / decode_m128c16 (the decode kernel with 5-8 m16 tiles: all 65-128 rows of a CTA share one read
-// of its weight slab, where the tiled kernels take about their M = 256 time) and ws128n128g / p / r (the TMA kernel at BN = 128, for N = 128, 256, 512, which BN = 192 does not divide) are
-// are candidates of the first-use tuner awaiting their first H200 measurement: no dispatch table picks them yet
+// ws128n128g / p / r (the TMA kernel at BN = 128, for N = 128, 256, 512, which BN = 192 does not divide) are
+// candidates of the first-use tuner awaiting their first H200 measurement: no dispatch table picks them yet
 // (tests/test_router_gemm_api.py lists them as such); keep or drop them by what that measurement shows.
 // decode_n1 / decode_n2 are the baseline decode kernel with its n8 tiles per warp forced (the same
 // instantiations as "decode"); the query reports them as "decode".
 #pragma once
 
-#define HP_ROUTER_VARIANTS(X)                                                                    \
-  X(Auto, "auto", kAutoFamily, 0, 0, 0, 3, kSplitCluster, 0)                                     \
-  X(Decode, "decode", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 0, 4, 2)                \
-  X(DecodeN1, "decode_n1", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 1, 4, 2)           \
-  X(DecodeN2, "decode_n2", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 2, 4, 2)           \
-  X(DecC16, "decode_c16", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 16, 4, 1, 1, 2, 2)           \
-  X(DecW8, "decode_w8", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 8, 8, 1, 1, 2, 2)              \
-  X(DecC16W8, "decode_c16w8", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 16, 8, 1, 1, 1, 1)       \
-  X(DecM128, "decode_m128", kDecodeFamily, 128, 0, 0, 2, kSplitCluster, 8, 8, 1, 1, 2, 2)        \
-  X(DecM128C16, "decode_m128c16", kDecodeFamily, 128, 0, 0, 2, kSplitCluster, 16, 8, 1, 1, 1, 1) \
-  X(Tiled64, "tiled64", kTiledFamily, 64, 64, 32, 3, kSplitCluster, 2, 4, 4)                     \
-  X(Tiled128, "tiled128", kTiledFamily, 128, 64, 32, 3, kSplitCluster, 4, 4, 4)                  \
-  X(Tiled64Deep, "tiled64d", kTiledFamily, 64, 64, 64, 2, kSplitCluster, 2, 4, 4)                \
-  X(Wg128n96, "wg128n96", kWgFamily, 128, 96, 64, 2, kSplitCluster, 2, 4)                        \
-  X(Wg128n128, "wg128n128", kWgFamily, 128, 128, 64, 2, kSplitCluster, 2, 4)                     \
-  X(Ws128n192g, "ws128n192g", kWsFamily, 128, 192, 64, 2, kSplitGlobal, 3, 1, 0)                 \
-  X(Ws128n192p, "ws128n192p", kWsFamily, 128, 192, 64, 2, kSplitPair, 3, 2, 0)                   \
-  X(Ws128n192r, "ws128n192r", kWsFamily, 128, 192, 64, 2, kSplitScatter, 3, 1, 1)                \
-  X(Ws128n128g, "ws128n128g", kWsFamily, 128, 128, 64, 2, kSplitGlobal, 4, 1, 0)                 \
-  X(Ws128n128p, "ws128n128p", kWsFamily, 128, 128, 64, 2, kSplitPair, 4, 2, 0)                   \
+#define HP_ROUTER_VARIANTS(X)                                                              \
+  X(Auto, "auto", kAutoFamily, 0, 0, 0, 3, kSplitCluster, 0)                               \
+  X(Decode, "decode", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 0, 4, 2)          \
+  X(DecodeN1, "decode_n1", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 1, 4, 2)     \
+  X(DecodeN2, "decode_n2", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 2, 4, 2)     \
+  X(DecC16, "decode_c16", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 16, 4, 1, 1, 2, 2)     \
+  X(DecW8, "decode_w8", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 8, 8, 1, 1, 2, 2)        \
+  X(DecC16W8, "decode_c16w8", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 16, 8, 1, 1, 1, 1) \
+  X(Tiled64, "tiled64", kTiledFamily, 64, 64, 32, 3, kSplitCluster, 2, 4, 4)               \
+  X(Tiled128, "tiled128", kTiledFamily, 128, 64, 32, 3, kSplitCluster, 4, 4, 4)            \
+  X(Tiled64Deep, "tiled64d", kTiledFamily, 64, 64, 64, 2, kSplitCluster, 2, 4, 4)          \
+  X(Wg128n96, "wg128n96", kWgFamily, 128, 96, 64, 2, kSplitCluster, 2, 4)                  \
+  X(Wg128n128, "wg128n128", kWgFamily, 128, 128, 64, 2, kSplitCluster, 2, 4)               \
+  X(Ws128n192g, "ws128n192g", kWsFamily, 128, 192, 64, 2, kSplitGlobal, 3, 1, 0)           \
+  X(Ws128n192p, "ws128n192p", kWsFamily, 128, 192, 64, 2, kSplitPair, 3, 2, 0)             \
+  X(Ws128n192r, "ws128n192r", kWsFamily, 128, 192, 64, 2, kSplitScatter, 3, 1, 1)          \
+  X(Ws128n128g, "ws128n128g", kWsFamily, 128, 128, 64, 2, kSplitGlobal, 4, 1, 0)           \
+  X(Ws128n128p, "ws128n128p", kWsFamily, 128, 128, 64, 2, kSplitPair, 4, 2, 0)             \
   X(Ws128n128r, "ws128n128r", kWsFamily, 128, 128, 64, 2, kSplitScatter, 4, 1, 1)
 
 namespace hp_router {
@@ -86,13 +81,6 @@ constexpr bool valid_variant(int v) {
 }
 constexpr bool is_decode(int v) {
   return valid_variant(v) && info(v).family == kDecodeFamily;
-}
-// The decode kernel's tall form (bm = 128): 65 <= M <= 128 as 5-8 m16 tiles; the others run M <= 64.
-constexpr bool is_tall_decode(int v) {
-  return is_decode(v) && info(v).bm == 128;
-}
-constexpr bool decode_runs(int v, int M) {
-  return is_tall_decode(v) ? M > 64 && M <= 128 : M <= 64;
 }
 constexpr bool is_wgmma(int v) {
   return valid_variant(v) && (info(v).family == kWgFamily || info(v).family == kWsFamily);
