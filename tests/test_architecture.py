@@ -2,7 +2,8 @@
 points down the layers of docs/adding_an_op.md:
 
     reference.common <- reference.<op> <- kernels.<op> <- bench.<op>
-    harness (generic) <- bench.<op>; harness may use reference.common, kernels._build and kernels.probe only.
+    harness (generic) <- bench.<op>; harness may use reference.common, kernels._build, kernels._timing and
+    kernels.probe only.
 
 Also: every op of hotpaths.bench.OPS with CUDA sources has all the files an op consists of."""
 
@@ -74,14 +75,14 @@ def _violation(src: str, dst: str) -> str | None:
         return "reference.common is the bottom layer"
     if ls == "kernels":
         if ld in ("harness", "bench"):
-            return "kernels import only their reference, reference.common and kernels._build"
-        if ld == "kernels" and nd not in (None, ns, "_build", "common"):
+            return "kernels import only their reference, reference.common, kernels._build and kernels._timing"
+        if ld == "kernels" and nd not in (None, ns, "_build", "_timing", "common"):
             return "an op's kernels do not import another op's kernels"
     if ls == "harness":
         if ld == "bench" and not (src == "hotpaths.harness.cli" and dst == "hotpaths.bench"):
             return "the harness knows no op (the CLI finds bench modules by name from hotpaths.bench.OPS)"
-        if ld == "kernels" and nd not in (None, "_build", "probe"):
-            return "the harness imports only kernels._build and kernels.probe"
+        if ld == "kernels" and nd not in (None, "_build", "_timing", "probe"):
+            return "the harness imports only kernels._build, kernels._timing and kernels.probe"
         if ld == "reference" and nd not in (None, "common"):
             return "the harness imports only reference.common"
     return None
@@ -95,6 +96,9 @@ def test_graph_sees_known_edges():
     assert "hotpaths.bench.split_kv_decode_peers" in g["hotpaths.bench.split_kv_decode"]
     assert "hotpaths.harness.bench" in g["hotpaths.harness.ceilings"]
     assert "hotpaths.kernels.probe" in g["hotpaths.harness.ceilings"]  # a function-level import
+    # one timing primitive under both the harness bench and the router's first-use tuner
+    assert "hotpaths.kernels._timing" in g["hotpaths.harness.bench"]
+    assert "hotpaths.kernels._timing" in g["hotpaths.kernels.router_gemm"]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

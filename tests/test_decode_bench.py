@@ -454,8 +454,9 @@ def test_cli_q_len_and_dtype_lists_and_hpc_rows():
 def test_auto_variant_choice_above_eight_rows():
     """variant="auto" with more than 8 query rows per pair (q_len x GQA ratio: MTP at 8:1): v3m (one row group of up
     to 32 rows, 2 CTAs per SM) where its grid keeps the longest pair within AUTO_MAX_CHUNKS chunks, v2 where one
-    long request dominates at 9-16 rows; above 16 rows (8:1 at q_len 3-4) v3m whatever the chunk estimate; 8 rows
-    (q_len 1 at 8:1) keep today's choice (v3s2c4 / v2) exactly."""
+    long request dominates at 9-16 rows; above 16 rows (8:1 at q_len 3-4) v3m whatever the chunk estimate, or v3mv
+    on batches of at most AUTO_MTP_VCONV_MAX_TILES KV tiles x KV heads (64x0.5K, 1x16K+15x64, 1x64K+7x4K of the
+    nine); 8 rows (q_len 1 at 8:1) keep today's choice (v3s2c4 / v2) exactly."""
     import torch
 
     from hotpaths.harness.shapes import expand_lengths, parse_cases
@@ -468,15 +469,24 @@ def test_auto_variant_choice_above_eight_rows():
         lens = torch.tensor(expand_lengths(parse_cases(case)), dtype=torch.int32)
         for rows in (12, 16):
             assert K._auto_choice(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=rows) == (v, longest)
+        small = sum(-(-int(x) // K.TILE) for x in lens.tolist()) <= K.AUTO_MTP_VCONV_MAX_TILES
+        assert small == (case in ("64x0.5K", "1x16K+15x64", "1x64K+7x4K")), case
         for rows in (17, 24, 32, 64):  # the chunk estimate is still reported (fuse-all reads it)
-            assert K._auto_choice(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=rows) == ("v3m", longest)
+            assert K._auto_choice(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=rows) == (
+                "v3mv" if small else "v3m", longest)
             assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=rows, mode="static_count",
                                     ) == K.AUTO_FALLBACK  # dynamic mode only
         got8 = K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=8)
         assert got8 == K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132) != "v3m", case
         assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="bf16", num_sms=132, rows=32) == K.AUTO_FALLBACK
     assert K.AUTO_MTP in K.MTP_CONFIGS and set(K.MTP_CONFIGS) <= set(K.V3_CONFIGS)
-    assert K.AUTO_MTP_ALWAYS_ROWS == 16
+    assert K.AUTO_MTP_ALWAYS_ROWS == 16 and K.AUTO_MTP_VCONV in K.MTP_CONFIGS
+    # the tile count is tiles x KV heads, inclusive at the bound: 1536 tiles of 64 tokens at one head, not at two
+    edge = torch.tensor([K.AUTO_MTP_VCONV_MAX_TILES * K.TILE], dtype=torch.int32)
+    assert K.choose_variant(edge, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=24) == "v3mv"
+    assert K.choose_variant(edge + 1, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=24) == "v3m"
+    assert K.choose_variant(edge // 2, num_kv_heads=2, kv_dtype="fp8", num_sms=132, rows=24) == "v3mv"
+    assert K.choose_variant(edge, num_kv_heads=2, kv_dtype="fp8", num_sms=132, rows=24) == "v3m"
     assert set(K.ROW_CONFIGS) == {"v2"} and not set(K.ROW_CONFIGS) & set(K.V3_CONFIGS)
     assert set(K.CONFIGS) == set(K.VARIANTS) and len(set(K.CONFIGS.values())) == len(K.CONFIGS)
     assert "v2" not in K.ONLINE_COMBINE and {"v3m", "v3s2c4"} <= set(K.ONLINE_COMBINE)

@@ -64,7 +64,12 @@ def test_bench_timing_options_validated(monkeypatch):
     assert B.flush_mode() == "read"
     B.set_flush_mode("write")
     assert B.flush_mode() == "write"  # the call wins over the environment
+    # one setting for every timer: the kernels' own (the router's first-use tuner) read the same state
+    from hotpaths.kernels import _timing as T
+
+    assert T.flush_mode() == "write" and T.flush_l2 is B.flush_l2
     B.set_flush_mode(None)
+    assert T.flush_mode() == "read"
     monkeypatch.setenv("HOTPATHS_L2_FLUSH", "clean")
     with pytest.raises(ValueError, match="HOTPATHS_L2_FLUSH"):
         B.flush_mode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import shutil
@@ -183,39 +184,40 @@ def test_candidates_at_every_target_shape(n):
         ws = {v for v, _ in rg.kernel_candidates(1024, n, k) if v.startswith("ws")}
         assert {v for v in ws if v.startswith("ws128n192")} == ({"ws128n192g", "ws128n192p", "ws128n192r"}
                                                                  if n % 192 == 0 else set()), (n, k, ws)
-        assert {v for v in ws if v.startswith("ws128n128")} == ({"ws128n128g", "ws128n128p", "ws128n128r"}
+        assert {v for v in ws if v.startswith("ws128n128")} == ({"ws128n128g", "ws128n128r"}
                                                                  if n % 128 == 0 else set()), (n, k, ws)
 
 
-# The TMA kernel at BN = 128 (ws128n128g / p / r): K splits offered per (M, N, K), worked out by hand from the rules
-# of kernel_candidates (grid = ceil(M / 128) * N / 128 tiles x splits; the smallest split always, others while the
-# grid stays <= 2 x 132 CTAs and every split keeps >= 4 k-tiles; the reduce-scatter only within one wave of 132).
+# The TMA kernel at BN = 128 (ws128n128g / r; the K-pair form ws128n128p was never picked on the H200 and removed):
+# K splits offered per (M, N, K), worked out by hand from the rules of kernel_candidates (grid = ceil(M / 128) * N /
+# 128 tiles x splits; the smallest split always, others while the grid stays <= 2 x 132 CTAs and every split keeps
+# >= 4 k-tiles; the reduce-scatter only within one wave of 132).
 BN128_SPLITS = [
     # (m, n, k): {variant: splits}
-    ((1024, 256, 7168), {"ws128n128g": {1, 2, 4, 8}, "ws128n128p": {2, 4, 8}, "ws128n128r": {2, 4, 8}}),  # 16 tiles
-    ((1024, 512, 6144), {"ws128n128g": {1, 2, 4, 8}, "ws128n128p": {2, 4, 8}, "ws128n128r": {2, 4}}),  # 32: 8 > 132
-    ((4096, 512, 6144), {"ws128n128g": {1, 2}, "ws128n128p": {2}, "ws128n128r": set()}),  # 128 tiles: 256 > 132
-    ((4096, 128, 2048), {"ws128n128g": {1, 2, 4, 8}, "ws128n128p": {2, 4, 8}, "ws128n128r": {2, 4}}),  # 32 tiles
-    ((2048, 256, 4096), {"ws128n128g": {1, 2, 4, 8}, "ws128n128p": {2, 4, 8}, "ws128n128r": {2, 4}}),  # 32 tiles
-    ((100, 128, 512), {"ws128n128g": {1, 2}, "ws128n128p": {2}, "ws128n128r": {2}}),  # 8 k-tiles: 4 per split
-    ((65, 768, 4096), {"ws128n128g": {1, 2, 4, 8}, "ws128n128p": {2, 4, 8}, "ws128n128r": {2, 4, 8}}),  # 6 tiles
-    ((64, 256, 4096), {"ws128n128g": set(), "ws128n128p": set(), "ws128n128r": set()}),  # decode sizes
-    ((1024, 192, 4096), {"ws128n128g": set(), "ws128n128p": set(), "ws128n128r": set()}),  # 192 % 128
-    ((1024, 320, 4096), {"ws128n128g": set(), "ws128n128p": set(), "ws128n128r": set()}),  # 320 % 128
+    ((1024, 256, 7168), {"ws128n128g": {1, 2, 4, 8}, "ws128n128r": {2, 4, 8}}),  # 16 tiles
+    ((1024, 512, 6144), {"ws128n128g": {1, 2, 4, 8}, "ws128n128r": {2, 4}}),  # 32: 8 > 132
+    ((4096, 512, 6144), {"ws128n128g": {1, 2}, "ws128n128r": set()}),  # 128 tiles: 256 > 132
+    ((4096, 128, 2048), {"ws128n128g": {1, 2, 4, 8}, "ws128n128r": {2, 4}}),  # 32 tiles
+    ((2048, 256, 4096), {"ws128n128g": {1, 2, 4, 8}, "ws128n128r": {2, 4}}),  # 32 tiles
+    ((100, 128, 512), {"ws128n128g": {1, 2}, "ws128n128r": {2}}),  # 8 k-tiles: 4 per split
+    ((65, 768, 4096), {"ws128n128g": {1, 2, 4, 8}, "ws128n128r": {2, 4, 8}}),  # 6 tiles
+    ((64, 256, 4096), {"ws128n128g": set(), "ws128n128r": set()}),  # decode sizes
+    ((1024, 192, 4096), {"ws128n128g": set(), "ws128n128r": set()}),  # 192 % 128
+    ((1024, 320, 4096), {"ws128n128g": set(), "ws128n128r": set()}),  # 320 % 128
 ]
 
 
 @needs_nvcc
 @pytest.mark.parametrize("mnk,want", BN128_SPLITS, ids=[f"m{m}_n{n}_k{k}" for (m, n, k), _ in BN128_SPLITS])
 def test_bn128_ws_candidates(mnk, want):
-    """ws128n128g / p / r are first-use candidates exactly where 128 divides N and M >= WGMMA_MIN_M, with the splits
+    """ws128n128g / r are first-use candidates exactly where 128 divides N and M >= WGMMA_MIN_M, with the splits
     above (hand-counted); their tile is 128 x 128 x 64 and they run the two-part weight only."""
     m, n, k = mnk
     got = rg.kernel_candidates(m, n, k)
     for v, splits in want.items():
         assert rg.WGMMA_TILES[v] == (128, 128, 64) and rg.VARIANT_PARTS[v] == 2
         assert {s for w, s in got if w == v} == splits, (mnk, v, got)
-    assert {"ws128n128p"} <= set(rg.WGMMA_PAIR_SPLITK) and {"ws128n128r"} <= set(rg.WGMMA_COOPERATIVE)
+    assert {"ws128n128r"} <= set(rg.WGMMA_COOPERATIVE) and not {"ws128n128p"} & set(rg.VARIANTS)
     assert "ws128n128g" in rg.WGMMA_GLOBAL_SPLITK
 
 
@@ -261,8 +263,9 @@ def test_python_view_is_the_variant_list():
 
 def test_variant_list_keeps_what_the_dispatch_table_picks():
     """Every variant the measured dispatch tables pick exists in the list, and every variant in the list is picked
-    by a table or is a baseline (the heuristic's kernels: decode and its forced-n8 forms, tiled64, tiled128; the
-    simplest wgmma kernel, wg128n96) - the rule that keeps the build small."""
+    by a table, by the committed first-use sweep on the same device (its dispatch rows' config), or is a baseline
+    (the heuristic's kernels: decode and its forced-n8 forms, tiled64, tiled128; the simplest wgmma kernel,
+    wg128n96) - the rule that keeps the build small."""
     listed = {name for name, *_ in parse_variant_list(VARIANTS_CUH.read_text())}
     picked = set()
     for path in rg.DISPATCH_DIR.glob(f"{rg.OP}_*.json"):
@@ -270,12 +273,15 @@ def test_variant_list_keeps_what_the_dispatch_table_picks():
             picked |= {row["kernel"]["variant"] for row in shape["rows"]}
     assert picked, "no dispatch table found"
     assert picked <= listed, picked - listed
+    swept = set()
+    for path in (rg.DISPATCH_DIR.parent / "results").glob("*/router_gemm_sweep.csv"):
+        for row in csv.DictReader(path.open()):
+            if row["impl"] == "dispatch" and row["config"].startswith("{"):
+                swept.add(json.loads(row["config"])["variant"])
+    assert swept, "no committed router_gemm_sweep table"
+    assert swept <= listed, swept - listed
     baselines = {"auto", "decode", "decode_n1", "decode_n2", "tiled64", "tiled128", "wg128n96"}
-    # added as first-use candidates for the N that BN = 192 does not divide, before any H200 measurement: after the
-    # first sweep that times them, each is picked by a table (or the sweep's first-use cache) or removed
-    awaiting_measurement = {"ws128n128g", "ws128n128p", "ws128n128r"}
-    assert awaiting_measurement <= listed and not awaiting_measurement & picked, awaiting_measurement & picked
-    assert listed <= picked | baselines | awaiting_measurement, listed - picked - baselines - awaiting_measurement
+    assert listed <= picked | swept | baselines, listed - picked - swept - baselines
 
 
 @needs_nvcc
@@ -356,9 +362,9 @@ def test_wgmma_candidates_at_the_hy3_targets():
     # M = 4096, N = 192: 128 x 96 with 2 splits fills 128 of 132 SMs (one CTA each)
     c = rg.kernel_candidates(4096, 192, 4096)
     assert {("wg128n96", 2), ("ws128n192g", 4), ("ws128n192p", 2)} <= set(c)
-    assert not [v for v, _ in c if v == "wg128n128"]  # 192 % 128
+    assert not [v for v, _ in c if v.startswith("ws128n128")]  # 192 % 128
     assert {v for v, _ in rg.kernel_candidates(4096, 256, 7168) if v in rg.WGMMA_TILES} == \
-        {"wg128n128", "ws128n128g", "ws128n128p", "ws128n128r"}  # 64 tiles: the reduce-scatter's 128 CTAs fit
+        {"ws128n128g", "ws128n128r"}  # 64 tiles: the reduce-scatter's 128 CTAs fit
     assert not [v for v, _ in rg.kernel_candidates(64, 192, 4096) if v in rg.WGMMA_TILES]  # decode sizes
     assert ("ws128n192p", 8) in rg.kernel_candidates(208, 768, 6144)  # the LongCat Chat prefill of 208 rows
 
@@ -394,7 +400,7 @@ def test_wgmma_configs_host_side():
     assert rg.kernel_config(4096, 192, 4096, variant="wg128n96")["splits"] == 2  # 64 tiles -> 128 CTAs
     lib = rg._lib()
     fake = ctypes.c_void_p(256)  # never dereferenced: every request is refused before any launch
-    for parts, n, v in ((3, 192, "wg128n96"), (2, 256, "wg128n96"), (2, 192, "wg128n128"), (3, 256, "wg128n128"),
+    for parts, n, v in ((3, 192, "wg128n96"), (2, 256, "wg128n96"), (2, 192, "ws128n128g"), (3, 256, "ws128n128r"),
                         (3, 192, "ws128n192g"), (2, 256, "ws128n192g"), (3, 192, "decode_c16"),
                         (3, 192, "tiled64d")):
         code = lib.hp_router_gemm(fake, fake, fake, fake, fake, 300 if "decode" not in v else 3, n, 4096, parts,
@@ -435,13 +441,11 @@ def test_ws_configs_host_side():
     r = rg.VARIANTS["ws128n192r"]
     assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, r, 4) == 32 * 4 * 128 * 192 * 4
     assert lib.hp_router_gemm_workspace_bytes(4096, 192, 4096, r, 1) == -1
-    # BN = 128 (ws128n128g / p / r): the same layouts with 128 x 128 partial tiles; N must be a multiple of 128.
-    g1, p1, r1 = (rg.VARIANTS[v] for v in ("ws128n128g", "ws128n128p", "ws128n128r"))
+    # BN = 128 (ws128n128g / r): the same layouts with 128 x 128 partial tiles; N must be a multiple of 128.
+    g1, r1 = (rg.VARIANTS[v] for v in ("ws128n128g", "ws128n128r"))
     assert lib.hp_router_gemm_workspace_bytes(1024, 256, 7168, g1, 1) == 0
     assert lib.hp_router_gemm_workspace_bytes(1024, 256, 7168, g1, 8) == 256 + 16 * 8 * 128 * 128 * 4
     assert lib.hp_router_gemm_workspace_bytes(1100, 512, 6144, g1, 4) == 256 + 36 * 4 * 128 * 128 * 4  # 9 x 4 tiles
-    assert lib.hp_router_gemm_workspace_bytes(1024, 256, 7168, p1, 2) == 0
-    assert lib.hp_router_gemm_workspace_bytes(1024, 256, 7168, p1, 8) == 256 + 16 * 4 * 128 * 128 * 4
     assert lib.hp_router_gemm_workspace_bytes(1024, 256, 7168, r1, 8) == 16 * 8 * 128 * 128 * 4
     assert lib.hp_router_gemm_workspace_bytes(1024, 256, 7168, r1, 1) == -1
     assert lib.hp_router_gemm_workspace_bytes(1024, 192, 4096, g1, 4) == -1  # 192 % 128

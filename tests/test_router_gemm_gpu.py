@@ -318,7 +318,7 @@ def wg_weights(rg):
     return get
 
 
-@pytest.mark.parametrize("variant", ["wg128n96", "wg128n128"])
+@pytest.mark.parametrize("variant", ["wg128n96"])
 @pytest.mark.parametrize("m,splits", [(100, 8), (257, 1), (257, 4), (1000, 2), (4096, 0), (4096, 1)])
 def test_wgmma_variants_match_emulation(rg, wg_weights, variant, m, splits):
     """Each wgmma variant vs the BF16x2 emulation on a NaN-poisoned output: M = 100 (a single partial tile), odd M
@@ -333,12 +333,13 @@ def test_wgmma_variants_match_emulation(rg, wg_weights, variant, m, splits):
                  path="bf16x2_vs_emulation", what=f"{variant} s={splits} m={m} n={n} k={k}")
 
 
-@pytest.mark.parametrize("variant", ["wg128n96", "wg128n128", "ws128n192g", "ws128n192p", "ws128n192r", "ws128n128g",
-                                     "ws128n128p", "ws128n128r"])
+@pytest.mark.parametrize("variant", ["wg128n96", "ws128n192g", "ws128n192p", "ws128n192r", "ws128n128g", "ws128n128r"])
 def test_wgmma_variants_other_shapes(rg, wg_weights, variant):
     """Every router shape the variant's BN divides (several column tiles at N = 384 / 768; K = 3072 / 6144 /
-    7168)."""
+    7168). A reduce-scatter grid beyond one wave is left out (the launcher refuses it: its own test below)."""
     bn = rg.WGMMA_TILES[variant][1]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ran = 0
     for name in ("longcat_chat", "longcat_lite", "deepseek_v3"):
         n, k = rb.SHAPES[name]
         if n % bn:
@@ -346,12 +347,18 @@ def test_wgmma_variants_other_shapes(rg, wg_weights, variant):
         weights = wg_weights(n, k)
         for m, splits in ((257, 2 if variant in rg.WGMMA_PAIR_SPLITK + rg.WGMMA_REDUCE_SCATTER else 1), (1000, 2),
                           (2048, 0)):
+            if variant in rg.WGMMA_REDUCE_SCATTER:
+                s = rg.kernel_config(m, n, k, variant=variant, splits=splits)["splits"]
+                if -(-m // rg.WGMMA_TILES[variant][0]) * (n // bn) * s > sms:
+                    continue
+            ran += 1
             x = _x(m, k=k, seed=47)
             out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant,
                                  splits=splits)
             torch.cuda.synchronize()
             assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
                          path="bf16x2_vs_emulation", what=f"{name} {variant} s={splits} m={m}")
+    assert ran, f"{variant}: no shape ran"
 
 
 def test_wgmma_error_vs_fp64_within_emulation_bound(rg, hy3):
@@ -382,7 +389,7 @@ def test_wgmma_rejects_bf16x3_and_indivisible_n(rg, hy3):
 # ---- TMA + mbarrier variants (router_wgmma_ws_kernel: ws128n192g, ws128n192p, ws128n192r; BN = 128: ws128n128*) ---
 
 WS_VARIANTS = ["ws128n192g", "ws128n192p", "ws128n192r"]  # the Hy3 tests below (N = 192)
-WS128_VARIANTS = ["ws128n128g", "ws128n128p", "ws128n128r"]
+WS128_VARIANTS = ["ws128n128g", "ws128n128r"]
 WS_CASES = [(100, 8), (257, 1), (257, 4), (1000, 2), (1100, 1), (2048, 4), (4096, 0), (4096, 1), (4096, 4),
             (1000, 8), (1100, 8)]
 
@@ -554,7 +561,7 @@ def test_reduce_scatter_grid_beyond_one_wave(rg, hy3):
                  path="bf16x2_vs_emulation", what="ws128n192g s=4 m=8192")
 
 
-# ---- the TMA kernel at BN = 128 (ws128n128g / p / r: N = 128, 256, 512 and the other multiples of 128) --------
+# ---- the TMA kernel at BN = 128 (ws128n128g / r: N = 128, 256, 512 and the other multiples of 128) --------
 
 # (n, k, m, splits): the target N that BN = 192 does not divide, K from 2048 to 7168 (32-112 k-tiles; 3072 and 6144
 # give K ranges of unequal length at 8 splits only when k-tiles % 8 != 0: 48 / 8 = 6, 96 / 8 = 12, 112 / 8 = 14,
@@ -633,7 +640,7 @@ def test_ws128_refusals(rg, wg_weights, hy3):
     weights = wg_weights(512, 2048)
     x = _x(4096, k=2048, seed=107)
     out = _poisoned(4096, 512)
-    for v in ("ws128n128p", "ws128n128r"):
+    for v in ("ws128n192p", "ws128n128r"):
         with pytest.raises(ValueError, match="splits 0, 2, 4, 8"):
             rg.router_gemm(x, weights, impl="bf16x2_kernel", out=out, variant=v, splits=1)
     with pytest.raises(ValueError, match="one wave.*ws128n128g"):  # 128 tiles x 2 splits = 256 CTAs

@@ -637,7 +637,8 @@ NINE_CASES = "64x0.5K;64x4K;32x0.125K+32x4K;2x32K+30x4K;1x64K+15x4K;1x128K+31x4K
 @pytest.mark.parametrize("case", NINE_CASES.split(";"))
 def test_new_configs_on_the_nine_cases(case, q_len):
     """The benchmark's nine batches at q_len 1-4: auto (FP8: v3m above 8 rows where the chunk estimate allows it,
-    always above 16; BF16: v3b at 8 rows, v2 above), v3m and v3mv (its 8-warp converted-V kernel at q_len 3-4, v3m's
+    always above 16, v3mv there on batches of at most AUTO_MTP_VCONV_MAX_TILES tiles; BF16: v3b at 8 rows, v2
+    above), v3m and v3mv (its 8-warp converted-V kernel at q_len 3-4, v3m's
     kernels below) within the tolerance of the exact reference on the same quantized inputs."""
     K, R = _mods()
     from hotpaths.harness.shapes import expand_lengths, parse_cases
@@ -652,7 +653,9 @@ def test_new_configs_on_the_nine_cases(case, q_len):
             if v == "auto" and kv_dtype == "bf16":
                 assert p.variant == ("v3b" if q_len == 1 else "v2"), p.variant
             elif v == "auto" and q_len > 1:  # 8:1: 16 rows at q_len 2, 24-32 above
-                assert p.variant == "v3m" if q_len > 2 else p.variant in ("v3m", "v2"), p.variant
+                small = sum(-(-n // K.TILE) for n in lens) <= K.AUTO_MTP_VCONV_MAX_TILES
+                assert (p.variant == ("v3mv" if small else "v3m") if q_len > 2 else p.variant in ("v3m", "v2")), \
+                    p.variant
             out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
             K.run(p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"],
                   q_scale=inp["q_scale"], k_scale=inp["k_scale"], v_scale=inp["v_scale"], q_len=q_len, out=out)

@@ -23,28 +23,21 @@ import statistics
 import time
 from dataclasses import dataclass
 
-_flush_buf = {}
-_flush_sink = {}
-FLUSH_MODES = ("read", "write")
-DEFAULT_FLUSH_MODE = "write"
-_flush_mode = [None]
+# The flush and the in-graph event loop live below the harness so that the kernels' own timers share them
+# (hotpaths.kernels._timing); re-exported here as the harness API.
+from hotpaths.kernels._timing import (
+    DEFAULT_FLUSH_MODE,
+    FLUSH_MODES,
+    flush_l2,
+    flush_mode,
+    l2_flush_buffer,
+    set_flush_mode,
+)
+from hotpaths.kernels._timing import external_events_ok as _external_events_ok
+from hotpaths.kernels._timing import time_events_in_graph as _time_events_in_graph
 
-
-def flush_mode() -> str:
-    """The L2 flush in use: set_flush_mode(), else $HOTPATHS_L2_FLUSH, else DEFAULT_FLUSH_MODE."""
-    import os
-
-    m = _flush_mode[0] or os.environ.get("HOTPATHS_L2_FLUSH") or DEFAULT_FLUSH_MODE
-    if m not in FLUSH_MODES:
-        raise ValueError(f"L2 flush mode must be one of {FLUSH_MODES}, got {m!r} (HOTPATHS_L2_FLUSH?)")
-    return m
-
-
-def set_flush_mode(mode: str | None) -> None:
-    """Pick the L2 flush ("read" or "write"); None goes back to $HOTPATHS_L2_FLUSH / the default."""
-    if mode is not None and mode not in FLUSH_MODES:
-        raise ValueError(f"L2 flush mode must be one of {FLUSH_MODES}, got {mode!r}")
-    _flush_mode[0] = mode
+__all__ = ["DEFAULT_FLUSH_MODE", "FLUSH_MODES", "Timing", "bench", "flush_l2", "flush_mode", "l2_flush_buffer",
+           "read_probe", "read_probe_columns", "set_flush_mode", "timing_floor"]
 
 
 @dataclass
@@ -73,31 +66,6 @@ def _quantile(xs: list[float], q: float) -> float:
 def _summary(samples_us: list[float], method: str, cold: bool) -> Timing:
     return Timing(statistics.median(samples_us), _quantile(samples_us, 0.1), _quantile(samples_us, 0.9),
                   len(samples_us), method, cold)
-
-
-def l2_flush_buffer(device=None):
-    """A device buffer of 2x the L2 size (at least 128 MiB), allocated once per device."""
-    import torch
-
-    dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
-    if dev not in _flush_buf:
-        l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 << 20)
-        buf = torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device=dev)
-        buf.fill_(1)  # written once, so the "read" flush reads defined memory
-        _flush_buf[dev] = buf
-        _flush_sink[dev] = torch.empty((), dtype=torch.int64, device=dev)
-    return _flush_buf[dev]
-
-
-def flush_l2(device=None) -> None:
-    """Evict the L2 (see the module docstring for the two modes)."""
-    import torch
-
-    buf = l2_flush_buffer(device)
-    if flush_mode() == "write":
-        buf.fill_(1)  # leaves the L2 full of dirty lines of this buffer
-    else:
-        torch.sum(buf.view(torch.int64), dim=0, out=_flush_sink[buf.device])  # leaves it full of clean lines
 
 
 def bench(fn, *, cold_l2: bool = True, graph: bool = True, warmup: int = 10, iters: int = 100,
@@ -170,31 +138,6 @@ def bench(fn, *, cold_l2: bool = True, graph: bool = True, warmup: int = 10, ite
     samples = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
     method = ("graph" if graph else "eager") + (f"+cold_l2({flush_mode()})" if cold_l2 else "+warm_l2")
     return _summary(samples, method, cold_l2)
-
-
-def _external_events_ok() -> bool:
-    import torch
-
-    try:
-        torch.cuda.Event(enable_timing=True, external=True)
-    except TypeError:  # an older torch: events on the stream around the replay instead
-        return False
-    return True
-
-
-def _time_events_in_graph(g, start, end, cold_l2: bool, iters: int) -> list[float]:
-    """Replays of graph ``g`` whose first and last nodes record ``start`` and ``end`` around fn: the time from the
-    start of fn's first kernel to the end of its last, without the graph launch itself (~1 us of front-end work per
-    replay on the H200, paid once per graph in a serving step, not per layer). The events are re-recorded by every
-    replay, so each is read before the next (the flush queued ahead keeps the GPU busy past the CPU launch)."""
-    samples = []
-    for _ in range(iters):
-        if cold_l2:
-            flush_l2()
-        g.replay()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return samples
 
 
 def timing_floor(n_kernels: int = 1, *, iters: int = 200) -> Timing | None:

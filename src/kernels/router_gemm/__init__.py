@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from hotpaths.kernels import _build
+from hotpaths.kernels import _build, _timing
 from hotpaths.kernels._build import check_status, ptr, stream_ptr
 from hotpaths.kernels.router_gemm import first_use as _fu
 from hotpaths.reference import router_gemm as ref
@@ -339,7 +339,6 @@ def choose_impl(m: int, n: int, k: int, table: dict | None = None) -> str:
 # tune on first use (shapes the committed table lacks)
 
 _TUNER: _fu.FirstUseTuner | None = None
-_FLUSH: dict = {}
 
 
 def first_use_cache_path(tag: str | None = None) -> Path:
@@ -384,47 +383,21 @@ def _fu_gate(out: torch.Tensor, m: int, n: int, k: int, ctx: dict) -> str | None
     return None
 
 
-def _flush_buffer(dev: int) -> torch.Tensor:
-    """2x the L2 (at least 128 MiB) on device ``dev``, written once, allocated on first use (the harness bench's
-    buffer size; the kernels may not import the harness)."""
-    if dev not in _FLUSH:
-        l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20))
-        buf = torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device=torch.device("cuda", dev))
-        buf.fill_(1)
-        _FLUSH[dev] = (buf, torch.empty((), dtype=torch.int64, device=buf.device))
-    return _FLUSH[dev]
-
-
-def _flush_l2(dev: int) -> None:
-    # $HOTPATHS_L2_FLUSH as the harness bench reads it: "write" (default) leaves the L2 full of dirty lines of the
-    # buffer, "read" full of clean ones
-    buf, sink = _flush_buffer(dev)
-    if os.environ.get("HOTPATHS_L2_FLUSH", "write") == "read":
-        torch.sum(buf.view(torch.int64), dim=0, out=sink)
-    else:
-        buf.fill_(1)
-
-
 def _graph_timer(fn, reps: int = 15, warmup: int = 3) -> float:
     """Median us of ``reps`` replays of fn captured in a CUDA graph, each after an L2 flush, timed by events that
     are the graph's first and last nodes: the convention of the harness bench that the tables and the committed
-    dispatch table use. Events on the stream around an eager launch can time the host too: when the Python launch
+    dispatch table use, with its flush buffer, flush mode and replay loop (hotpaths.kernels._timing). Events on the stream around an eager launch can time the host too: when the Python launch
     path (tens of us) outlasts the flush queued ahead, the start event fires before the kernel is launched, and
     candidates a few us apart are ordered by host noise (docs/ops/router_gemm_dispatch.md has the sweep's numbers).
     fn must be capturable (no host syncs); it runs once eagerly before capture (lazy initialisation, the kernels'
     shared-memory attributes). Raises RuntimeError when capture fails (the candidate is then skipped)."""
     dev = torch.cuda.current_device()
-    _flush_buffer(dev)
-    try:
-        start = torch.cuda.Event(enable_timing=True, external=True)
-        end = torch.cuda.Event(enable_timing=True, external=True)
-        inner = True
-    except TypeError:  # an older torch: events on the stream around the replay (adds the graph launch, ~1 us)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        inner = False
+    _timing.l2_flush_buffer(dev)
+    inner = _timing.external_events_ok()
+    kw = {"external": True} if inner else {}
+    start, end = torch.cuda.Event(enable_timing=True, **kw), torch.cuda.Event(enable_timing=True, **kw)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    ts = []
     with torch.cuda.stream(stream):
         fn()  # an eager launch on the capture stream first: lazy init (cuBLAS handles, workspaces) outside capture
         torch.cuda.synchronize(dev)
@@ -440,16 +413,18 @@ def _graph_timer(fn, reps: int = 15, warmup: int = 3) -> float:
                 end.record(stream)
         finally:
             g.capture_end()
-        for i in range(warmup + reps):
-            _flush_l2(dev)  # queued ahead of the replay: keeps the GPU busy past the CPU's launch of it
-            if not inner:
+        if inner:
+            ts = _timing.time_events_in_graph(g, start, end, True, warmup + reps)[warmup:]
+        else:  # an older torch: events on the stream around the replay (adds the graph launch, ~1 us)
+            ts = []
+            for i in range(warmup + reps):
+                _timing.flush_l2(dev)
                 start.record(stream)
-            g.replay()
-            if not inner:
+                g.replay()
                 end.record(stream)
-            end.synchronize()
-            if i >= warmup:
-                ts.append(start.elapsed_time(end) * 1e3)
+                end.synchronize()
+                if i >= warmup:
+                    ts.append(start.elapsed_time(end) * 1e3)
     torch.cuda.current_stream().wait_stream(stream)
     ts.sort()
     return ts[len(ts) // 2]

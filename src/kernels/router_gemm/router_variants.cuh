@@ -28,9 +28,9 @@
 //             tiled:  WARPS_M, STAGES (two parts), STAGES (three parts)
 //             wg:     WGS (warpgroups; BM = 64 * WGS), STAGES
 //             ws:     STAGES, KP (K ranks paired in the cluster), RS (1: reduce-scatter, cooperative)
-// ws128n128g / p / r (the TMA kernel at BN = 128, for N = 128, 256, 512, which BN = 192 does not divide) are
-// candidates of the first-use tuner awaiting their first H200 measurement: no dispatch table picks them yet
-// (tests/test_router_gemm_api.py lists them as such); keep or drop them by what that measurement shows.
+// ws128n128g / r (the TMA kernel at BN = 128, for N = 128, 256, 512, which BN = 192 does not divide) are picked by
+// the first-use tuner on the H200 at M >= 1024 (docs/ops/router_gemm.md); the K-pair form at BN = 128 was never
+// picked there (110 tuned points) and was removed, as was the decode kernel's tall form for 65-128 rows.
 // decode_n1 / decode_n2 are the baseline decode kernel with its n8 tiles per warp forced (the same
 // instantiations as "decode"); the query reports them as "decode".
 #pragma once
@@ -47,12 +47,10 @@
   X(Tiled128, "tiled128", kTiledFamily, 128, 64, 32, 3, kSplitCluster, 4, 4, 4)            \
   X(Tiled64Deep, "tiled64d", kTiledFamily, 64, 64, 64, 2, kSplitCluster, 2, 4, 4)          \
   X(Wg128n96, "wg128n96", kWgFamily, 128, 96, 64, 2, kSplitCluster, 2, 4)                  \
-  X(Wg128n128, "wg128n128", kWgFamily, 128, 128, 64, 2, kSplitCluster, 2, 4)               \
   X(Ws128n192g, "ws128n192g", kWsFamily, 128, 192, 64, 2, kSplitGlobal, 3, 1, 0)           \
   X(Ws128n192p, "ws128n192p", kWsFamily, 128, 192, 64, 2, kSplitPair, 3, 2, 0)             \
   X(Ws128n192r, "ws128n192r", kWsFamily, 128, 192, 64, 2, kSplitScatter, 3, 1, 1)          \
   X(Ws128n128g, "ws128n128g", kWsFamily, 128, 128, 64, 2, kSplitGlobal, 4, 1, 0)           \
-  X(Ws128n128p, "ws128n128p", kWsFamily, 128, 128, 64, 2, kSplitPair, 4, 2, 0)             \
   X(Ws128n128r, "ws128n128r", kWsFamily, 128, 128, 64, 2, kSplitScatter, 4, 1, 1)
 
 namespace hp_router {

@@ -24,7 +24,8 @@ v3 (v3b, v3bs3) or v3s3c3 (v3bc3) under those names, and BF16 with more than 8 r
 removed: docs/ops/split_kv_decode.md.) "auto" (the default) picks per plan: v3s2c4 (a finer grid:
 4 CTAs per SM of 2 stages) for FP8 KV in dynamic mode when its longest (head, request) stays within AUTO_MAX_CHUNKS
 chunks, else v2 (choose_variant); with more than 8 query rows per pair (q_len x GQA ratio) v3m takes v3s2c4's
-place, and above AUTO_MTP_ALWAYS_ROWS rows v3m is taken whatever the chunk estimate. plan(variant=None) reads the
+place, and above AUTO_MTP_ALWAYS_ROWS rows v3m is taken whatever the chunk estimate (v3mv on batches of at most
+AUTO_MTP_VCONV_MAX_TILES KV tiles). plan(variant=None) reads the
 environment variable HOTPATHS_DECODE_VARIANT (default DEFAULT_VARIANT).
 
 Early work before the PDL wait (plan(early=...), default on; $HOTPATHS_DECODE_EARLY=0 turns it off): update()
@@ -126,6 +127,12 @@ MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_h
 # the KV twice). q_len 1 at 8:1 (8 rows) keeps the choice above unchanged. Above AUTO_MTP_ALWAYS_ROWS rows (8:1 at
 # q_len 3-4) v3m is taken even where the chunk estimate would fall back to v2: one pass over the KV for all rows beats
 # v2's two 16-row groups on a batch dominated by one long request too (docs/ops/split_kv_decode.md, MTP section).
+# There, on batches of at most AUTO_MTP_VCONV_MAX_TILES KV tiles in all (tiles x KV heads), AUTO_MTP_VCONV (v3mv: V
+# converted once per tile into a shared f16 tile read by 4 row warps x 2 token slices) runs instead: on the H200, one
+# run, FP8 8:1 q_len 3 / 4, it took 17.3 / 18.1 us on 64x0.5K (v3m 19.0 / 19.4), 17.2 / 17.7 on 1x16K+15x64 (19.0 /
+# 19.0), 32.1 / 33.3 on 1x64K+7x4K (33.5 / 34.1), and lost from 1x64K+15x4K (1984 tiles: 34.5 / 36.2 vs 33.0 / 33.6)
+# to 64x4K (52.3 / 55.7 vs 48.5 / 49.3): its shared-memory traffic costs more than it saves once the work per CTA
+# grows. At q_len 2 (16 rows) it won nothing (level or behind), so it stays above AUTO_MTP_ALWAYS_ROWS only.
 AUTO = "auto"
 AUTO_FINE = "v3s2c4"
 AUTO_MTP = "v3m"
@@ -134,6 +141,8 @@ AUTO_BF16 = "v3b"
 AUTO_BF16_CTAS_PER_SM = 2  # v3b's grid (CONFIGS note above): the chunk estimate of its fuse-all rule
 AUTO_MAX_CHUNKS = 128
 AUTO_MTP_ALWAYS_ROWS = 16
+AUTO_MTP_VCONV = "v3mv"
+AUTO_MTP_VCONV_MAX_TILES = 1536  # 96K tokens at one KV head (1x64K+7x4K is 1472 tiles; 1x64K+15x4K, 1984, lost)
 DEFAULT_VARIANT = AUTO
 VARIANT_ENV = "HOTPATHS_DECODE_VARIANT"
 EARLY_ENV = "HOTPATHS_DECODE_EARLY"  # "0": plan(early=None) gives the old launches (resolve_early)
@@ -236,7 +245,8 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     when the longest (head, request) is cut into at most AUTO_MAX_CHUNKS chunks at that grid's per-CTA budget
     (max(ceil(tiles / CTAs), min_tiles), plus one for a bin boundary), else AUTO_FALLBACK (v2). rows = GQA ratio x
     q_len (query rows per pair): above 8, AUTO_MTP (v3m, 2 CTAs per SM) takes AUTO_FINE's place, with the chunk
-    estimate at its own grid; above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP whatever the estimate. BF16 KV in dynamic mode
+    estimate at its own grid; above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP whatever the estimate (AUTO_MTP_VCONV, v3mv, when
+    the batch has at most AUTO_MTP_VCONV_MAX_TILES KV tiles x KV heads). BF16 KV in dynamic mode
     with the default grid: AUTO_BF16 (v3b) at rows <= 8 (the estimate at its grid), AUTO_FALLBACK above.
 
     Shape/Dtype: kv_lens [batch] int32 (any device: read on the host, one sync, only when dynamic / default grid /
@@ -260,7 +270,7 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     if not fp8:  # BF16: the transposed layout whatever the estimate (it only sets fuse-all)
         return fine, longest
     if rows > AUTO_MTP_ALWAYS_ROWS:
-        return AUTO_MTP, longest
+        return (AUTO_MTP_VCONV if total <= AUTO_MTP_VCONV_MAX_TILES else AUTO_MTP), longest
     return (fine if longest <= AUTO_MAX_CHUNKS else AUTO_FALLBACK), longest
 
 
@@ -427,7 +437,8 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
         rows_auto = (q_heads // num_kv_heads) * q_len if num_kv_heads >= 1 and q_heads >= 1 else 8
         variant, longest = _auto_choice(kv_lens, num_kv_heads=num_kv_heads, kv_dtype=kv_dtype, mode=mode,
                                         num_ctas=num_ctas, min_tiles=min_tiles, rows=rows_auto)
-        if fuse_max is None and variant in (AUTO_FINE, AUTO_MTP, AUTO_BF16) and longest <= AUTO_FUSE_ALL_MAX_CHUNKS:
+        if (fuse_max is None and variant in (AUTO_FINE, AUTO_MTP, AUTO_MTP_VCONV, AUTO_BF16)
+                and longest <= AUTO_FUSE_ALL_MAX_CHUNKS):
             fuse_max = FUSE_ALL
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} unsupported by the SM90 kernel (supported: {HEAD_DIMS}; 64/256 are "
