@@ -453,17 +453,17 @@ def test_cli_q_len_and_dtype_lists_and_hpc_rows():
 
 def test_auto_variant_choice_above_eight_rows():
     """variant="auto" with more than 8 query rows per pair (q_len x GQA ratio: MTP at 8:1): v3m (one row group of up
-    to 32 rows, 2 CTAs per SM) where its grid keeps the longest pair within AUTO_MAX_CHUNKS chunks, v2 where one
-    long request dominates at 9-16 rows; above 16 rows (8:1 at q_len 3-4) v3m whatever the chunk estimate, or v3mv
-    on batches of at most AUTO_MTP_VCONV_MAX_TILES KV tiles x KV heads (64x0.5K, 1x16K+15x64, 1x64K+7x4K of the
-    nine); 8 rows (q_len 1 at 8:1) keep today's choice (v3s2c4 / v2) exactly."""
+    to 32 rows, 2 CTAs per SM) where its grid keeps the longest pair within AUTO_MTP_MAX_CHUNKS (16) chunks, v2 at
+    9-16 rows above that (one or two long requests among short ones); above 16 rows (8:1 at q_len 3-4) v3m whatever
+    the chunk estimate, or v3mv on batches of at most AUTO_MTP_VCONV_MAX_TILES KV tiles x KV heads (64x0.5K,
+    1x16K+15x64, 1x64K+7x4K of the nine); 8 rows (q_len 1 at 8:1) keep today's choice (v3s2c4 / v2) exactly."""
     import torch
 
     from hotpaths.harness.shapes import expand_lengths, parse_cases
     from hotpaths.kernels import split_kv_decode as K
 
     want = {"64x0.5K": ("v3m", 5), "64x4K": ("v3m", 5), "32x4K": ("v3m", 9), "32x0.125K+32x4K": ("v3m", 9),
-            "2x32K+30x4K": ("v3m", 44), "1x64K+31x4K": ("v3m", 87), "1x128K+31x4K": ("v2", 129),
+            "2x32K+30x4K": ("v2", 44), "1x64K+31x4K": ("v2", 87), "1x128K+31x4K": ("v2", 129),
             "1x16K+15x64": ("v2", 129), "1x64K+7x4K": ("v2", 172)}
     for case, (v, longest) in want.items():
         lens = torch.tensor(expand_lengths(parse_cases(case)), dtype=torch.int32)
@@ -480,7 +480,14 @@ def test_auto_variant_choice_above_eight_rows():
         assert got8 == K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132) != "v3m", case
         assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="bf16", num_sms=132, rows=32) == K.AUTO_FALLBACK
     assert K.AUTO_MTP in K.MTP_CONFIGS and set(K.MTP_CONFIGS) <= set(K.V3_CONFIGS)
-    assert K.AUTO_MTP_ALWAYS_ROWS == 16 and K.AUTO_MTP_VCONV in K.MTP_CONFIGS
+    assert K.AUTO_MTP_ALWAYS_ROWS == 16 and K.AUTO_MTP_VCONV in K.MTP_CONFIGS and K.AUTO_MTP_MAX_CHUNKS == 16
+    # the bound is inclusive and applies at 9-16 rows only (8 rows keep AUTO_MAX_CHUNKS)
+    # (264 CTAs, budget 2 tiles: longest = ceil(29 / 2) + 1 = 16, ceil(32 / 2) + 1 = 17)
+    at16 = torch.tensor([29 * K.TILE] + [8 * K.TILE] * 15, dtype=torch.int32)
+    at17 = torch.tensor([2 * K.TILE] + [32 * K.TILE] * 15, dtype=torch.int32)
+    assert K._auto_choice(at16, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=16) == ("v3m", 16)
+    assert K._auto_choice(at17, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=16) == ("v2", 17)
+    assert K._auto_choice(at17, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=8)[0] == "v3s2c4"
     # the tile count is tiles x KV heads, inclusive at the bound: 1536 tiles of 64 tokens at one head, not at two
     edge = torch.tensor([K.AUTO_MTP_VCONV_MAX_TILES * K.TILE], dtype=torch.int32)
     assert K.choose_variant(edge, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=24) == "v3mv"

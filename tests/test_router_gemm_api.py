@@ -481,6 +481,23 @@ def test_tuned_config_bf16x3_skips_two_part_only_variants():
     assert rg.tuned_config(32, 192, 4096, table) is None
 
 
+@needs_nvcc
+def test_tuned_reduce_scatter_stays_runnable_at_larger_m(monkeypatch):
+    """A reduce-scatter row tuned at a smaller M than the call's (nearest M in log2 rounds both ways) whose grid
+    would exceed one wave at the call's M (the launcher refuses it) runs as the same tile's global-split twin, same
+    splits; within one wave it stays. The case the H200 found: N=768 K=6144, the M=208 row ws128n128r/8 at M=300
+    (3 x 6 x 8 = 144 CTAs > 132)."""
+    monkeypatch.setattr(rg, "_sm_count", lambda: 132)
+    table = {"shapes": [{"n": 768, "k": 6144, "rows": [
+        {"m": 208, "choice": "bf16x2_kernel", "kernel": {"variant": "ws128n128r", "splits": 8}},
+        {"m": 1024, "choice": "bf16x2_kernel", "kernel": {"variant": "ws128n192r", "splits": 4}}]}]}
+    assert rg.tuned_config(208, 768, 6144, table) == ("ws128n128r", 8)  # 2 x 6 x 8 = 96
+    assert rg.tuned_config(256, 768, 6144, table) == ("ws128n128r", 8)  # 96
+    assert rg.tuned_config(300, 768, 6144, table) == ("ws128n128g", 8)  # 144
+    assert rg.tuned_config(1024, 768, 6144, table) == ("ws128n192r", 4)  # 8 x 4 x 4 = 128
+    assert rg.tuned_config(1100, 768, 6144, table) == ("ws128n192g", 4)  # 9 x 4 x 4 = 144
+
+
 def test_accuracy_gate_of_the_tuner():
     """measure_crossover drops a configuration whose max abs error vs FP64 exceeds ERR_BOUND (1.5) x the
     emulation's (at the bound it passes, just above it fails with the ratio in the reason), or whose top-k sets

@@ -294,9 +294,31 @@ def _nearest_row(m: int, n: int, k: int, table: dict | None):
     return None
 
 
+def _sm_count() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+        if torch.cuda.is_available() else 132
+
+
+def _runnable_at(variant: str, splits: int, m: int, n: int, k: int) -> str | None:
+    """``variant`` itself, or for a reduce-scatter (cooperative: its whole grid resident at once, else the launch is
+    refused) whose grid at this M exceeds one wave, the same tile with the global-workspace split, which runs any
+    grid; None when the build has no such twin. A table row tuned at a smaller M than the call's (the nearest-M
+    rule rounds both ways: N=768 M=300 runs the M=208 row) must still run."""
+    info = variant_table()
+    i = info[variant]
+    if i.splitk != "scatter":
+        return variant
+    s = int(splits) or kernel_config(m, n, k, variant=variant)["splits"]
+    if -(-m // i.tile[0]) * (n // i.tile[1]) * s <= _sm_count():
+        return variant
+    return next((v for v, j in info.items() if j.family == i.family and j.tile == i.tile and j.splitk == "global"),
+                None)
+
+
 def tuned_config(m: int, n: int, k: int, table: dict | None = None, *, parts: int = 2) -> tuple[str, int] | None:
     """The kernel (variant, splits) measured fastest at the M nearest to m (log2) for (N, K), or None (no table,
-    shape not measured, or the tuned variant cannot run this M: decode needs M <= 64).
+    shape not measured, or the tuned variant cannot run this M: decode needs M <= 64). A reduce-scatter pick whose
+    grid would exceed one wave at this M runs as its global-split twin with the same splits (_runnable_at).
     parts=3 (BF16x3): when the tuned variant runs two parts only (VARIANT_PARTS), the fastest measured candidate
     of that row that runs three is returned instead (None when the row lists none). A variant this build does not
     have (a table written by another build) gives None."""
@@ -320,7 +342,8 @@ def tuned_config(m: int, n: int, k: int, table: dict | None = None, *, parts: in
         _, variant, splits = min(cands)
     if variant.startswith("decode") and m > 64:
         return None
-    return variant, splits
+    variant = _runnable_at(variant, splits, m, n, k)
+    return (variant, splits) if variant else None
 
 
 def choose_impl(m: int, n: int, k: int, table: dict | None = None) -> str:

@@ -124,7 +124,8 @@ MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_h
 # With more than 8 query rows per (request, KV head) (q_len x GQA ratio > 8: MTP at 8:1, or 12:1 / 16:1), "auto" on FP8
 # KV in dynamic mode picks AUTO_MTP (v3m): one row group of up to 32 rows reads each K/V tile once, on a grid sized
 # for the kernel that runs (v3s2c4's 4-per-SM grid ran the 2-per-SM 16-row kernel in two waves, and q_len 3-4 read
-# the KV twice). q_len 1 at 8:1 (8 rows) keeps the choice above unchanged. Above AUTO_MTP_ALWAYS_ROWS rows (8:1 at
+# the KV twice), while the longest pair stays within AUTO_MTP_MAX_CHUNKS chunks at its grid (v2 above, as for 8 rows at
+# AUTO_MAX_CHUNKS). q_len 1 at 8:1 (8 rows) keeps the choice above unchanged. Above AUTO_MTP_ALWAYS_ROWS rows (8:1 at
 # q_len 3-4) v3m is taken even where the chunk estimate would fall back to v2: one pass over the KV for all rows beats
 # v2's two 16-row groups on a batch dominated by one long request too (docs/ops/split_kv_decode.md, MTP section).
 # There, on batches of at most AUTO_MTP_VCONV_MAX_TILES KV tiles in all (tiles x KV heads), AUTO_MTP_VCONV (v3mv: V
@@ -141,6 +142,11 @@ AUTO_BF16 = "v3b"
 AUTO_BF16_CTAS_PER_SM = 2  # v3b's grid (CONFIGS note above): the chunk estimate of its fuse-all rule
 AUTO_MAX_CHUNKS = 128
 AUTO_MTP_ALWAYS_ROWS = 16
+# At 9-16 rows (8:1 at q_len 2) v3m only while its longest pair stays within AUTO_MTP_MAX_CHUNKS chunks: on the H200,
+# one run, q_len 2, v2 took 29.7 / 30.8 us on 2x32K+30x4K / 1x64K+31x4K (longest 44 / 87 chunks at v3m's grid)
+# against v3m's 32.4 / 33.1, while v3m kept 64x0.5K (14.0 vs 15.6), 64x4K (34.6 vs 35.4) and 32x0.125K+32x4K (level)
+# at 5-9 chunks.
+AUTO_MTP_MAX_CHUNKS = 16
 AUTO_MTP_VCONV = "v3mv"
 AUTO_MTP_VCONV_MAX_TILES = 1536  # 96K tokens at one KV head (1x64K+7x4K is 1472 tiles; 1x64K+15x4K, 1984, lost)
 DEFAULT_VARIANT = AUTO
@@ -245,7 +251,7 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     when the longest (head, request) is cut into at most AUTO_MAX_CHUNKS chunks at that grid's per-CTA budget
     (max(ceil(tiles / CTAs), min_tiles), plus one for a bin boundary), else AUTO_FALLBACK (v2). rows = GQA ratio x
     q_len (query rows per pair): above 8, AUTO_MTP (v3m, 2 CTAs per SM) takes AUTO_FINE's place, with the chunk
-    estimate at its own grid; above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP whatever the estimate (AUTO_MTP_VCONV, v3mv, when
+    estimate at its own grid and AUTO_MTP_MAX_CHUNKS as the bound; above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP whatever the estimate (AUTO_MTP_VCONV, v3mv, when
     the batch has at most AUTO_MTP_VCONV_MAX_TILES KV tiles x KV heads). BF16 KV in dynamic mode
     with the default grid: AUTO_BF16 (v3b) at rows <= 8 (the estimate at its grid), AUTO_FALLBACK above.
 
@@ -271,7 +277,8 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
         return fine, longest
     if rows > AUTO_MTP_ALWAYS_ROWS:
         return (AUTO_MTP_VCONV if total <= AUTO_MTP_VCONV_MAX_TILES else AUTO_MTP), longest
-    return (fine if longest <= AUTO_MAX_CHUNKS else AUTO_FALLBACK), longest
+    limit = AUTO_MTP_MAX_CHUNKS if rows > 8 else AUTO_MAX_CHUNKS
+    return (fine if longest <= limit else AUTO_FALLBACK), longest
 
 
 def ctas_per_sm(variant: str) -> int:
