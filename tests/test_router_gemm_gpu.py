@@ -50,6 +50,37 @@ def _poisoned(m, n):
     return torch.full((m, n), float("nan"), device="cuda")
 
 
+def _matches_emulation(rg, x, weights, m, n, variant, splits, what):
+    """One call into a NaN-poisoned output, compared with the BF16x2 emulation of the same parts."""
+    out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant, splits=splits)
+    torch.cuda.synchronize()
+    assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
+                 path="bf16x2_vs_emulation", what=what)
+
+
+def _same_bits_and_replays(rg, x, weights, m, n, variant, splits):
+    """Two eager calls give the same bits, and two replays of a graph captured around a third call give them again
+    into a re-poisoned output. Returns the eager result."""
+    a = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant, splits=splits)
+    b = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant, splits=splits)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b), variant
+    out = _poisoned(m, n)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            rg.router_gemm(x, weights, impl="bf16x2_kernel", out=out, variant=variant, splits=splits)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, a), variant
+    return a
+
+
 def _check_variant(rg, weights, impl, variant, splits, m, seed):
     """One kernel variant of `impl` ("bf16x2" or "bf16x3") on a NaN-poisoned output vs the same-precision emulation
     of the plan's weight parts (bf16x2: w_high, w_low; bf16x3: w_high, w_mid, w_low2)."""
@@ -158,23 +189,7 @@ def test_new_variants_deterministic_and_graph_safe(rg, hy3, variant, splits, m):
     workspace comes from the graph's pool and its counters are zeroed by a memset node)."""
     _, weights, _ = hy3
     x = _x(m, seed=41)
-    a = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
-    b = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
-    torch.cuda.synchronize()
-    assert torch.equal(a, b)
-    out = _poisoned(m, N)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            rg.router_gemm(x, weights, impl="bf16x2_kernel", out=out, variant=variant, splits=splits)
-    torch.cuda.current_stream().wait_stream(s)
-    for _ in range(2):
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, a)
+    _same_bits_and_replays(rg, x, weights, m, N, variant, splits)
 
 
 def test_wide_n_variant_rejects_indivisible_n(rg):
@@ -327,10 +342,7 @@ def test_wgmma_variants_match_emulation(rg, wg_weights, variant, m, splits):
     n, k = _wgmma_shape(variant)
     weights = wg_weights(n, k)
     x = _x(m, k=k, seed=43)
-    out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant, splits=splits)
-    torch.cuda.synchronize()
-    assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
-                 path="bf16x2_vs_emulation", what=f"{variant} s={splits} m={m} n={n} k={k}")
+    _matches_emulation(rg, x, weights, m, n, variant, splits, f"{variant} s={splits} m={m} n={n} k={k}")
 
 
 @pytest.mark.parametrize("variant", ["wg128n96", "ws128n192g", "ws128n192p", "ws128n192r", "ws128n128g", "ws128n128r"])
@@ -353,11 +365,7 @@ def test_wgmma_variants_other_shapes(rg, wg_weights, variant):
                     continue
             ran += 1
             x = _x(m, k=k, seed=47)
-            out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant,
-                                 splits=splits)
-            torch.cuda.synchronize()
-            assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
-                         path="bf16x2_vs_emulation", what=f"{name} {variant} s={splits} m={m}")
+            _matches_emulation(rg, x, weights, m, n, variant, splits, f"{name} {variant} s={splits} m={m}")
     assert ran, f"{variant}: no shape ran"
 
 
@@ -586,10 +594,7 @@ def test_ws128_variants_match_emulation(rg, wg_weights, variant, n, k, m, splits
             pytest.skip(f"{variant}: {-(-m // 128) * (n // 128) * s} CTAs exceed one wave of {sms} SMs")
     weights = wg_weights(n, k)
     x = _x(m, k=k, seed=101)
-    out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant, splits=splits)
-    torch.cuda.synchronize()
-    assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
-                 path="bf16x2_vs_emulation", what=f"{variant} s={splits} n={n} k={k} m={m}")
+    _matches_emulation(rg, x, weights, m, n, variant, splits, f"{variant} s={splits} n={n} k={k} m={m}")
 
 
 @pytest.mark.parametrize("n,k,m,splits", [(256, 7168, 1024, 8), (512, 6144, 1024, 4), (128, 4096, 4096, 4),
@@ -602,24 +607,7 @@ def test_ws128_deterministic_graph_safe_and_scatter_bit_equal(rg, wg_weights, n,
     x = _x(m, k=k, seed=103)
     outs = {}
     for v in WS128_VARIANTS:
-        a = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=v, splits=splits)
-        b = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=v, splits=splits)
-        torch.cuda.synchronize()
-        assert torch.equal(a, b), v
-        out = _poisoned(m, n)
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            with torch.cuda.graph(g, stream=s):
-                rg.router_gemm(x, weights, impl="bf16x2_kernel", out=out, variant=v, splits=splits)
-        torch.cuda.current_stream().wait_stream(s)
-        for _ in range(2):
-            out.fill_(float("nan"))
-            g.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, a), v
-        outs[v] = a
+        outs[v] = _same_bits_and_replays(rg, x, weights, m, n, v, splits)
     assert torch.equal(outs["ws128n128r"], outs["ws128n128g"])
     w = weights.w
     r64 = ref.router_gemm_ref(x, w)
