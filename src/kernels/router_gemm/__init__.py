@@ -409,9 +409,9 @@ def _fu_gate(out: torch.Tensor, m: int, n: int, k: int, ctx: dict) -> str | None
 def _graph_timer(fn, reps: int = 15, warmup: int = 3) -> float:
     """Median us of ``reps`` replays of fn captured in a CUDA graph, each after an L2 flush, timed by events that
     are the graph's first and last nodes: the convention of the harness bench that the tables and the committed
-    dispatch table use, with its flush buffer, flush mode and replay loop (hotpaths.kernels._timing). Events on the stream around an eager launch can time the host too: when the Python launch
-    path (tens of us) outlasts the flush queued ahead, the start event fires before the kernel is launched, and
-    candidates a few us apart are ordered by host noise (docs/ops/router_gemm_dispatch.md has the sweep's numbers).
+    dispatch table use, with its flush buffer, flush mode and replay loop (hotpaths.kernels._timing). Events on
+    the stream around an eager launch can time the host too: when the Python launch path (tens of us) outlasts
+    the flush queued ahead, the start event fires before the kernel is launched, and candidates a few us apart are ordered by host noise (docs/ops/router_gemm_dispatch.md has the sweep's numbers).
     fn must be capturable (no host syncs); it runs once eagerly before capture (lazy initialisation, the kernels'
     shared-memory attributes). Raises RuntimeError when capture fails (the candidate is then skipped)."""
     dev = torch.cuda.current_device()
@@ -458,7 +458,7 @@ def first_use_tuner() -> _fu.FirstUseTuner:
     global _TUNER
     path = first_use_cache_path()
     if _TUNER is None or _TUNER.path != path:
-        sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+        sms = _sm_count()
         enabled = _TUNER.enabled if _TUNER is not None else None
         _TUNER = _fu.FirstUseTuner(path, candidates=lambda m, n, k: kernel_candidates(m, n, k, sm_count=sms),
                                    run=_fu_run, timer=_graph_timer, gate=_fu_gate, is_capturing=_is_capturing,
