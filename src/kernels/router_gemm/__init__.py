@@ -411,7 +411,8 @@ def _graph_timer(fn, reps: int = 15, warmup: int = 3) -> float:
     are the graph's first and last nodes: the convention of the harness bench that the tables and the committed
     dispatch table use, with its flush buffer, flush mode and replay loop (hotpaths.kernels._timing). Events on
     the stream around an eager launch can time the host too: when the Python launch path (tens of us) outlasts
-    the flush queued ahead, the start event fires before the kernel is launched, and candidates a few us apart are ordered by host noise (docs/ops/router_gemm_dispatch.md has the sweep's numbers).
+    the flush queued ahead, the start event fires before the kernel is launched, and candidates a few us apart
+    are ordered by host noise (docs/ops/router_gemm_dispatch.md has the sweep's numbers).
     fn must be capturable (no host syncs); it runs once eagerly before capture (lazy initialisation, the kernels'
     shared-memory attributes). Raises RuntimeError when capture fails (the candidate is then skipped)."""
     dev = torch.cuda.current_device()
