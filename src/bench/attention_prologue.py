@@ -519,8 +519,8 @@ def register(subparsers) -> None:
     p.add_argument("--impl", default=",".join(IMPLS),
                    help=f"comma-separated impls among {', '.join(IMPLS)}")
     p.add_argument("--variants", default=None, metavar="NAMES",
-                   help="comma-separated kernel variants (auto, baseline, pair, tokwarp2): 'fused' in --impl "
-                   "becomes one row per variant (fused_<name>), all on the same inputs")
+                   help="comma-separated kernel variants (auto, baseline, pair, tokwarp2, pairpf, tokwarp2pf): "
+                   "'fused' in --impl becomes one row per variant (fused_<name>), all on the same inputs")
     p.add_argument("--check", action="store_true", help="bit-exact comparison with the emulation")
     p.add_argument("--chain", type=case_list_arg, default=None, metavar="CASES",
                    help="time prologue + decode attention for these decode cases (e.g. 64x0.5K,32x4K)")
