@@ -64,7 +64,7 @@ struct Params {
   int q_mode;       // 0: fp8 computed scale, 1: fp8 static scale, 2: bf16
   int kv_fp8;
   int pos64;
-  int trigger;  // 0 none, 1 right after the PDL wait
+  int trigger;         // 0 none, 1 right after the PDL wait
   long long pf_ahead;  // pairpf: CTAs between a CTA and the one it prefetches for (about one wave); 0 none
 };
 
@@ -521,8 +521,8 @@ __global__ void __launch_bounds__(kThreads) pair_kernel(const Params p) {
     }
     const int lane = int(threadIdx.x) - 32;
     if (lane >= 0 && lane < 32) {
-      prefetch_ahead_positions(p, units, unsigned(blockIdx.x + 2 * p.pf_ahead) * kUnitsPerCta, kUnitsPerCta,
-                                  heads, lane);
+      prefetch_ahead_positions(p, units, unsigned(blockIdx.x + 2 * p.pf_ahead) * kUnitsPerCta, kUnitsPerCta, heads,
+                               lane);
       const unsigned last = (ahead1 + kUnitsPerCta < units ? ahead1 + kUnitsPerCta : units) - 1;
       if (ahead1 < units && ahead1 / unsigned(heads) + unsigned(lane) <= last / unsigned(heads))
         apos = load_pos(p, int(ahead1 / unsigned(heads)) + lane);
