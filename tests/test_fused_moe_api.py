@@ -4,6 +4,8 @@ library)."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -239,3 +241,30 @@ def test_reduce_variant_env(monkeypatch):
 def test_plan_default_route_is_one_cta():
     p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, 8), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2, 8)
     assert p.route == "one" and p.route_scratch() is None
+
+
+
+def test_plan_shape_is_plans_choice():
+    """plan_shape is plan()'s (gemm, block_m) choice: the auto rule's path, then its tile for the rows per expert;
+    an explicit block_m is checked against the path's tiles. Under EP every pair counts (an EP8 rank of Hy3 at
+    batch 256: 85 rows per local expert by the capacity, 10.7 expected), so the rank takes 128-row cp.async wgmma
+    tiles where a TP8 layer with the same expected rows takes 32-row warp-specialized ones."""
+    assert moe.plan_shape(256 * 8, 192) == ("wgmma_ws", 32)
+    assert moe.plan_shape(256 * 8, 24) == ("wgmma", 128)
+    assert moe.plan_shape(16 * 8, 192, gemm="mma") == ("mma", 8)
+    assert moe.plan_shape(16 * 8, 192, block_m=64) == ("wgmma_ws", 64)
+    with pytest.raises(ValueError, match="block_m"):
+        moe.plan_shape(16 * 8, 192, gemm="wgmma", block_m=8)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed: cannot build the fused_moe library")
+def test_library_host_queries_match_the_python_mirrors():
+    """The library loads on any machine (its host queries need no GPU): the split workspace's flag count equals
+    WS_SPLIT_FLAGS (checked at load), its size is flags + a slot of 256 threads x block_m / 2 fp32 partials per CTA
+    where gate-up units may be cut, 0 at 128-row tiles (never cut) and -1 for a tile the kernel has not."""
+    lib = moe._lib()
+    for bm in (16, 32, 64):
+        assert lib.hp_moe_ws_split_ints(bm) == moe.WS_SPLIT_FLAGS * (1 + 256 * bm // 2)
+    assert lib.hp_moe_ws_split_ints(128) == 0
+    assert lib.hp_moe_ws_split_ints(8) == -1
+    assert moe.c_workspace_len(192, 64, 16) == moe.workspace_len(192, 64, 16)

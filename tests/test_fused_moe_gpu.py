@@ -606,7 +606,7 @@ def test_wgmma_and_mma_agree_on_hy3_tp8(moe):
     assert_close(res["wgmma"][1], res["mma"][1], "out wgmma vs mma")
 
 
-def _layer_by_path(moe, mode, t, seed, gemms):
+def _layer_by_path(moe, mode, t, seed, gemms, split_k=True):
     """The Hy3 TP8 layer on the same inputs under each GEMM path of `gemms` (buffers NaN-poisoned first): per path
     (act by sorted position, ybuf of the valid pairs, out, the plan's split factors, its block_m)."""
     e, k, h, i, off, (lo, hi) = SHAPES["hy3_tp8"]
@@ -618,7 +618,7 @@ def _layer_by_path(moe, mode, t, seed, gemms):
         act, ybuf = p.buffers(h, i)
         act.fill_(float("nan"))
         ybuf.fill_(float("nan"))
-        out = moe.run(p, x, w13, w2, tw, scales=mode, **sc)
+        out = moe.run(p, x, w13, w2, tw, scales=mode, split_k=split_k, **sc)
         nvalid = int(p.fields()["header"][0])
         vp = torch.nonzero(ids.reshape(-1) >= 0).flatten()
         res[gemm] = (act[:nvalid].clone(), ybuf[vp].clone(), out.clone(), p.split_factors(h, i, mode), p.block_m)
@@ -651,9 +651,11 @@ def test_wgmma_ws_matches_wgmma(moe, mode, t):
     same K order as expert_wgmma_kernel (who loads, which warpgroup holds which half and the instruction's N, narrowed
     to the tile's rows, differ), so act and ybuf agree to the last fp32 rounding: rel L2 <= 1e-3 (in practice 0 or
     a few flipped bf16 roundings). A wrong ring phase, a stale slot, a lost row or a narrowed N that drops occupied
-    rows shows as gross differences.
+    rows shows as gross differences. split_k=False: no unit is cut across CTAs (a cut unit's pieces start from
+    zero accumulators, which moves where the tensor cores' FP8 accumulation rounds; see
+    test_wgmma_ws_units_cut_across_ctas).
     t = 4096: block_m 128, many items per CTA: the ring wraps many times and crosses item boundaries."""
-    res = _layer_by_path(moe, mode, t, 90 + t, ("wgmma", "wgmma_ws"))
+    res = _layer_by_path(moe, mode, t, 90 + t, ("wgmma", "wgmma_ws"), split_k=False)
     assert res["wgmma"][4] == res["wgmma_ws"][4]
     for j, what in enumerate(("act", "ybuf", "out")):
         assert_close(res["wgmma_ws"][j], res["wgmma"][j], f"{mode}/T={t}: {what} wgmma_ws vs wgmma", cos_min=0.999999,
@@ -699,6 +701,47 @@ def test_split_k_on_off(moe, name, mode, t, gemm):
     _, _, eo, _ = emulate(x, ids, tw, w13, w2, mode, expert_offset=off, **sc)
     assert_close(o1, eo, f"{name}/{mode}/T={t}: split output vs emulation")
     assert p.split_factors(h, i, mode) == (split_gu, split_dn)
+
+
+@pytest.mark.parametrize("mode", ["pertensor", "block"])
+@pytest.mark.parametrize("name,t", [("hy3_tp8", 1), ("hy3_tp8", 4), ("hy3_tp8", 16), ("hy3_tp8", 64),
+                                    ("hy3_tp1_ep8", 64)])
+def test_wgmma_ws_units_cut_across_ctas(moe, name, mode, t):
+    """The warp-specialized gate-up GEMM gives every CTA an equal share of the launch's (unit, K stage) steps, so a
+    unit is cut where a CTA's range ends: its later pieces leave fp32 partials and flags in the plan's split
+    workspace and the CTA holding its first step adds them before the epilogue (t = 1: 24 gate-up units of 32
+    stages over 96 CTAs of 8 steps, each unit in 4 pieces; t = 64: ~540 units, cut at most CTA boundaries; TP1/EP8:
+    24 n-tiles per tile). Against split_k=False (ranges on unit boundaries, no partial): act within cosine 0.99999
+    (a piece starts from a zero accumulator, which moves where the tensor cores' FP8 accumulation rounds: more than
+    an fp32 reorder, less than the emulation tolerance), ybuf and the output (one requant of act further) within the
+    emulation tolerance; two cut runs on NaN-poisoned buffers are bit-identical (the pieces are added in CTA
+    order), every flag is back at 0 after each launch (a stale flag would hand the next launch an old partial),
+    and partials were written."""
+    e, k, h, i, off, (lo, hi) = SHAPES[name]
+    w13, w2, sc = weights(name, mode)
+    x, ids, tw = make_tokens(t, k, h, hi, seed=120 + t, ids_lo=lo)
+    p = moe.plan(ids, num_experts=e, expert_offset=off, gemm="wgmma_ws")
+    act, ybuf = p.buffers(h, i)
+    nvalid = int(p.fields()["header"][0])
+    vp = torch.nonzero((ids.reshape(-1) >= off) & (ids.reshape(-1) < off + e)).flatten()
+    runs = []
+    for split in (False, True, True):
+        act.fill_(float("nan"))
+        ybuf.fill_(float("nan"))
+        out = moe.run(p, x, w13, w2, tw, scales=mode, split_k=split, **sc)
+        torch.cuda.synchronize()
+        runs.append((act[:nvalid].clone(), ybuf[vp].clone(), out.clone()))
+        if split:
+            flags = p.ws_split_workspace()[:moe.WS_SPLIT_FLAGS]
+            assert not torch.count_nonzero(flags), f"{name}/{mode}/T={t}: split flags left raised after a launch"
+    assert torch.count_nonzero(p.ws_split_workspace()[moe.WS_SPLIT_FLAGS:]) > 0, "no unit was cut: no partial written"
+    (a0, y0, o0), (a1, y1, o1), (a2, y2, o2) = runs
+    assert torch.equal(a1, a2) and torch.equal(y1, y2) and torch.equal(o1, o2), "cut runs differ: order-dependent"
+    assert torch.isfinite(a1).all() and torch.isfinite(o1).all(), "a cut unit's rows were not written"
+    assert_close(a1, a0, f"{name}/{mode}/T={t}: act cut vs uncut", cos_min=0.99999, rel_max=5e-3)
+    assert_close(y1, y0, f"{name}/{mode}/T={t}: ybuf cut vs uncut")
+    _, _, eo, _ = emulate(x, ids, tw, w13, w2, mode, expert_offset=off, **sc)
+    assert_close(o1, eo, f"{name}/{mode}/T={t}: cut output vs emulation")
 
 
 @pytest.mark.parametrize("gemm,block_m", [(g, b) for g in GEMMS for b in TILES[g]])

@@ -258,3 +258,48 @@ def test_fp8_input_reference_isolates_the_activation_error(scales):
     e_fp8 = fm.error_vs(emu, fm.fused_moe_ref(*a, **kw, fp8_input=True))
     # x's rounding is ~half the error: what remains is the activation requant and the bf16 roundings
     assert e_fp8["rel_l2_err"] < 0.75 * e_bf16["rel_l2_err"] and e_fp8["cosine"] > 0.9993
+
+
+@pytest.mark.parametrize("units,kt,ctas,split", [(90, 32, 264, True), (282, 32, 264, True), (24, 32, 264, True),
+                                                  (3008, 2, 132, False), (1, 32, 264, True), (0, 32, 132, True),
+                                                  (540, 32, 132, True), (5, 12, 264, False)])
+def test_step_ranges_partition_the_steps(units, kt, ctas, split):
+    """The warp-specialized GEMM's split (host mirror): the ranges tile [0, units x K stages) in CTA order with no
+    gap or overlap; with cuts every busy CTA gets at least min_steps and the busy CTAs' shares differ by at most
+    one step; without cuts every range starts and ends on a unit boundary; each cut unit has exactly one finisher
+    (the CTA holding its first step, before its writers) and no CTA writes more than one partial."""
+    r = fm.step_ranges(units, kt, ctas, split=split)
+    busy = r[r[:, 1] > r[:, 0]]
+    total = units * kt
+    assert r.shape == (ctas, 2)
+    if total == 0:
+        assert len(busy) == 0
+        return
+    assert busy[0, 0] == 0 and busy[-1, 1] == total and (busy[1:, 0] == busy[:-1, 1]).all()
+    sizes = busy[:, 1] - busy[:, 0]
+    if split:
+        assert sizes.max() - sizes.min() <= 1
+        assert sizes.min() >= min(8, total)
+    else:
+        assert (busy % kt == 0).all()
+    cuts = fm.cut_units(r, kt)
+    writers = [c for ctas_ in cuts.values() for c in ctas_[1:]]
+    assert len(writers) == len(set(writers)), "a CTA writes at most one partial"
+    for unit, (fin, *ws) in cuts.items():
+        first = unit * kt
+        assert r[fin, 0] <= first < r[fin, 1] and all(fin < w for w in ws)
+        assert all(first < r[w, 0] < first + kt for w in ws)
+    if not split:
+        assert cuts == {}
+
+
+def test_step_ranges_balance_the_gate_up_at_decode_batches():
+    """Hy3 TP8 batch 16 (~94 experts hit, 3 gate-up units of 32 stages each; two CTAs per SM of 132): whole units
+    give some CTAs 2 units and others 1 (the longest CTA streams 2x the mean's bytes); cut ranges give each CTA 34
+    or 35 stages."""
+    whole = fm.step_ranges(282, 32, 264, split=False)
+    cut = fm.step_ranges(282, 32, 264, split=True)
+    w_sizes, c_sizes = whole[:, 1] - whole[:, 0], cut[:, 1] - cut[:, 0]
+    assert w_sizes.max() == 64 and c_sizes.max() == 35 and c_sizes.min() == 34
+    with pytest.raises(ValueError):
+        fm.step_ranges(4, 0, 132, split=True)

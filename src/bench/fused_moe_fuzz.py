@@ -192,4 +192,7 @@ SANITIZE_CASES = [
          routing="skip", block_m=32, spare_tokens=0, seed=2, kernel=True),
     dict(tokens=17, mode="tp8ep1", experts=4, topk=2, rank=0, hidden=128, inter=64, scales="pertensor",
          routing="one_expert", block_m=8, spare_tokens=1, seed=3, kernel=True),
+    # 10 K stages per gate-up unit: the warp-specialized GEMM cuts units across CTAs (partials, flags, the finisher)
+    dict(tokens=5, mode="tp8ep1", experts=16, topk=4, rank=0, hidden=1280, inter=128, scales="pertensor",
+         routing="random", block_m=16, spare_tokens=0, seed=4, kernel=True),
 ]

@@ -491,6 +491,38 @@ def persistent_schedule(plan: RoutingPlan, num_ctas: int) -> np.ndarray:
     return load
 
 
+def step_ranges(units: int, kt_count: int, ctas: int, *, split: bool, min_steps: int = 8) -> np.ndarray:
+    """Host mirror of the warp-specialized GEMM's work split (expert_wgmma.cu, WsWork): the launch's units (tile,
+    n-tile), each of ``kt_count`` K stages, make S = units x kt_count steps in tile-major order; CTA c takes
+    [c S / G, (c + 1) S / G) when units may be cut (``split``; G = min(ctas, S // min_steps), at least 1), else
+    the unit boundaries [floor(c U / G) kt, floor((c + 1) U / G) kt) with G = ctas. Returns int64 [ctas, 2] of
+    (first, end) steps; CTAs past G get empty ranges. Raises ValueError on negative sizes or ctas < 1."""
+    if units < 0 or kt_count < 1 or ctas < 1 or min_steps < 1:
+        raise ValueError(f"units >= 0, kt_count >= 1, ctas >= 1, min_steps >= 1 expected, got {units}, {kt_count}, "
+                         f"{ctas}, {min_steps}")
+    s = units * kt_count
+    g = max(1, min(ctas, s // min_steps)) if split else ctas
+    c = np.arange(g + 1, dtype=np.int64)
+    starts = c * s // g if split else (c * units // g) * kt_count
+    out = np.zeros((ctas, 2), dtype=np.int64)
+    out[:g, 0], out[:g, 1] = starts[:-1], starts[1:]
+    return out
+
+
+def cut_units(ranges: np.ndarray, kt_count: int) -> dict[int, list[int]]:
+    """The units a ``step_ranges`` split cuts: {unit: [finisher CTA (holds the unit's first step), then the CTAs
+    whose ranges start inside it, in order: each leaves one partial the finisher adds]}."""
+    out: dict[int, list[int]] = {}
+    for cta, (a, b) in enumerate(ranges):
+        if b > a and a % kt_count:  # a range that starts inside a unit holds a later piece of it
+            out.setdefault(int(a // kt_count), []).append(cta)
+    for unit, writers in out.items():
+        first = unit * kt_count
+        finisher = int(np.nonzero((ranges[:, 0] <= first) & (ranges[:, 1] > first))[0][0])
+        writers.insert(0, finisher)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The staged emulation (what the kernels must match) and the exact reference
 # ----------------------------------------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
 # pays while the weight stream is the cost; with many rows per tile the tile math is, and the cp.async kernel's two
 # full consumer warpgroups win. (The plan is built before the scale format is known, so one threshold serves both.)
 WS_MAX_ROWS = 64.0
+WS_SPLIT_FLAGS = 512  # kWsMaxCtas of expert_wgmma.cu: the flags at the head of MoEPlan.ws_split_workspace()
 MAX_EXPERTS = 512            # the route kernels keep 32 x E counters in shared memory
 ROUTES = ("auto", "one", "multi")
 ROUTE_ENV = "HOTPATHS_MOE_ROUTE"  # default of plan(route=None)
@@ -132,6 +133,12 @@ def _lib() -> ctypes.CDLL:
     vp, i = ctypes.c_void_p, ctypes.c_int
     lib.hp_moe_workspace_len.argtypes = [i, i, i]
     lib.hp_moe_workspace_len.restype = ctypes.c_longlong
+    lib.hp_moe_ws_split_ints.argtypes = [i]
+    lib.hp_moe_ws_split_ints.restype = ctypes.c_longlong
+    lib.hp_moe_ws_split_flags.restype = i
+    if lib.hp_moe_ws_split_flags() != WS_SPLIT_FLAGS:
+        raise RuntimeError(f"fused_moe library: {lib.hp_moe_ws_split_flags()} split flags, "
+                           f"the Python mirror WS_SPLIT_FLAGS = {WS_SPLIT_FLAGS}")
     lib.hp_moe_item_rows.argtypes = [i, i]
     lib.hp_moe_item_rows.restype = i
     lib.hp_moe_route.argtypes = [vp, vp, vp, i, i, i, i, i, i, vp]
@@ -245,6 +252,21 @@ def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: in
     if block_m in BLOCK_MS and block_m not in WGMMA_BLOCK_MS:
         return "mma"
     return "wgmma_ws" if max_pairs / max(num_experts, 1) < WS_MAX_ROWS else "wgmma"
+
+
+def plan_shape(max_pairs: int, num_experts: int, *, gemm: str | None = None,
+               block_m: int | None = None) -> tuple[str, int]:
+    """(GEMM path, block_m) of a plan of capacity max_pairs over num_experts local experts: ``plan``'s choice, without
+    a device (resolve_gemm, then choose_block_m unless block_m is given). Raises ValueError on a bad gemm or block_m.
+    Under EP every pair counts, local or not (the plan cannot tell), which sizes an EP8 rank's tiles for 8x its
+    expected rows."""
+    gemm = resolve_gemm(gemm, max_pairs, num_experts, block_m)
+    sizes = WGMMA_BLOCK_MS if gemm in WGMMA_GEMMS else BLOCK_MS
+    if block_m is None:
+        block_m = choose_block_m(max_pairs, num_experts, gemm)
+    if block_m not in sizes:
+        raise ValueError(f"block_m: expected one of {sizes} for gemm={gemm!r}, got {block_m!r}")
+    return gemm, block_m
 
 
 def resolve_route(route: str | None, max_pairs: int) -> str:
@@ -380,6 +402,18 @@ class MoEPlan(PlanSize):
             self._bufs[key] = torch.zeros(n, dtype=torch.int32, device=self.device)
         return self._bufs[key]
 
+    def ws_split_workspace(self) -> torch.Tensor | None:
+        """int32 split workspace of the warp-specialized gate-up GEMM (wgmma_ws) at this plan's block_m: per-CTA flags
+        (zero between launches: the CTA that finishes a unit cut across CTAs puts them back) then fp32 partials of the
+        cut units' pieces (WS_SPLIT_FLAGS slots). Allocated zeroed once; None at a tile size whose units are never
+        cut (128 rows)."""
+        if "ws_split" not in self._bufs:
+            n = int(_lib().hp_moe_ws_split_ints(self.block_m))
+            if n < 0:
+                raise ValueError(f"block_m: expected one of {WGMMA_BLOCK_MS}, got {self.block_m!r}")
+            self._bufs["ws_split"] = torch.zeros(n, dtype=torch.int32, device=self.device) if n else None
+        return self._bufs["ws_split"]
+
     def describe(self) -> str:
         """A short pretty-print of the plan (copies the workspace to the host: not for hot paths)."""
         f = {k: v.cpu().tolist() for k, v in self.fields().items()}
@@ -428,12 +462,7 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
         raise ValueError(f"max_tokens: expected an int >= T = {t}, got {max_tokens!r}")
     if block_m is not None and not isinstance(block_m, int):
         raise ValueError(f"block_m: expected an int, got {block_m!r}")
-    gemm = resolve_gemm(gemm, max_tokens * k, num_experts if isinstance(num_experts, int) else 1, block_m)
-    sizes = WGMMA_BLOCK_MS if gemm in WGMMA_GEMMS else BLOCK_MS
-    if block_m is None:
-        block_m = choose_block_m(max_tokens * k, num_experts, gemm)
-    if block_m not in sizes:
-        raise ValueError(f"block_m: expected one of {sizes} for gemm={gemm!r}, got {block_m!r}")
+    gemm, block_m = plan_shape(max_tokens * k, num_experts, gemm=gemm, block_m=block_m)
     if max_tokens * k >= 2**31 - 2**20:
         raise ValueError(f"max_tokens: {max_tokens} x top-k {k} pairs overflow the int32 plan")
     route = resolve_route(route, max_tokens * k)
@@ -549,6 +578,8 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     mma = p.gemm in MMA_GEMMS
     sk_gu = p.splitk_workspace(True) if mma and split_k and "gate_up" in todo else None
     sk_dn = p.splitk_workspace(False) if mma and split_k and "down" in todo else None
+    if p.gemm == "wgmma_ws" and split_k and "gate_up" in todo:  # gate-up units cut across CTAs (stream-K)
+        sk_gu = p.ws_split_workspace()
     if "route" in todo:
         p._route(pdl)
     # The gate_up and down stages each include their activation pre-pass (x -> xq; act -> aq over the plan's

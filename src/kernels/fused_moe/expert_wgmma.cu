@@ -354,29 +354,47 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a)
 // ------------------------------------------------------------------------------------------------------------
 // Warp-specialized variant (MoEPlan.gemm == "wgmma_ws"): expert_wgmma_ws_kernel<WsTraits>.
 //
-// Same items, numerics, buffers and epilogue layout as expert_wgmma_kernel; what changes is who moves the bytes:
-//   - warp 8 (the producer, 32 lanes) walks the CTA's (item, K stage) sequence up to STAGES stages ahead of the
-//     tensor cores. Per stage lane 0 raises the slot's "full" mbarrier by the weight bytes and issues two 3-D TMA
-//     loads (w[e, rows of half h, 128 K columns], 64 x 128 B each, 128-byte swizzle; OOB rows / K columns zero), and
-//     the 32 lanes gather the tile's token rows (xq by token, aq by sorted position) with 16-byte cp.async into the
-//     swizzled B layout (+ 4-byte group scales in block mode). A lane arrives on the slot's "full" barrier once its
-//     own copies of that stage have landed and been fenced to the async proxy: it waits for them LAG stages later
-//     (cp.async.wait_group LAG), so LAG stages of token rows and up to STAGES of weights are in flight;
-//   - the item's plan fields (expert, start, rows, n-tile) are read once by the producer, where the dependent reads
-//     (tile -> expert -> offsets) overlap earlier stages, and handed to the consumers in the slot (meta[slot]);
-//   - warps 0-7 are two consumer warpgroups; warpgroup h computes half h of the item (64 weight rows) against all
-//     BM token rows: wgmma m64nBMk32 (N up to 128), per-tensor with one group in flight (the slot of the previous
-//     stage is released when wait_group 1 returns), block-wise folding each stage's partial (wait_group 0);
-//     releasing = one arrival per warp on the slot's "empty" barrier, which the producer waits on before refilling;
+// Same items, numerics, buffers and epilogue layout as expert_wgmma_kernel; what changes is who moves the bytes and
+// how the work is cut:
+//   - work: the launch's units (tile, n-tile) are ordered tile-major, n-tile-minor, and their (unit, K stage) steps
+//     form one sequence of S = units x K stages; CTA c takes the contiguous steps [c S / G, (c + 1) S / G) (WsWork).
+//     Contiguous: consecutive units of a CTA share their tile, so its plan look-ups (tile -> expert -> offsets,
+//     the token rows) are made once per tile instead of once per unit. Steps, not units: a unit may be cut at a
+//     CTA boundary ("stream-K"), so every CTA streams the same number of weight bytes and no round of the grid
+//     runs on a few SMs (gate-up at decode batches has 2-5 units per CTA: one more unit on some CTAs is a 20-50%
+//     longer kernel). A cut unit is finished by the CTA that holds its first step: each later CTA holding a piece
+//     of it (at the start of its range, so early) leaves its fp32 partial accumulators in the split workspace and
+//     raises its flag; the finisher adds the pieces in CTA order (deterministic) before the epilogue and lowers the
+//     flags again. Only gate-up units below 128-row tiles and of at least kWsSplitMinStages K stages are cut
+//     (WsTraits::SPLIT); elsewhere the ranges fall on unit boundaries (the down GEMM has H / 128 short units per
+//     tile, which balance whole);
+//   - warp 8 (the producer, 32 lanes) walks the CTA's steps up to STAGES stages ahead of the tensor cores. Per
+//     stage lane 0 stores the unit's plan fields in the slot (meta[slot]), arrives on the slot's "full" mbarrier
+//     raising it by the weight bytes and issues two 3-D TMA loads (w[e, rows of half h, 128 K columns], 64 x 128 B
+//     each, 128-byte swizzle; OOB rows / K columns zero); the 32 lanes gather the tile's token rows (xq by token,
+//     aq by sorted position) with 16-byte cp.async into the swizzled B layout (+ 4-byte group scales in block
+//     mode), and each lane's cp.async.mbarrier.arrive.noinc makes the slot's barrier wait for its copies: the
+//     producer never waits for its own copies, only for free slots, so all STAGES slots can be in flight;
+//   - warps 0-7 are two consumer warpgroups; warpgroup h computes half h of the unit (64 weight rows) against all
+//     BM token rows: after the "full" wait a proxy fence (the token rows were written by cp.async, a generic-proxy
+//     write that wgmma's async-proxy reads must be ordered after), wgmma m64nBMk32 (N narrowed to the tile's rows),
+//     per-tensor with one group in flight (the slot of the previous stage is released when wait_group 1 returns),
+//     block-wise folding each stage's partial (wait_group 0); releasing = one arrival per warp on the slot's
+//     "empty" barrier, which the producer waits on before refilling;
 //   - epilogue: the two halves meet in shared memory (gate-up: warpgroup 1 leaves u in fp32, warpgroup 0 forms
 //     silu(g) * u; down: each warpgroup writes its 64 columns), then 16-byte stores by all 256 consumer threads
-//     (wg_store_tile), between named barriers of the consumers only: the producer keeps loading meanwhile.
-// No __syncthreads after the set-up. Every mbarrier wait is bounded (hp::tma::kHangNs) and traps; trap codes: 1 a
-// consumer's "full" wait, 2 the producer's "empty" wait.
-// Launch: persistent grid min(SMs, items), 288 threads, one CTA per SM (up to ~225 KB of shared memory).
+//     between named barriers of the consumers only: the producer keeps loading meanwhile. The down GEMM's ybuf rows
+//     (original pair ids) are looked up once per tile, at the tile's first step, not at each store.
+// No __syncthreads after the set-up. Every wait is bounded (hp::tma::kHangNs) and traps; trap codes: 1 a consumer's
+// "full" wait, 2 the producer's "empty" wait, 3 a finisher's wait for a partial of a cut unit.
+// Launch: persistent grid min(SMs x resident CTAs, items), 288 threads; one or two CTAs per SM by the ring depth
+// (WsTraits::DEPTH).
 constexpr int kWsConsumers = 256;  // two warpgroups
 constexpr int kWsThreads = kWsConsumers + 32;
-constexpr int kWsEpiBar = 1;  // named barrier of the consumer threads (0 is __syncthreads)
+constexpr int kWsEpiBar = 1;          // named barrier of the consumer threads (0 is __syncthreads)
+constexpr int kWsMaxCtas = 512;       // partial slots of the split workspace (a splitting grid is clamped to it)
+constexpr int kWsSplitMinStages = 8;  // units of fewer K stages are never cut
+constexpr int kWsMinSteps = 8;        // a launch that cuts units gives every CTA at least this many steps
 
 template <int BM_, bool GATE_UP_, bool BLOCK_>
 struct WsTraits {
@@ -395,20 +413,79 @@ struct WsTraits {
   static constexpr int EPI_BYTES = BM * OUT_STRIDE * 2 + (GATE_UP ? BM * XCH_STRIDE * 4 : 0);
   static constexpr int HEAD = 1024;  // barriers (full, empty) and the per-slot item fields
   static constexpr int FIT = (227 * 1024 - 1024 - HEAD - EPI_BYTES) / STAGE_BYTES;
-  static constexpr int STAGES = FIT > 8 ? 8 : FIT;
-  static constexpr int LAG = STAGES / 2;  // stages between a token-row copy's issue and its lane's arrival
+  // Ring depth: two CTAs per SM beat one CTA with twice the ring wherever the launch has units for both (measured
+  // on the H200, Hy3 TP8 per-tensor, layer us at batch 16 / 64 / 256: 87.1 / 142.1 / 158.8 with 4 stages, two CTAs
+  // per SM, against 91.9 / 154.7 / 188.6 with 8 stages, one CTA), so tiles up to 32 rows take 4 stages and the
+  // 64-row down GEMM 3; the 64-row gate-up (1024 tokens: 148 us with 8 stages, 159 with 3) and 128-row tiles keep
+  // 8. A one-CTA-per-SM launch of few units (batch 4: 90 units for 132 SMs) loses ~3 us by the shallow ring.
+  static constexpr int DEPTH = BM <= 32 ? 4 : (BM == 64 && !GATE_UP ? 3 : 8);
+  static constexpr int STAGES = FIT > DEPTH ? DEPTH : FIT;
+  static constexpr int MIN_CTAS = STAGES <= 4 ? 2 : 1;  // CTAs per SM the register budget is set for
   static constexpr int SMEM = 1024 + HEAD + STAGES * STAGE_BYTES + EPI_BYTES;
   static constexpr int B_PER_LANE = BM * 8 / 32;  // 16-byte token-row chunks per producer lane per stage
   static constexpr int SC_PER_LANE = (BM + 31) / 32;
+  static constexpr int CPR = OUT_COLS * 2 / 16;  // 16-byte output chunks per token row
+  static constexpr int CHUNKS = BM * CPR;        // 16-byte output chunks per item
+  static constexpr int ST_PER_THREAD = (CHUNKS + kWsConsumers - 1) / kWsConsumers;  // per consumer thread
+  // down: the ybuf rows of a thread's chunks kept in registers from the tile's first step (small tiles; a 128-row
+  // tile has 8 per thread, which its 64 accumulators and block-mode partials leave no registers for: looked up at
+  // the store there)
+  static constexpr int PIDS = !GATE_UP && ST_PER_THREAD <= 2 ? ST_PER_THREAD : 1;
+  static constexpr bool PID_CACHED = !GATE_UP && ST_PER_THREAD <= 2;
+  // Gate-up units may be cut across CTAs (stream-K) below 128-row tiles. The down GEMM's units are many (H / 128
+  // n-tiles per tile) and short, so whole units balance it; a 128-row tile comes with many units per CTA, and its
+  // block-mode consumer has no registers left for the partial path.
+  static constexpr bool SPLIT = GATE_UP && BM < 128;
   static constexpr bool WS = true;
-  static_assert(STAGES >= 3 && LAG >= 1 && LAG <= STAGES - 1, "ring depth");
+  static_assert(STAGES >= 3, "ring depth");
   static_assert(HEAD >= STAGES * (16 + 16), "barriers + item fields fit the head");
   static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "wgmma N instantiated: 16, 32, 64, 128");
+  static_assert(R % 4 == 0, "partials move as float4");
   static_assert(SMEM <= 227 * 1024, "shared memory per block (sm_90)");
 };
 
+// The split workspace of one launch (int32 words): flags [kWsMaxCtas] (0 between launches), then fp32 partials
+// [kWsMaxCtas][kWsConsumers][R] (slot c: the piece of a cut unit at the start of CTA c's range).
+__host__ __device__ constexpr long long ws_split_ints(int block_m) {
+  return kWsMaxCtas + (long long)kWsMaxCtas * kWsConsumers * (block_m / 2);
+}
+
 __device__ __forceinline__ void consumer_bar_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kWsEpiBar), "n"(kWsConsumers) : "memory");
+}
+
+// This CTA's part of the launch's (unit, K stage) steps; producer and consumers derive the same from the plan.
+// int steps: at most max_tiles x n-tiles x K stages (~1.2e5 at 16384 Hy3 tokens), far inside int range.
+struct WsWork {
+  int s0, s1;                    // this CTA's global steps [s0, s1)
+  int S;                         // all steps of the launch
+  int kt_count, n_tiles, total;  // K stages per unit, units per tile, this CTA's steps
+  int G;                         // CTAs sharing the steps (CTA c: start_of(c) .. start_of(c + 1)); the rest idle
+  bool split;                    // units may be cut at CTA boundaries
+
+  // Global step of local step l.
+  __device__ __forceinline__ int global(int l) const { return s0 + l; }
+  // First step of CTA c's range: any step when units may be cut, else a unit boundary.
+  __device__ __forceinline__ int start_of(int c) const {
+    return split ? (int)((long long)c * S / G) : (int)((long long)c * (S / kt_count) / G) * kt_count;
+  }
+};
+
+template <class T>
+__device__ __forceinline__ WsWork ws_work(const GemmArgs& a, const PlanView& plan) {
+  WsWork w;
+  w.n_tiles = item_n_tiles<T>(a);
+  w.kt_count = (a.kdim + kWgBK - 1) / kWgBK;
+  const int units = plan.header()[1] * w.n_tiles;
+  w.S = units * w.kt_count;
+  const int c = (int)blockIdx.x;
+  w.split = T::SPLIT && a.splitk != nullptr && w.kt_count >= kWsSplitMinStages;
+  w.G = (int)gridDim.x;
+  if (w.split && w.S / kWsMinSteps < w.G) w.G = w.S / kWsMinSteps > 0 ? w.S / kWsMinSteps : 1;
+  w.s0 = c < w.G ? w.start_of(c) : 0;
+  w.s1 = c < w.G ? (c + 1 == w.G ? w.S : w.start_of(c + 1)) : 0;
+  w.total = w.s1 - w.s0;
+  return w;
 }
 
 // First weight row of half h of an item (gate-up: gate rows j0.. or up rows I + j0..; down: n0 + 64 h, which
@@ -421,29 +498,41 @@ __device__ __forceinline__ int half_row(const ItemInfo& it, int h, int inter) {
     return it.nt * kItemRows + h * kHalfRows;
 }
 
-// The producer warp: every (item, K stage) of this CTA into the ring, see the block comment above.
+// Arrive on the mbarrier once all of this thread's earlier cp.async copies have landed (the pending count is not
+// raised: the arrival is one of the barrier's expected ones).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// The producer warp: every step of this CTA into the ring, see the block comment above.
 template <class T>
 __device__ __forceinline__ void ws_produce(const GemmArgs& a, const hp::tma::TmaMap* wmap, const PlanView& plan,
-                                           uint8_t* ring, ItemInfo* meta, uint32_t bars, int n_tiles, int kt_count,
-                                           int total) {
+                                           uint8_t* ring, ItemInfo* meta, uint32_t bars, const WsWork& w) {
   const int lane = threadIdx.x & 31, q = lane & 7;
   auto full_bar = [&](int s) { return bars + 8u * s; };
   auto empty_bar = [&](int s) { return bars + 8u * (T::STAGES + s); };
-  int ld_i = -1;
+  int ld_unit = -1, ld_tile = -1;
   ItemInfo ld{};
   int bsrc[T::B_PER_LANE];
   int ssrc[T::SC_PER_LANE];
 #pragma unroll 1
-  for (int step = 0; step < total; ++step) {
-    const int i = step / kt_count, kt = step - i * kt_count, s = step % T::STAGES;
-    if (i != ld_i) {
-      ld_i = i;
-      ld = item_info<T>(plan, (int)blockIdx.x + i * (int)gridDim.x, n_tiles);
+  for (int step = 0; step < w.total; ++step) {
+    const int g = w.global(step);
+    const int unit = g / w.kt_count, kt = g - unit * w.kt_count, s = step % T::STAGES;
+    if (unit != ld_unit) {
+      ld_unit = unit;
+      const int tile = unit / w.n_tiles;
+      if (tile != ld_tile) {  // a new tile: its expert, rows and token rows (consecutive units share them)
+        ld_tile = tile;
+        ld = item_info<T>(plan, unit, w.n_tiles);
 #pragma unroll
-      for (int b = 0; b < T::B_PER_LANE; ++b) bsrc[b] = src_row<T>(plan, ld, (lane >> 3) + 4 * b, a.topk);
-      if constexpr (T::BLOCK) {
+        for (int b = 0; b < T::B_PER_LANE; ++b) bsrc[b] = src_row<T>(plan, ld, (lane >> 3) + 4 * b, a.topk);
+        if constexpr (T::BLOCK) {
 #pragma unroll
-        for (int b = 0; b < T::SC_PER_LANE; ++b) ssrc[b] = src_row<T>(plan, ld, lane + 32 * b, a.topk);
+          for (int b = 0; b < T::SC_PER_LANE; ++b) ssrc[b] = src_row<T>(plan, ld, lane + 32 * b, a.topk);
+        }
+      } else {
+        ld.nt = unit - tile * w.n_tiles;
       }
     }
     if (step >= T::STAGES && !hp::tma::mbar_wait(empty_bar(s), ((step / T::STAGES) & 1) ^ 1))
@@ -451,7 +540,7 @@ __device__ __forceinline__ void ws_produce(const GemmArgs& a, const hp::tma::Tma
     uint8_t* st = ring + s * T::STAGE_BYTES;
     if (lane == 0) {
       meta[s] = ld;
-      hp::tma::mbar_expect_tx(full_bar(s), T::A_BYTES);
+      hp::tma::mbar_arrive_expect_tx(full_bar(s), T::A_BYTES);  // releases meta[s] to the consumers
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         hp::tma::tma_load_3d(hp::smem_u32(st + h * kHalfRows * kWgBK), wmap, kt * kWgBK, half_row<T>(ld, h, a.inter),
@@ -476,23 +565,28 @@ __device__ __forceinline__ void ws_produce(const GemmArgs& a, const hp::tma::Tma
           cp_async4(xs + n, ssrc[b] >= 0 ? a.src_scale + (size_t)ssrc[b] * groups + kt : a.src_scale, ssrc[b] >= 0);
       }
     }
-    cp_commit();
-    if (step >= T::LAG) {  // this lane's copies of step - LAG have landed: publish them
-      cp_wait<T::LAG>();
-      hp::wg::fence_proxy_async();
-      hp::tma::mbar_arrive_local(full_bar((step - T::LAG) % T::STAGES));
-    }
+    cp_async_mbar_arrive(full_bar(s));
   }
-  cp_wait<0>();
-  hp::wg::fence_proxy_async();
-  for (int step = total > T::LAG ? total - T::LAG : 0; step < total; ++step)
-    hp::tma::mbar_arrive_local(full_bar(step % T::STAGES));
+  cp_commit();
+  cp_wait<0>();  // no copy may still target this CTA's shared memory when its issuer exits
 }
 
-// The consumers' epilogue of one item: halves meet in shared memory, then wg_store_tile by the 256 consumers.
+// The ybuf rows (original pair ids) of this consumer thread's output chunks of a down tile (-1 past its rows).
+template <class T>
+__device__ __forceinline__ void ws_pair_ids(const PlanView& plan, const ItemInfo& it, int (&pid)[T::PIDS]) {
+#pragma unroll
+  for (int i = 0; i < T::PIDS; ++i) {
+    const int idx = (int)threadIdx.x + i * kWsConsumers, n = idx / T::CPR;
+    pid[i] = idx < T::CHUNKS && n < it.rows ? plan.sorted()[it.start + n] : -1;
+  }
+}
+
+// The consumers' epilogue of one item: halves meet in shared memory, then 16-byte stores by the 256 consumers
+// (act by sorted position; ybuf at the pair ids `pid`, columns past H skipped).
 template <class T>
 __device__ __forceinline__ void ws_epilogue(const GemmArgs& a, const PlanView& plan, const ItemInfo& it,
-                                            const float (&acc)[T::R], float sc, __nv_bfloat16* out_s, float* xch) {
+                                            const float (&acc)[T::R], float sc, __nv_bfloat16* out_s, float* xch,
+                                            const int (&pid)[T::PIDS]) {
   const int tid = threadIdx.x, lane = tid & 31, h = tid >> 7, wiw = (tid >> 5) & 3;
   consumer_bar_sync();  // the previous item's stores have read out_s / xch
   if constexpr (T::GATE_UP) {
@@ -518,7 +612,69 @@ __device__ __forceinline__ void ws_epilogue(const GemmArgs& a, const PlanView& p
     }
   }
   consumer_bar_sync();
-  wg_store_tile<T>(a, plan, it, out_s, tid, kWsConsumers);
+#pragma unroll
+  for (int i = 0; i < T::ST_PER_THREAD; ++i) {
+    const int idx = tid + i * kWsConsumers, n = idx / T::CPR, c = idx - n * T::CPR;
+    if (idx >= T::CHUNKS || n >= it.rows) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(out_s + n * T::OUT_STRIDE + c * 8);
+    if constexpr (T::GATE_UP) {
+      *reinterpret_cast<uint4*>(a.dst + (size_t)(it.start + n) * a.dst_cols + it.nt * kHalfRows + c * 8) = v;
+    } else {
+      const int col = it.nt * kItemRows + c * 8;
+      if (col < a.dst_cols) {
+        const int p = T::PID_CACHED ? pid[T::PID_CACHED ? i : 0] : plan.sorted()[it.start + n];
+        *reinterpret_cast<uint4*>(a.dst + (size_t)p * a.dst_cols + col) = v;
+      }
+    }
+  }
+}
+
+// A cut unit's piece at the start of this CTA's range: the fp32 accumulators to partial slot blockIdx.x, then the
+// slot's flag (release after every consumer's stores).
+template <class T>
+__device__ __forceinline__ void ws_put_partial(const GemmArgs& a, const float (&acc)[T::R]) {
+  const int tid = threadIdx.x;
+  float4* dst = reinterpret_cast<float4*>(reinterpret_cast<float*>(a.splitk + kWsMaxCtas) +
+                                          ((size_t)blockIdx.x * kWsConsumers + tid) * T::R);
+#pragma unroll
+  for (int j = 0; j < T::R / 4; ++j)
+    __stcg(dst + j, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+  __threadfence();
+  consumer_bar_sync();
+  if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(a.splitk + blockIdx.x), "r"(1) : "memory");
+}
+
+// The finisher of a cut unit ending at global step u_end: add the pieces of the next CTAs (those whose ranges start
+// before u_end), in CTA order, then lower their flags (each flag is read by this CTA alone).
+template <class T>
+__device__ __forceinline__ void ws_take_partials(const GemmArgs& a, const WsWork& w, int u_end, float (&acc)[T::R]) {
+  const int tid = threadIdx.x;
+  const float* parts = reinterpret_cast<const float*>(a.splitk + kWsMaxCtas);
+  int c = (int)blockIdx.x + 1;
+  for (; c < w.G && w.start_of(c) < u_end; ++c) {
+    if (tid == 0) {
+      const unsigned long long t0 = hp::tma::global_ns();
+      for (;;) {
+        int f;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(f) : "l"(a.splitk + c) : "memory");
+        if (f) break;
+        if (hp::tma::global_ns() - t0 > hp::tma::kHangNs) hp::tma::mbar_hang_report(3);
+      }
+    }
+    consumer_bar_sync();
+    const float4* src = reinterpret_cast<const float4*>(parts + ((size_t)c * kWsConsumers + tid) * T::R);
+#pragma unroll  // fully: a runtime index would put acc in local memory
+    for (int j = 0; j < T::R / 4; ++j) {
+      const float4 v = __ldcg(src + j);
+      acc[4 * j] += v.x;
+      acc[4 * j + 1] += v.y;
+      acc[4 * j + 2] += v.z;
+      acc[4 * j + 3] += v.w;
+    }
+  }
+  consumer_bar_sync();  // every consumer has read the partials before their flags drop
+  if (tid == 0)
+    for (int k = (int)blockIdx.x + 1; k < c; ++k) a.splitk[k] = 0;
 }
 
 // One stage of wgmma for warpgroup-half descriptor da against the token rows db: 4 k32 steps of m64nNk32 with N the
@@ -551,8 +707,9 @@ __device__ __forceinline__ void ws_mma_stage(float (&d)[T::R], uint64_t da, uint
 template <class T>
 __device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& plan, const uint8_t* ring,
                                            const ItemInfo* meta, uint32_t bars, __nv_bfloat16* out_s, float* xch,
-                                           int kt_count, int total) {
+                                           const WsWork& w) {
   const int tid = threadIdx.x, lane = tid & 31, h = tid >> 7;
+  const int kt_count = w.kt_count;
   auto full_bar = [&](int s) { return bars + 8u * s; };
   auto empty_bar = [&](int s) { return bars + 8u * (T::STAGES + s); };
   auto release = [&](int s) {  // this warp's wgmma reads of slot s (and its scale reads) are complete
@@ -569,14 +726,29 @@ __device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& pl
   for (int j = 0; j < (T::BLOCK ? T::R : 1); ++j) p[j] = 0.f;
   ItemInfo cur{};
   float sc = 1.0f;
+  int sc_e = -1, pid_start = -1;
+  int pid[T::PIDS];
+#pragma unroll
+  for (int i = 0; i < T::PIDS; ++i) pid[i] = -1;
   int pending = -1;  // per-tensor: the slot whose wgmma group is still in flight
+  const int total = w.total;
+  int kt = w.global(0) % kt_count;  // K stage of the current step (advanced below, no division per step)
 #pragma unroll 1
   for (int step = 0; step < total; ++step) {
-    const int kt = step % kt_count, s = step % T::STAGES;
+    const int s = step % T::STAGES;
     if (!hp::tma::mbar_wait(full_bar(s), (step / T::STAGES) & 1)) hp::tma::mbar_hang_report(1);
-    if (kt == 0) {
+    // The token rows came by cp.async (generic proxy); wgmma reads them through the async proxy.
+    hp::wg::fence_proxy_async();
+    if (kt == 0 || step == 0) {
       cur = meta[s];
-      sc = T::BLOCK ? 1.0f : a_s * a.w_scale[cur.e];
+      if (!T::BLOCK && cur.e != sc_e) {
+        sc_e = cur.e;
+        sc = a_s * a.w_scale[cur.e];
+      }
+      if (T::PID_CACHED && cur.start != pid_start) {  // used at the epilogue, a stage or more later
+        pid_start = cur.start;
+        ws_pair_ids<T>(plan, cur, pid);
+      }
     }
     const uint8_t* st = ring + s * T::STAGE_BYTES;
     const uint64_t da = hp::wg::desc_sw128(st + h * kHalfRows * kWgBK);
@@ -603,20 +775,32 @@ __device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& pl
       if (pending >= 0) release(pending);
       pending = s;
     }
-    if (kt == kt_count - 1) {  // uniform: the item's last stage
+    if (kt == kt_count - 1 || step == total - 1) {  // uniform: the unit's last step in this CTA's range
       hp::wg::wait<0>();
       hp::wg::pin(acc);
       if (pending >= 0) release(pending);
       pending = -1;
-      ws_epilogue<T>(a, plan, cur, acc, sc, out_s, xch);
+      bool finish = true;
+      if (T::SPLIT && a.splitk != nullptr && kt_count >= kWsSplitMinStages) {  // w.split, from kernel parameters
+        const WsWork ww = ws_work<T>(a, plan);  // the rare path re-derives the split instead of holding registers
+        const int u_end = ww.global(step) + kt_count - kt;
+        if (u_end - kt_count < ww.s0) {  // a later piece of a unit an earlier CTA finishes
+          ws_put_partial<T>(a, acc);
+          finish = false;
+        } else if (u_end > ww.s1) {  // this CTA finishes a unit whose last pieces are the next CTAs'
+          ws_take_partials<T>(a, ww, u_end, acc);
+        }
+      }
+      if (finish) ws_epilogue<T>(a, plan, cur, acc, sc, out_s, xch, pid);
 #pragma unroll
       for (int j = 0; j < T::R; ++j) acc[j] = 0.f;
     }
+    if (++kt == kt_count) kt = 0;
   }
 }
 
 template <class T>
-__global__ void __launch_bounds__(kWsThreads, 1)
+__global__ void __launch_bounds__(kWsThreads, T::MIN_CTAS)
     expert_wgmma_ws_kernel(GemmArgs a, const __grid_constant__ hp::tma::TmaMap wmap) {
   extern __shared__ uint8_t ws_smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(ws_smem_raw));
@@ -631,7 +815,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   if (tid == 0) {
     for (int s = 0; s < T::STAGES; ++s) {
-      hp::tma::mbar_init(bars + 8u * s, 32);  // the producer's 32 lanes (lane 0 adds the TMA bytes)
+      // full: the producer's 32 lanes (+ lane 0's arrive with the TMA bytes when the copies arrive on their own)
+      hp::tma::mbar_init(bars + 8u * s, 33);
       hp::tma::mbar_init(bars + 8u * (T::STAGES + s), kWsConsumers / 32);  // every consumer warp
     }
     hp::tma::fence_mbar_init();
@@ -643,12 +828,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   hp::pdl_wait();
   hp::pdl_launch_dependents();
 
-  const ItemSeq seq = item_sequence<T>(a, plan);
-  const int n_tiles = seq.n_tiles, kt_count = seq.kt_count, total = seq.total;
+  const WsWork w = ws_work<T>(a, plan);
   if (tid >= kWsConsumers)
-    ws_produce<T>(a, &wmap, plan, ring, meta, bars, n_tiles, kt_count, total);
+    ws_produce<T>(a, &wmap, plan, ring, meta, bars, w);
   else
-    ws_consume<T>(a, plan, ring, meta, bars, out_s, xch, kt_count, total);
+    ws_consume<T>(a, plan, ring, meta, bars, out_s, xch, w);
 }
 
 // Resident CTAs per SM of an instantiation of either kernel (cached per device; also sets its shared memory).
@@ -676,6 +860,9 @@ int launch_wgmma(const GemmArgs& a, int pdl, cudaStream_t stream) {
   const long long max_items = (long long)PlanView::max_tiles_of(a.num_experts, a.max_pairs, a.block_m) * n_tiles;
   long long grid = (long long)hp::sm_count() * wg_ctas_per_sm<T>();
   if (grid > max_items) grid = max_items;
+  if constexpr (T::WS) {
+    if (T::SPLIT && a.splitk != nullptr && grid > kWsMaxCtas) grid = kWsMaxCtas;  // the split workspace's slots
+  }
   if (grid < 1) return 0;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
@@ -725,6 +912,28 @@ extern "C" {
 // block_m values the wgmma GEMMs (both kernels) are instantiated for (1) or not (0).
 int hp_moe_wgmma_block_m_ok(int block_m) {
   return block_m == 16 || block_m == 32 || block_m == 64 || block_m == 128;
+}
+
+// int32 words of the warp-specialized GEMM's split workspace at this block_m (flags, then fp32 partials): zeroed once,
+// every launch leaves the flags at 0 again. 0 where units are never cut, -1 for a block_m the kernel is not
+// instantiated for.
+long long hp_moe_ws_split_ints(int block_m) {
+  switch (block_m) {  // 0 where the gate-up never cuts units (WsTraits::SPLIT): no workspace to pass
+    case 16:
+      return hp_moe::WsTraits<16, true, false>::SPLIT ? hp_moe::ws_split_ints(16) : 0;
+    case 32:
+      return hp_moe::WsTraits<32, true, false>::SPLIT ? hp_moe::ws_split_ints(32) : 0;
+    case 64:
+      return hp_moe::WsTraits<64, true, false>::SPLIT ? hp_moe::ws_split_ints(64) : 0;
+    case 128:
+      return hp_moe::WsTraits<128, true, false>::SPLIT ? hp_moe::ws_split_ints(128) : 0;
+    default:
+      return -1;
+  }
+}
+// The flags at the head of that workspace (mirrored as WS_SPLIT_FLAGS in Python).
+int hp_moe_ws_split_flags() {
+  return hp_moe::kWsMaxCtas;
 }
 
 // The wgmma gate-up and down GEMMs: arguments as hp_moe_gate_up and hp_moe_down. _wg: expert_wgmma_kernel (every
