@@ -246,11 +246,16 @@ def test_plan_default_route_is_one_cta():
 
 def test_plan_shape_is_plans_choice():
     """plan_shape is plan()'s (gemm, block_m) choice: the auto rule's path, then its tile for the rows per expert;
-    an explicit block_m is checked against the path's tiles. Under EP every pair counts (an EP8 rank of Hy3 at
-    batch 256: 85 rows per local expert by the capacity, 10.7 expected), so the rank takes 128-row cp.async wgmma
-    tiles where a TP8 layer with the same expected rows takes 32-row warp-specialized ones."""
+    an explicit block_m is checked against the path's tiles. Under EP without experts_total every pair counts (an
+    EP8 rank of Hy3 at batch 256: 85 rows per local expert by the capacity), so the rank takes 128-row cp.async
+    wgmma tiles; with experts_total it sizes for the 10.7 rows it expects, the tiles of a TP8 layer with those
+    rows."""
     assert moe.plan_shape(256 * 8, 192) == ("wgmma_ws", 32)
     assert moe.plan_shape(256 * 8, 24) == ("wgmma", 128)
+    assert moe.plan_shape(256 * 8, 24, experts_total=192) == moe.plan_shape(256 * 8, 192) == ("wgmma_ws", 32)
+    assert moe.plan_shape(1024 * 8, 24, experts_total=192) == ("wgmma_ws", 64)   # 42.7 expected rows per expert
+    assert moe.plan_shape(4096 * 8, 24, experts_total=192) == ("wgmma", 128)     # 171: the cp.async kernel's
+    assert moe.plan_shape(256 * 8, 192, experts_total=192) == moe.plan_shape(256 * 8, 192)  # no EP: no change
     assert moe.plan_shape(16 * 8, 192, gemm="mma") == ("mma", 8)
     assert moe.plan_shape(16 * 8, 192, block_m=64) == ("wgmma_ws", 64)
     with pytest.raises(ValueError, match="block_m"):
@@ -268,3 +273,15 @@ def test_library_host_queries_match_the_python_mirrors():
     assert lib.hp_moe_ws_split_ints(128) == 0
     assert lib.hp_moe_ws_split_ints(8) == -1
     assert moe.c_workspace_len(192, 64, 16) == moe.workspace_len(192, 64, 16)
+
+
+def test_expected_local_pairs_and_bad_experts_total():
+    """max_pairs x E / experts_total; None means no expert parallelism. experts_total below E, or not an int, is
+    rejected naming the argument, by plan() too before anything is allocated."""
+    assert moe.expected_local_pairs(2048, 24) == 2048.0
+    assert moe.expected_local_pairs(2048, 24, 192) == 256.0
+    for bad in (23, 0, 192.0, True, "192"):
+        with pytest.raises(ValueError, match="experts_total"):
+            moe.expected_local_pairs(2048, 24, bad)
+        with pytest.raises(ValueError, match="experts_total"):
+            moe.plan(_ids(), num_experts=8, experts_total=bad if bad != 23 else 7)

@@ -705,7 +705,7 @@ def test_split_k_on_off(moe, name, mode, t, gemm):
 
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
 @pytest.mark.parametrize("name,t", [("hy3_tp8", 1), ("hy3_tp8", 4), ("hy3_tp8", 16), ("hy3_tp8", 64),
-                                    ("hy3_tp1_ep8", 64)])
+                                    ("hy3_tp1_ep8", 4), ("hy3_tp1_ep8", 64)])
 def test_wgmma_ws_units_cut_across_ctas(moe, name, mode, t):
     """The warp-specialized gate-up GEMM gives every CTA an equal share of the launch's (unit, K stage) steps, so a
     unit is cut where a CTA's range ends: its later pieces leave fp32 partials and flags in the plan's split

@@ -79,7 +79,7 @@ def _repro(model, mode, scales, batch, impl, over) -> str:
 
 def _fused_fn(km, inputs, out, gemm=None):
     p = km.plan(inputs["topk_ids"], num_experts=inputs["num_experts"], expert_offset=inputs["expert_offset"],
-                gemm=gemm)
+                gemm=gemm, experts_total=inputs["experts_total"])
     kw = {k: inputs[k] for k in ("scales", "w13_scale", "w2_scale", "a1_scale", "a2_scale", "shared_out")}
 
     def fn(stages="all", pdl=True):
@@ -286,13 +286,13 @@ def table_rows(table: str, *, scales: str = "pertensor", batches=None, impls=IMP
 
 def gemm_path_choice(df):
     """Per (scales, batch) of a table holding forced GEMM paths (impls fused_<path> for the paths of GEMMS, with
-    model, mode, batch, median_us): the path ``plan(gemm="auto")`` takes at that batch (resolve_gemm on the model's
-    local experts), the fastest one measured, each path's time (<path>_us) and auto's time over the fastest (NaN
+    model, mode, batch, median_us): the path ``plan(gemm="auto")`` takes at that batch (plan_shape on the pairs the
+    rank expects), the fastest one measured, each path's time (<path>_us) and auto's time over the fastest (NaN
     when auto's path was not timed). Batches with fewer than two timed paths are left out. Returns a pandas
     DataFrame."""
     import pandas as pd
 
-    from hotpaths.kernels.fused_moe import GEMMS, resolve_gemm  # plain Python: imports without a GPU
+    from hotpaths.kernels.fused_moe import GEMMS, plan_shape  # plain Python: imports without a GPU
     from hotpaths.reference import fused_moe as fm
 
     paths = [g for g in GEMMS if g != "auto"]
@@ -303,7 +303,7 @@ def gemm_path_choice(df):
         if len(t) < 2:
             continue
         d = fm.model_dims(model, mode)
-        pick = resolve_gemm("auto", int(batch) * d["topk"], d["experts"])
+        pick = plan_shape(int(batch) * d["topk"], d["experts"], gemm="auto", experts_total=d["experts_total"])[0]
         best = min(t, key=t.get)
         out.append({"scales": scales, "batch": int(batch), "auto_pick": pick, "faster": best,
                     **{f"{p}_us": t.get(p, float("nan")) for p in paths},

@@ -54,15 +54,16 @@ MMA_GEMMS = ("mma", "mma_tma")       # the paths with mma.sync tiles (BLOCK_MS) 
 WGMMA_GEMMS = ("wgmma", "wgmma_ws")  # the paths with warpgroup-MMA tiles (WGMMA_BLOCK_MS)
 _GEMM_SUFFIX = {"mma": "", "mma_tma": "_tma", "wgmma": "_wg", "wgmma_ws": "_ws"}  # C entry points per path
 GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
-# "auto" takes the warp-specialized TMA-fed wgmma kernel (wgmma_ws) below this many routed pairs per local expert
-# (max_pairs / E: with expert parallelism only ~1/EP of the pairs land on the rank, so this counts the plan's
-# capacity, not the rows a local expert gets), the cp.async wgmma kernel from it. Measured on the H200 (Hy3, per-tensor,
-# us, wgmma / wgmma_ws): TP8 (E = 192) batch 256 (10.7 pairs per expert) 249.0 / 214.0, 1024 (42.7) 331.3 / 301.6,
-# 4096 (171) 786.9 / 833.5; TP1/EP8 (E = 24) batch 64 (21) 154.5 / 154.0 (block-wise 186.1 / 164.6), 256 (85) 234.2 /
-# 270.4 (block-wise 295.4 / 413.3), 1024 (341) 249.0 / 292.8. So the crossover lies between 42.7 and 85; 64 sits
-# between them (no measured point in 43-85). The producer warp keeps weight boxes in flight across work units, which
-# pays while the weight stream is the cost; with many rows per tile the tile math is, and the cp.async kernel's two
-# full consumer warpgroups win. (The plan is built before the scale format is known, so one threshold serves both.)
+# "auto" takes the warp-specialized TMA-fed wgmma kernel (wgmma_ws) below this many expected pairs per local expert
+# (expected_local_pairs / E: under expert parallelism plan(experts_total=...) counts the ~1/EP of the pairs that land
+# on the rank), the cp.async wgmma kernel from it. Measured on the H200 (Hy3, per-tensor, us, wgmma / wgmma_ws, both
+# at the tile the expected rows give): TP8 (E = 192) batch 256 (10.7 pairs per expert) 250.2 / 156.1, 1024 (42.7)
+# 331.7 / 246.6, 4096 (171) 790.2 / 776.4 (block-wise 931.0 / 972.6); TP1/EP8 (E = 24 of 192) batch 64 (2.7) 150.8 /
+# 133.4, 256 (10.7) 181.5 / 154.2, 1024 (42.7) 212.9 / 209.4, 2048 (85) 265.5 / 319.0 (block-wise 334.1 / 450.3).
+# So the crossover lies between 42.7 and 85; 64 sits between them (no measured point in 43-85). The producer warp
+# keeps weight boxes in flight across work units, which pays while the weight stream is the cost; with many rows per
+# tile the tile math is, and the cp.async kernel's two full consumer warpgroups win. (The plan is built before the
+# scale format is known, so one threshold serves both.)
 WS_MAX_ROWS = 64.0
 WS_SPLIT_FLAGS = 512  # kWsMaxCtas of expert_wgmma.cu: the flags at the head of MoEPlan.ws_split_workspace()
 MAX_EXPERTS = 512            # the route kernels keep 32 x E counters in shared memory
@@ -217,8 +218,8 @@ def choose_block_m(max_pairs: int, num_experts: int, gemm: str = "mma") -> int:
     rows scatter around the average (roughly Poisson: sd sqrt(avg)), so sizing for the average alone (avg 5.3 at
     Hy3 TP8 batch 128, avg 32 at batch 768) would give 10-50% of the experts hit a second tile. The headroom keeps
     that to a few percent; an over-sized tile costs shared memory only, since the GEMMs skip the unoccupied n8
-    blocks of a tile (no MMA or quantization work for them). Under EP the local average is lower than this bound
-    (ids outside the rank count in max_pairs), which errs toward a larger tile: same cost argument.
+    blocks of a tile (no MMA or quantization work for them). Under EP, max_pairs is the pairs the rank expects
+    (``expected_local_pairs``; ``plan_shape`` passes it), not the plan's capacity.
     """
     if gemm not in (*MMA_GEMMS, *WGMMA_GEMMS):
         raise ValueError(f"gemm: expected one of {(*MMA_GEMMS, *WGMMA_GEMMS)}, got {gemm!r}")
@@ -254,16 +255,29 @@ def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: in
     return "wgmma_ws" if max_pairs / max(num_experts, 1) < WS_MAX_ROWS else "wgmma"
 
 
-def plan_shape(max_pairs: int, num_experts: int, *, gemm: str | None = None,
-               block_m: int | None = None) -> tuple[str, int]:
+def expected_local_pairs(max_pairs: int, num_experts: int, experts_total: int | None = None) -> float:
+    """The pairs a rank of num_experts local experts expects out of max_pairs when the router picks uniformly among
+    experts_total experts (all ranks; None: num_experts, no expert parallelism): max_pairs x E / experts_total.
+    Raises ValueError when experts_total is not an int >= num_experts."""
+    if experts_total is None:
+        return float(max_pairs)
+    if isinstance(experts_total, bool) or not isinstance(experts_total, int) or experts_total < num_experts:
+        raise ValueError(f"experts_total: expected an int >= num_experts = {num_experts}, got {experts_total!r}")
+    return max_pairs * num_experts / experts_total
+
+
+def plan_shape(max_pairs: int, num_experts: int, *, gemm: str | None = None, block_m: int | None = None,
+               experts_total: int | None = None) -> tuple[str, int]:
     """(GEMM path, block_m) of a plan of capacity max_pairs over num_experts local experts: ``plan``'s choice, without
-    a device (resolve_gemm, then choose_block_m unless block_m is given). Raises ValueError on a bad gemm or block_m.
-    Under EP every pair counts, local or not (the plan cannot tell), which sizes an EP8 rank's tiles for 8x its
-    expected rows."""
-    gemm = resolve_gemm(gemm, max_pairs, num_experts, block_m)
+    a device (resolve_gemm, then choose_block_m unless block_m is given), both on the expected local pairs
+    (``expected_local_pairs``: under EP8 about 1/8 of max_pairs land on the rank; without experts_total every pair
+    counts, which sizes an EP8 rank's tiles for 8x its expected rows). Raises ValueError on a bad gemm, block_m or
+    experts_total."""
+    pairs = expected_local_pairs(max_pairs, num_experts, experts_total)
+    gemm = resolve_gemm(gemm, pairs, num_experts, block_m)
     sizes = WGMMA_BLOCK_MS if gemm in WGMMA_GEMMS else BLOCK_MS
     if block_m is None:
-        block_m = choose_block_m(max_pairs, num_experts, gemm)
+        block_m = choose_block_m(pairs, num_experts, gemm)
     if block_m not in sizes:
         raise ValueError(f"block_m: expected one of {sizes} for gemm={gemm!r}, got {block_m!r}")
     return gemm, block_m
@@ -441,7 +455,8 @@ def _validate_ids(topk_ids, num_experts, *, device=None, check_device=True) -> N
 
 
 def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, max_tokens: int | None = None,
-         block_m: int | None = None, pdl: bool = True, gemm: str | None = None, route: str | None = None) -> MoEPlan:
+         block_m: int | None = None, pdl: bool = True, gemm: str | None = None, route: str | None = None,
+         experts_total: int | None = None) -> MoEPlan:
     """Allocate the routing workspace once and launch the route kernel (no host sync).
 
     Shape/Dtype: topk_ids int32 [T, K], contiguous, CUDA; global expert ids, -1 or any id outside
@@ -450,6 +465,10 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
     wgmma, wgmma_ws: 16, 32, 64, 128; default from the average rows per expert). gemm: a name of ``GEMMS`` (None:
     ``$HOTPATHS_MOE_GEMM``, else "auto"; ``resolve_gemm``), kept in the plan and used by every ``run`` on it.
     route: a name of ``ROUTES`` (None: ``$HOTPATHS_MOE_ROUTE``, else "auto"; ``resolve_route``), fixed per plan.
+    experts_total: under expert parallelism, the experts the router picks from on all ranks (None: num_experts).
+    It sizes the tiles and picks the auto GEMM path for the pairs the rank expects (max_tokens x K x E /
+    experts_total, ``plan_shape``); the workspace still holds every pair, so a rank that gets more than its share
+    runs more tiles, never a wrong result.
     Raises TypeError / ValueError on bad input, ResourceError if the workspace does not fit, RuntimeError
     without an SM90 GPU.
     """
@@ -462,7 +481,7 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
         raise ValueError(f"max_tokens: expected an int >= T = {t}, got {max_tokens!r}")
     if block_m is not None and not isinstance(block_m, int):
         raise ValueError(f"block_m: expected an int, got {block_m!r}")
-    gemm, block_m = plan_shape(max_tokens * k, num_experts, gemm=gemm, block_m=block_m)
+    gemm, block_m = plan_shape(max_tokens * k, num_experts, gemm=gemm, block_m=block_m, experts_total=experts_total)
     if max_tokens * k >= 2**31 - 2**20:
         raise ValueError(f"max_tokens: {max_tokens} x top-k {k} pairs overflow the int32 plan")
     route = resolve_route(route, max_tokens * k)

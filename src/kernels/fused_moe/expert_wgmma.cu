@@ -504,7 +504,12 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-// The producer warp: every step of this CTA into the ring, see the block comment above.
+// The producer warp: every step of this CTA into the ring, see the block comment above. A new tile's look-ups are a
+// chain of dependent loads (tile -> expert and first sorted position; then the expert's end offset and the sorted
+// pairs -> token rows); the weight boxes need only the expert, so they are issued after the first link
+// (mbarrier.expect_tx raises the slot's bytes without arriving) and the rest of the chain runs under their flight;
+// the offset and the sorted pairs are loaded together (the pairs unconditionally, masked by the row count after).
+// Lane 0 writes the slot's item fields and then arrives (release): with the 32 copy arrivals the slot's 33.
 template <class T>
 __device__ __forceinline__ void ws_produce(const GemmArgs& a, const hp::tma::TmaMap* wmap, const PlanView& plan,
                                            uint8_t* ring, ItemInfo* meta, uint32_t bars, const WsWork& w) {
@@ -512,6 +517,7 @@ __device__ __forceinline__ void ws_produce(const GemmArgs& a, const hp::tma::Tma
   auto full_bar = [&](int s) { return bars + 8u * s; };
   auto empty_bar = [&](int s) { return bars + 8u * (T::STAGES + s); };
   int ld_unit = -1, ld_tile = -1;
+  bool fresh = false;  // the tile's rows and token rows are still to be looked up
   ItemInfo ld{};
   int bsrc[T::B_PER_LANE];
   int ssrc[T::SC_PER_LANE];
@@ -522,29 +528,52 @@ __device__ __forceinline__ void ws_produce(const GemmArgs& a, const hp::tma::Tma
     if (unit != ld_unit) {
       ld_unit = unit;
       const int tile = unit / w.n_tiles;
-      if (tile != ld_tile) {  // a new tile: its expert, rows and token rows (consecutive units share them)
+      ld.nt = unit - tile * w.n_tiles;
+      if (tile != ld_tile) {  // a new tile (consecutive units share it): its expert and first row now
         ld_tile = tile;
-        ld = item_info<T>(plan, unit, w.n_tiles);
-#pragma unroll
-        for (int b = 0; b < T::B_PER_LANE; ++b) bsrc[b] = src_row<T>(plan, ld, (lane >> 3) + 4 * b, a.topk);
-        if constexpr (T::BLOCK) {
-#pragma unroll
-          for (int b = 0; b < T::SC_PER_LANE; ++b) ssrc[b] = src_row<T>(plan, ld, lane + 32 * b, a.topk);
-        }
-      } else {
-        ld.nt = unit - tile * w.n_tiles;
+        ld.e = plan.tile_expert()[tile];
+        ld.start = plan.tile_start()[tile];
+        fresh = true;
       }
     }
     if (step >= T::STAGES && !hp::tma::mbar_wait(empty_bar(s), ((step / T::STAGES) & 1) ^ 1))
       hp::tma::mbar_hang_report(2);
     uint8_t* st = ring + s * T::STAGE_BYTES;
     if (lane == 0) {
-      meta[s] = ld;
-      hp::tma::mbar_arrive_expect_tx(full_bar(s), T::A_BYTES);  // releases meta[s] to the consumers
+      hp::tma::mbar_expect_tx(full_bar(s), T::A_BYTES);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         hp::tma::tma_load_3d(hp::smem_u32(st + h * kHalfRows * kWgBK), wmap, kt * kWgBK, half_row<T>(ld, h, a.inter),
                              ld.e, full_bar(s));
+    }
+    if (fresh) {
+      fresh = false;
+      const int end = plan.offsets()[ld.e + 1];
+      int pair[T::B_PER_LANE];
+      int spair[T::SC_PER_LANE];
+      if constexpr (T::GATE_UP) {
+#pragma unroll
+        for (int b = 0; b < T::B_PER_LANE; ++b)
+          pair[b] = plan.sorted()[min(ld.start + (lane >> 3) + 4 * b, a.max_pairs - 1)];
+        if constexpr (T::BLOCK) {
+#pragma unroll
+          for (int b = 0; b < T::SC_PER_LANE; ++b)
+            spair[b] = plan.sorted()[min(ld.start + lane + 32 * b, a.max_pairs - 1)];
+        }
+      }
+      ld.rows = min(T::BM, end - ld.start);
+#pragma unroll
+      for (int b = 0; b < T::B_PER_LANE; ++b) {
+        const int n = (lane >> 3) + 4 * b;
+        bsrc[b] = n >= ld.rows ? -1 : (T::GATE_UP ? pair[b] / a.topk : ld.start + n);
+      }
+      if constexpr (T::BLOCK) {
+#pragma unroll
+        for (int b = 0; b < T::SC_PER_LANE; ++b) {
+          const int n = lane + 32 * b;
+          ssrc[b] = n >= ld.rows ? -1 : (T::GATE_UP ? spair[b] / a.topk : ld.start + n);
+        }
+      }
     }
     const int kk = kt * kWgBK + q * 16;
     const bool k_ok = kk < a.kdim;
@@ -566,6 +595,10 @@ __device__ __forceinline__ void ws_produce(const GemmArgs& a, const hp::tma::Tma
       }
     }
     cp_async_mbar_arrive(full_bar(s));
+    if (lane == 0) {
+      meta[s] = ld;
+      hp::tma::mbar_arrive_local(full_bar(s));  // releases meta[s] to the consumers
+    }
   }
   cp_commit();
   cp_wait<0>();  // no copy may still target this CTA's shared memory when its issuer exits
