@@ -193,8 +193,7 @@ def test_auto_variant_follows_the_measured_crossovers(tokens, q_heads, kv_heads,
     from hotpaths.kernels import attention_prologue as ap
 
     assert ap.choose_variant(tokens, q_heads, kv_heads) == want
-    assert ap.DEFAULT_VARIANT == "auto" and set(ap.VARIANTS) == {"auto", "baseline", "pair", "tokwarp2", "pairpf",
-                                                                 "tokwarp2pf"}
+    assert ap.DEFAULT_VARIANT == "auto" and set(ap.VARIANTS) == {"auto", "baseline", "pair", "tokwarp2"}
 
 
 def test_auto_vs_fastest_reads_a_variants_table():

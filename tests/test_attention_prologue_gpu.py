@@ -122,8 +122,8 @@ def test_token_counts_and_exact_tolerance(ap, T):
 @pytest.mark.parametrize("T,hq,hk,D,style", [(6000, 8, 2, 64, "interleaved"), (2000, 8, 2, 256, "neox"),
                                              (3000, 64, 8, 128, "neox")])
 def test_grids_of_several_waves_match_emulation(ap, T, hq, hk, D, style):
-    """Grids of more than one wave of resident CTAs at every head_dim: pairpf prefetches for the CTA one wave ahead
-    (and two waves ahead for positions and slots) only there, up to the grid's last CTA."""
+    """Grids of more than one wave of resident CTAs at every head_dim: every variant's last CTAs (a partial wave)
+    write what the emulation writes."""
     inp = ref.make_prologue_inputs(T, q_heads=hq, kv_heads=hk, head_dim=D, page_size=64, rope=style, pad_every=7,
                                    seed=T + D)
     assert_variants_match(ap, inp, emulate(inp), f"T={T} {hq}q{hk}kv D={D}")

@@ -4,7 +4,9 @@ attention, and the ``hotpaths prologue`` subcommand.
 Tables:
 - ``prologue_rows``: one row per (head configuration, token count, impl): median/p10/p90 us (CUDA-graph replay, L2
   flushed before each replay; ``torch_unfused`` eager), bytes (read QKV once, write Q + scales and the cache once),
-  the read probe of the same bytes and our fraction of it, the one-kernel timing floor, the error of Q (dequantized:
+  the read probe of the same bytes and our fraction of it, the one-kernel timing floor, the dependent-load floor
+  (``dependent_load_floor``: one kernel reading the positions, then the cos/sin rows they address), the error of Q
+  (dequantized:
   rel_l2_err, max_abs_err...) and K (from the cache: k_rel_l2_err) vs the exact fp64 reference on the first 256
   tokens, for every impl (the columns to compare impls by), and with ``check`` q_mismatch / cache_mismatch: bytes
   that differ from OUR same-precision emulation on the first 1024 tokens (0 for our kernel by design; a peer that
@@ -41,7 +43,8 @@ DECODE_MAX = 256
 ERR_TOKENS = 256     # tokens compared with the exact reference (per-token op: a prefix is a fair sample)
 CHECK_TOKENS = 1024  # tokens compared bit for bit with the emulation under check=True
 EXTRA_COLUMNS = ["tokens", "mode", "q_heads", "kv_heads", "head_dim", "read_probe_us", "pct_of_read_probe",
-                 "floor_us", "over_floor_us", "k_rel_l2_err", "q_mismatch", "cache_mismatch", "timing", "note"]
+                 "floor_us", "over_floor_us", "dep_floor_us", "over_dep_floor_us", "k_rel_l2_err", "q_mismatch",
+                 "cache_mismatch", "timing", "note"]
 
 
 def case_name(q_heads: int, kv_heads: int, mode: str, tokens: int) -> str:
@@ -234,6 +237,21 @@ def _mismatch(out, inputs, n: int, memo: dict | None = None) -> dict:
     return {"q_mismatch": qm, "cache_mismatch": cm}
 
 
+def dependent_load_floor(inputs: dict, *, iters: int = 100):
+    """The timing floor of a kernel whose loads depend on loaded values, as the prologue's do (the cos/sin rows are
+    addressed by the positions): ``torch.index_select(cos_sin, 0, positions)``, one kernel, timed by the same bench
+    (graph replay, L2 flushed, median). At decode sizes its bytes are a few KB, so it measures two dependent DRAM
+    round trips plus one kernel's fixed cost, below which no prologue can run. Returns a harness Timing, or None
+    without a CUDA device."""
+    from hotpaths.harness import bench as hb
+
+    if not torch.cuda.is_available():
+        return None
+    cs, pos = inputs["cos_sin"], inputs["positions"].long()
+    out = torch.empty(pos.numel(), *cs.shape[1:], dtype=cs.dtype, device=cs.device)
+    return hb.bench(lambda: torch.index_select(cs, 0, pos, out=out), iters=iters)
+
+
 def _repro(t: int, a: dict, impl: str) -> str:
     return (f"hotpaths prologue --tokens {t} --q-heads {a['q_heads']} --kv-heads {a['kv_heads']} --head-dim "
             f"{a['head_dim']} --page-size {a['page_size']} --norm-order {a['norm_order']} --rope {a['rope']} "
@@ -274,12 +292,14 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
         nbytes = ref.bytes(t, q_heads, kv_heads, head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype,
                            rotary_dim=inputs["rotary_dim"])
         probe = hb.read_probe(nbytes) if gpu else None
+        dep = dependent_load_floor(inputs) if gpu else None
         memo: dict = {}  # the emulation of these inputs, shared by every impl's check
         for impl in impls:
             row = {"op": OP, "case": case_name(q_heads, kv_heads, m, t), "impl": impl,
                    "dtype": f"q {q_dtype}, kv {kv_dtype}", "device": tag, "bytes": nbytes, "tokens": t, "mode": m,
                    "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "repro": _repro(t, cfg, impl),
-                   "floor_us": None if floor is None else floor.median_us}
+                   "floor_us": None if floor is None else floor.median_us,
+                   "dep_floor_us": None if dep is None else dep.median_us}
             fn, reason, graph = None, None, True
             ours = variant_of(impl) is not None
             if ours:
@@ -336,6 +356,8 @@ def prologue_rows(tokens_list, *, q_heads: int = 8, kv_heads: int = 1, head_dim:
             row.update(hb.read_probe_columns(tm.median_us, nbytes, probe=probe))
             if floor is not None:
                 row["over_floor_us"] = tm.median_us - floor.median_us
+            if dep is not None:
+                row["over_dep_floor_us"] = tm.median_us - dep.median_us
             rows.append(row)
     return rows
 
@@ -519,8 +541,8 @@ def register(subparsers) -> None:
     p.add_argument("--impl", default=",".join(IMPLS),
                    help=f"comma-separated impls among {', '.join(IMPLS)}")
     p.add_argument("--variants", default=None, metavar="NAMES",
-                   help="comma-separated kernel variants (auto, baseline, pair, tokwarp2, pairpf, tokwarp2pf): "
-                   "'fused' in --impl becomes one row per variant (fused_<name>), all on the same inputs")
+                   help="comma-separated kernel variants (auto, baseline, pair, tokwarp2): 'fused' in --impl "
+                   "becomes one row per variant (fused_<name>), all on the same inputs")
     p.add_argument("--check", action="store_true", help="bit-exact comparison with the emulation")
     p.add_argument("--chain", type=case_list_arg, default=None, metavar="CASES",
                    help="time prologue + decode attention for these decode cases (e.g. 64x0.5K,32x4K)")

@@ -33,11 +33,9 @@ _Q_MODE = {"dynamic": 0, "static": 1, "bf16": 2}
 # the same bytes (the pair variants run the baseline for neox when rotary_dim / 16 is not a power of two). "auto"
 # picks per launch by the measured crossovers (choose_variant). (Persistent-grid prefill variants with 2-3 items of
 # loads queued per warp were measured slower than pair at every size and removed: docs/ops/attention_prologue.md.)
-# "pairpf" / "tokwarp2pf": pair / tokwarp2 plus L2 prefetches (pairpf: the qkv rows, positions, slots and cos/sin
-# rows of the CTA about one wave ahead; tokwarp2pf: the warp's whole token row at its start), the same bytes written.
-VARIANTS = ("auto", "baseline", "pair", "tokwarp2", "pairpf", "tokwarp2pf")
+VARIANTS = ("auto", "baseline", "pair", "tokwarp2")
 DEFAULT_VARIANT = "auto"
-_KERNEL_CODE = {"baseline": 0, "pair": 1, "tokwarp2": 2, "pairpf": 3, "tokwarp2pf": 4}
+_KERNEL_CODE = {"baseline": 0, "pair": 1, "tokwarp2": 2}
 # Crossovers measured on the H200 (same run, 8q/1kv and 64q/8kv, d128): the baseline's smaller units fill more SMs
 # while units (tokens x heads) stay below ~4K (1-7 tokens: 5.1 vs 5.3 us; level at 64-256 tokens of 8q/1kv), the
 # pair layout wins above (8q/1kv 4096 tokens 14.5 vs 18.0 us), and one warp per token wins once a token has many

@@ -64,8 +64,7 @@ struct Params {
   int q_mode;       // 0: fp8 computed scale, 1: fp8 static scale, 2: bf16
   int kv_fp8;
   int pos64;
-  int trigger;         // 0 none, 1 right after the PDL wait
-  long long pf_ahead;  // pairpf: CTAs between a CTA and the one it prefetches for (about one wave); 0 none
+  int trigger;  // 0 none, 1 right after the PDL wait
 };
 
 __device__ __forceinline__ uint16_t fp8x2(float lo, float hi) {
@@ -92,15 +91,6 @@ __device__ __forceinline__ void store_fp8x8(void* dst, const float* x, float inv
     w[i] = uint32_t(a) | (uint32_t(b) << 16);
   }
   *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
-}
-
-// L2 prefetch hints (sm_90). They change no result: a later load of the same bytes finds them in L2 (or on their
-// way there) instead of waiting a full HBM round trip. Bulk form: a 16-byte aligned range, size a multiple of 16.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 // RMSNorm of the head held by the G lanes: sum of squares 8-in-sequence then xor butterfly (the emulation's order).
@@ -471,28 +461,7 @@ __device__ __forceinline__ void unpack16(const uint4 (&raw)[2], float (&x)[2 * k
 // Variant pair: the baseline's grid (one (token, head) unit per lane group, units token-major) in the pair layout:
 // D/16 lanes per unit with two 16-byte qkv loads each (twice the bytes in flight per thread), no RoPE shuffles, and
 // half the cos/sin loads per element (a lane's 8 angles serve its 16 elements).
-//
-// Variant pairpf (PF): pair, plus L2 prefetches for the CTA that will take this CTA's slot about one wave later
-// (b + A, A = resident CTAs of the grid, p.pf_ahead). At prefill a pair CTA's life is two dependent HBM round trips
-// (qkv and the position, then the cos/sin row the position addresses) plus its arithmetic, and only the first round
-// trip has qkv bytes in flight ("Why prefill reads at 1.8 TB/s" in docs/ops/attention_prologue.md). A prefetch
-// holds no register and no warp: thread 0 sends CTA b + A's qkv rows (one contiguous 4 KB range: units are
-// token-major) to L2 with one bulk prefetch; warp 1 prefetches the positions and slots of CTA b + 2A's tokens, and
-// reads the positions of CTA b + A's tokens (prefetched that way by CTA b - A) to prefetch their cos/sin rows. So
-// from the second wave on every load of a CTA, the dependent ones included, should be an L2 hit. The bytes, and
-// every bit written, are those of pair.
-__device__ __forceinline__ void prefetch_ahead_positions(const Params& p, unsigned units, unsigned first,
-                                                         unsigned count, int heads, int lane) {
-  if (first >= units) return;
-  const unsigned last = (first + count < units ? first + count : units) - 1;
-  const unsigned t = first / unsigned(heads) + unsigned(lane);
-  if (t > last / unsigned(heads)) return;
-  prefetch_l2(p.pos64 ? static_cast<const void*>(static_cast<const int64_t*>(p.positions) + t)
-                      : static_cast<const void*>(static_cast<const int32_t*>(p.positions) + t));
-  prefetch_l2(p.slots + t);
-}
-
-template <int D, bool PF>
+template <int D>
 __global__ void __launch_bounds__(kThreads) pair_kernel(const Params p) {
   constexpr int P = D / (2 * kElems);
   constexpr int kUnitsPerCta = kThreads / P;
@@ -509,32 +478,10 @@ __global__ void __launch_bounds__(kThreads) pair_kernel(const Params p) {
   const int pos = u.qk ? load_pos(p, u.t) : 0;
   const long long slot = u.active && u.kind > 0 ? p.slots[u.t] : -1;
   const Scales sc = load_scales(p);
-  // pairpf: issued beside this CTA's own loads; the position of a token of CTA b + A is used only after this CTA's
-  // own position has arrived (load_pair_angles below), by when it has too
-  const unsigned units = unsigned(p.tokens) * unsigned(heads);
-  const unsigned ahead1 = unsigned(blockIdx.x + p.pf_ahead) * kUnitsPerCta;  // host: grid + 2A < 2^31 / units
-  int apos = -1;
-  if constexpr (PF) {
-    if (threadIdx.x == 0 && ahead1 < units) {
-      const unsigned n = units - ahead1 < unsigned(kUnitsPerCta) ? units - ahead1 : unsigned(kUnitsPerCta);
-      prefetch_l2_bulk(p.qkv + (long long)ahead1 * D, n * D * 2);
-    }
-    const int lane = int(threadIdx.x) - 32;
-    if (lane >= 0 && lane < 32) {
-      prefetch_ahead_positions(p, units, unsigned(blockIdx.x + 2 * p.pf_ahead) * kUnitsPerCta, kUnitsPerCta, heads,
-                               lane);
-      const unsigned last = (ahead1 + kUnitsPerCta < units ? ahead1 + kUnitsPerCta : units) - 1;
-      if (ahead1 < units && ahead1 / unsigned(heads) + unsigned(lane) <= last / unsigned(heads))
-        apos = load_pos(p, int(ahead1 / unsigned(heads)) + lane);
-    }
-  }
   uint4 wr[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
   PairAngles ang;
   if (u.qk) load_pair(u.kind == 0 ? p.q_norm_w : p.k_norm_w, ca, cb, wr);
   load_pair_angles(p, u.qk, pos, ca, m, ang);
-  if constexpr (PF) {
-    if (apos >= 0) prefetch_l2_bulk(p.cos_sin + (long long)apos * p.rot, uint32_t(p.rot) * 4);
-  }
 
   float x[2 * kElems];
   unpack16(xr, x);
@@ -548,11 +495,7 @@ __global__ void __launch_bounds__(kThreads) pair_kernel(const Params p) {
 // cos/sin angles (16 registers) and both norm weights (read once per thread). The qkv loads run kDepth passes
 // ahead (a ring of kDepth x 32 bytes per thread, refilled as each pass is unpacked), so a thread keeps up to
 // kDepth x 32 bytes in flight instead of the baseline's 16.
-//
-// Variant tokwarp2pf (PF): tokwarp2, plus one L2 bulk prefetch of the warp's whole qkv row (all heads of its token,
-// e.g. 80 x 256 B at 64q/8kv d128) right after the wait, so the head passes past the register ring find their
-// bytes in L2 or on their way, instead of each refill waiting a full HBM round trip behind the pass before it.
-template <int D, int kDepth, bool PF>
+template <int D, int kDepth>
 __global__ void __launch_bounds__(kThreads, kDepth <= 2 ? 4 : 3) token_warp_kernel(const Params p) {
   constexpr int P = D / (2 * kElems);
   constexpr int kSlots = 32 / P;
@@ -569,9 +512,6 @@ __global__ void __launch_bounds__(kThreads, kDepth <= 2 ? 4 : 3) token_warp_kern
   hp::pdl_wait();                                   // everything read below may be written by the previous kernel
   if (p.trigger == 1) hp::pdl_launch_dependents();  // as early as is safe: header, "PDL"
   const __nv_bfloat16* row = p.qkv + t * heads * D;
-  if constexpr (PF) {
-    if (lane == 0) prefetch_l2_bulk(row, uint32_t(heads) * D * 2);
-  }
   uint4 ring[kDepth][2];
 #pragma unroll
   for (int k = 0; k < kDepth; ++k) {
@@ -623,23 +563,13 @@ int launch_d(const Params& p, int variant, int pdl, cudaStream_t stream) {
   if ((m & (m - 1)) != 0) variant = 0;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
-  if (variant == 2 || variant == 4) {
+  if (variant == 2) {
     const dim3 grid(unsigned((p.tokens + kThreads / 32 - 1) / (kThreads / 32)));
-    if (variant == 4) return int(hp::launch(token_warp_kernel<D, 2, true>, grid, dim3(kThreads), 0, stream, opt, p));
-    return int(hp::launch(token_warp_kernel<D, 2, false>, grid, dim3(kThreads), 0, stream, opt, p));
+    return int(hp::launch(token_warp_kernel<D, 2>, grid, dim3(kThreads), 0, stream, opt, p));
   }
-  const long long per_cta = variant == 0 ? kThreads / (D / kElems) : kThreads / (D / (2 * kElems));
+  const long long per_cta = variant == 1 ? kThreads / (D / (2 * kElems)) : kThreads / (D / kElems);
   const long long blocks = (units + per_cta - 1) / per_cta;
-  if (variant == 3) {
-    static std::atomic<int> slots[16];
-    Params q = p;
-    q.pf_ahead = (long long)hp::ctas_per_sm(slots, pair_kernel<D, true>, kThreads, 0) * hp::sm_count();
-    // the kernel forms (b + 2A) * units-per-CTA in 32 bits
-    if ((blocks + 2 * q.pf_ahead) * per_cta > 0x7fffffffLL) q.pf_ahead = 0;
-    return int(hp::launch(pair_kernel<D, true>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, opt, q));
-  }
-  if (variant == 1)
-    return int(hp::launch(pair_kernel<D, false>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, opt, p));
+  if (variant == 1) return int(hp::launch(pair_kernel<D>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, opt, p));
   return int(hp::launch(prologue_kernel<D>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, opt, p));
 }
 
@@ -647,8 +577,7 @@ int launch_d(const Params& p, int variant, int pdl, cudaStream_t stream) {
 
 // variant: 0 baseline (one unit per D/8 lanes), 1 pair (one unit per D/16 lanes, rotate-half pairs in a lane),
 // 2 tokwarp2 (one warp per token, pair layout, qkv loads 2 passes ahead; 4 passes ahead was never faster: 3 CTAs
-// per SM at 149 registers), 3 pairpf (pair + L2 prefetch one wave ahead), 4 tokwarp2pf (tokwarp2 + L2 prefetch of
-// the warp's row); 1-4 run the baseline for neox with rotary_dim/16 not a power of two.
+// per SM at 149 registers); 1-2 run the baseline for neox with rotary_dim/16 not a power of two.
 extern "C" int hp_attention_prologue(const void* qkv, const void* q_norm_w, const void* k_norm_w, const void* cos_sin,
                                      const void* positions, int pos64, const void* slots, void* k_cache, void* v_cache,
                                      void* q_out, void* q_scale, const void* q_scale_static, const void* k_scale,
@@ -657,7 +586,7 @@ extern "C" int hp_attention_prologue(const void* qkv, const void* q_norm_w, cons
                                      int interleaved, int q_mode, int kv_fp8, int pdl, int trigger, int variant,
                                      void* stream) {
   if (tokens <= 0) return 0;
-  if (variant < 0 || variant > 4) return int(cudaErrorInvalidValue);
+  if (variant < 0 || variant > 2) return int(cudaErrorInvalidValue);
   // one aggregate in the struct's field order
   const Params p{static_cast<const __nv_bfloat16*>(qkv),
                  static_cast<const __nv_bfloat16*>(q_norm_w),
@@ -684,8 +613,7 @@ extern "C" int hp_attention_prologue(const void* qkv, const void* q_norm_w, cons
                  q_mode,
                  kv_fp8,
                  pos64,
-                 trigger,
-                 0};
+                 trigger};
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (head_dim) {
     case 64:
