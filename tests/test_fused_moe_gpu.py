@@ -662,6 +662,22 @@ def test_wgmma_ws_matches_wgmma(moe, mode, t):
                      rel_max=1e-3)
 
 
+def _poisoned_split_runs(moe, p, x, w13, w2, tw, mode, sc, h, i, keep, after_split=None):
+    """The layer three times on NaN-poisoned act / ybuf: split_k False, True, True. keep(act, ybuf, out) picks the
+    tensors each run returns (cloned); after_split(), when given, checks the plan after each split run."""
+    act, ybuf = p.buffers(h, i)
+    runs = []
+    for split in (False, True, True):
+        act.fill_(float("nan"))
+        ybuf.fill_(float("nan"))
+        out = moe.run(p, x, w13, w2, tw, scales=mode, split_k=split, **sc)
+        torch.cuda.synchronize()
+        runs.append(tuple(v.clone() for v in keep(act, ybuf, out)))
+        if split and after_split is not None:
+            after_split()
+    return runs
+
+
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
 @pytest.mark.parametrize("name,t", [("hy3_tp8", 1), ("hy3_tp8", 2), ("hy3_tp1_ep8", 1)])
 @pytest.mark.parametrize("gemm", ["mma", "mma_tma"])
@@ -679,19 +695,12 @@ def test_split_k_on_off(moe, name, mode, t, gemm):
         ids.fill_(-1)  # exactly one local pair: a single tile whatever the seed
     ids[0, 0] = off + 3
     p = moe.plan(ids, num_experts=e, expert_offset=off, block_m=8, gemm=gemm)
-    act, ybuf = p.buffers(h, i)
     nvalid = int(p.fields()["header"][0])
     split_gu, split_dn = p.split_factors(h, i, mode)
     assert split_gu > 1, f"{name}/T={t}: the gate-up GEMM should split here, factor {split_gu}"
     if off:
         assert split_dn > 1, f"{name}/T={t}: the down GEMM should split here, factor {split_dn}"
-    runs = []
-    for split in (False, True, True):
-        act.fill_(float("nan"))
-        ybuf.fill_(float("nan"))
-        out = moe.run(p, x, w13, w2, tw, scales=mode, split_k=split, **sc)
-        torch.cuda.synchronize()
-        runs.append((act[:nvalid].clone(), out.clone()))
+    runs = _poisoned_split_runs(moe, p, x, w13, w2, tw, mode, sc, h, i, lambda a, y, o: (a[:nvalid], o))
     # the split launches wrote partials: the fp32 region past the counters is no longer all zero
     assert torch.count_nonzero(p.splitk_workspace(True)) > 0, "the gate-up GEMM wrote no split-K partial"
     (a0, o0), (a1, o1), (a2, o2) = runs
@@ -721,19 +730,14 @@ def test_wgmma_ws_units_cut_across_ctas(moe, name, mode, t):
     w13, w2, sc = weights(name, mode)
     x, ids, tw = make_tokens(t, k, h, hi, seed=120 + t, ids_lo=lo)
     p = moe.plan(ids, num_experts=e, expert_offset=off, gemm="wgmma_ws")
-    act, ybuf = p.buffers(h, i)
     nvalid = int(p.fields()["header"][0])
     vp = torch.nonzero((ids.reshape(-1) >= off) & (ids.reshape(-1) < off + e)).flatten()
-    runs = []
-    for split in (False, True, True):
-        act.fill_(float("nan"))
-        ybuf.fill_(float("nan"))
-        out = moe.run(p, x, w13, w2, tw, scales=mode, split_k=split, **sc)
-        torch.cuda.synchronize()
-        runs.append((act[:nvalid].clone(), ybuf[vp].clone(), out.clone()))
-        if split:
-            flags = p.ws_split_workspace()[:moe.WS_SPLIT_FLAGS]
-            assert not torch.count_nonzero(flags), f"{name}/{mode}/T={t}: split flags left raised after a launch"
+
+    def flags_down():
+        flags = p.ws_split_workspace()[:moe.WS_SPLIT_FLAGS]
+        assert not torch.count_nonzero(flags), f"{name}/{mode}/T={t}: split flags left raised after a launch"
+    runs = _poisoned_split_runs(moe, p, x, w13, w2, tw, mode, sc, h, i, lambda a, y, o: (a[:nvalid], y[vp], o),
+                                flags_down)
     assert torch.count_nonzero(p.ws_split_workspace()[moe.WS_SPLIT_FLAGS:]) > 0, "no unit was cut: no partial written"
     (a0, y0, o0), (a1, y1, o1), (a2, y2, o2) = runs
     assert torch.equal(a1, a2) and torch.equal(y1, y2) and torch.equal(o1, o2), "cut runs differ: order-dependent"
