@@ -121,7 +121,8 @@ def test_dispatch_table_file_is_read(tmp_path, monkeypatch):
     try:
         assert rg.choose_impl(8, 192, 4096) == "fp32_cublas"
         assert rg.tuned_config(8, 192, 4096) == ("decode", 8)
-        assert rg.tuned_config(100, 192, 4096) is None  # nearest row is decode, which cannot run M > 64
+        assert rg.tuned_config(100, 192, 4096) == ("decode", 8)  # row blocks: decode runs up to M = 128
+        assert rg.tuned_config(200, 192, 4096) is None  # nearest row is decode, which cannot run M > 128
         assert rg.tuned_config(700, 192, 4096) == ("tiled64d", 4)
         assert rg.tuned_config(700, 256, 4096) is None
     finally:
@@ -146,7 +147,8 @@ def test_benchmark_rows_fall_back_to_emulations():
 def test_kernel_candidates():
     c = rg.kernel_candidates(16, 192, 4096)
     assert ("decode_n1", 0) in c and ("decode_n2", 0) in c and ("tiled64d", 8) in c and ("tiled128", 1) in c
-    assert all(not v.startswith("decode") for v, _ in rg.kernel_candidates(65, 192, 4096))
+    assert all(not v.startswith("decode") for v, _ in rg.kernel_candidates(129, 192, 4096))
+    assert ("tiled64d", 16) in rg.kernel_candidates(100, 192, 4096)  # 6 tiles x 16 ranks, 4 k-tiles each
     # big grids are not split further; every split keeps >= 4 k-steps
     assert ("tiled64", 8) not in rg.kernel_candidates(4096, 192, 4096)
     assert all((128 // rg.TILED_TILES[v][2]) // max(s, 1) >= 4 for v, s in rg.kernel_candidates(1, 64, 128)
@@ -159,27 +161,29 @@ def test_kernel_candidates():
 def test_every_decode_variant_is_a_candidate_only_at_decode_sizes():
     assert set(rg.DECODE_VARIANTS) == {v for v in rg.VARIANTS if v.startswith("decode")} - {"decode"}
     assert sorted(rg.VARIANTS.values()) == list(range(len(rg.VARIANTS)))  # ids are the list order, no gaps
-    for m in (1, 3, 17, 48, 64):
+    for m in (1, 3, 17, 48, 64, 65, 100, 128):
         got = [v for v, s in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
         assert got == list(rg.DECODE_VARIANTS), m
-    for m in (65, 2048):
+    for m in (129, 2048):
         assert not [v for v, _ in rg.kernel_candidates(m, 192, 4096) if v.startswith("decode")]
 
 
 @needs_nvcc
 @pytest.mark.parametrize("n", [128, 192, 256, 384, 512, 768])
 def test_candidates_at_every_target_shape(n):
-    """The first-use tuner's list at the target grid: every decode variant at M <= 64 for every N (they are
-    instantiated per m16 tiles and n8 tiles per warp, not per N), and from M = 65 every tiled / wgmma variant whose
-    tile divides the shape. The TMA family runs at BN = 192 (ws128n192*: N = 192, 384, 768) and BN = 128
-    (ws128n128*: N = 128, 256, 384, 512, 768), so from M = 65 every target N has TMA candidates."""
+    """The first-use tuner's list at the target grid: every decode variant at M <= 128 for every N (they are
+    instantiated per m16 tiles and n8 tiles per warp, not per N; past 64 rows over row blocks), and from M = 65
+    every tiled / wgmma variant whose tile divides the shape. The TMA family runs at BN = 192 (ws128n192*: N = 192,
+    384, 768) and BN = 128 (ws128n128*: N = 128, 256, 384, 512, 768), so from M = 65 every target N has TMA
+    candidates."""
     tiles = {**rg.TILED_TILES, **rg.WGMMA_TILES}
     for k in (2048, 3072, 4096, 6144, 7168):
-        for m in (1, 16, 64):
+        for m in (1, 16, 64, 100, 128):
             assert [v for v, _ in rg.kernel_candidates(m, n, k) if v.startswith("decode")] == \
                 list(rg.DECODE_VARIANTS), (m, n, k)
         for m in (128, 1024):
             want = {v for v, (_, bn, bk) in tiles.items() if n % bn == 0 and k % bk == 0}
+            want |= set(rg.DECODE_VARIANTS) if m <= rg.DECODE_MAX_M else set()
             assert {v for v, _ in rg.kernel_candidates(m, n, k)} == want, (m, n, k)
         ws = {v for v, _ in rg.kernel_candidates(1024, n, k) if v.startswith("ws")}
         assert {v for v in ws if v.startswith("ws128n192")} == ({"ws128n192g", "ws128n192p", "ws128n192r"}
@@ -287,17 +291,41 @@ def test_variant_list_keeps_what_the_dispatch_table_picks():
 @needs_nvcc
 def test_decode_configs_host_side():
     """hp_router_gemm_config is host code: the C side knows every Python variant name (no GPU needed)."""
-    want = {"decode_c16": (16, 1), "decode_w8": (8, 1), "decode_c16w8": (16, 1)}
+    want = {"decode_w8": (8, 1), "decode_c16w8": (16, 1)}
     for v, (cs, nt) in want.items():
-        for m, mt in ((1, 1), (16, 1), (17, 2), (33, 3), (48, 3), (49, 4), (64, 4)):
+        # past 64 rows: ceil(M / 64) row blocks of M / blocks rows each, in m16 tiles (65-96: two blocks of <= 48)
+        for m, mt in ((1, 1), (16, 1), (17, 2), (33, 3), (48, 3), (49, 4), (64, 4), (65, 3), (96, 3), (97, 4),
+                      (100, 4), (128, 4)):
             assert rg.kernel_config(m, 192, 4096, variant=v) == {"variant": v, "splits": cs, "mt": mt, "nt": nt}
-        with pytest.raises(ValueError, match="decode needs M <= 64"):
-            rg.kernel_config(65, 192, 4096, variant=v)
+        with pytest.raises(ValueError, match="decode needs M <= 128"):
+            rg.kernel_config(129, 192, 4096, variant=v)
     for v, nt in (("decode_n1", 1), ("decode_n2", 2)):  # the baseline's kernels, reported as "decode"
         assert rg.kernel_config(48, 192, 4096, variant=v) == {"variant": "decode", "splits": 8, "mt": 3, "nt": nt}
     for v in rg.TILED_TILES:  # every tiled name resolves to itself, with a valid split
         cfg = rg.kernel_config(2048, 192, 4096, variant=v)
         assert cfg["variant"] == v and cfg["splits"] in (1, 2, 4, 8), (v, cfg)
+
+
+@needs_nvcc
+def test_tiled_sixteen_splits_host_side():
+    """K split 16 ways (a non-portable cluster of 16) is a tiled-kernel configuration only, offered where the
+    grid stays under ~2 CTAs per SM and every split keeps >= 4 k-steps (hand-counted below)."""
+    assert rg.kernel_config(100, 128, 4096, variant="tiled64d", splits=16)["splits"] == 16
+    for v in ("decode", "decode_w8", "wg128n96", "ws128n128g"):
+        with pytest.raises(ValueError, match="tiled: also 16"):
+            rg.kernel_config(100 if not v.startswith("decode") else 64, 384, 4096, variant=v, splits=16)
+    with pytest.raises(ValueError):
+        rg.kernel_config(100, 128, 4096, variant="tiled64d", splits=32)
+
+    def sixteen(m, n, k):
+        return {v for v, s in rg.kernel_candidates(m, n, k) if s == 16}
+    # tiled64d (64 x 64, BK 64), tiled64 (BK 32), tiled128 (128 x 64, BK 32); base tiles x 16 <= 264
+    assert sixteen(100, 128, 4096) == {"tiled64", "tiled64d", "tiled128"}  # 4 / 4 / 2 tiles; 4 / 8 / 8 k-steps
+    assert sixteen(100, 128, 2048) == {"tiled64", "tiled128"}  # tiled64d: 32 k-tiles / 16 = 2
+    assert sixteen(256, 256, 7168) == {"tiled64", "tiled64d", "tiled128"}  # 16 / 16 / 8 tiles
+    assert sixteen(256, 384, 4096) == {"tiled128"}  # 24 tiles x 16 > 264; tiled128 12 tiles
+    assert sixteen(1024, 128, 4096) == {"tiled128"}  # 16 tiles of 128 rows; tiled64 / 64d 32
+    assert sixteen(2048, 128, 4096) == set()  # 32 tiles and up
 
 
 def test_benchmark_rows_reject_unknown_impl():
@@ -401,7 +429,7 @@ def test_wgmma_configs_host_side():
     lib = rg._lib()
     fake = ctypes.c_void_p(256)  # never dereferenced: every request is refused before any launch
     for parts, n, v in ((3, 192, "wg128n96"), (2, 256, "wg128n96"), (2, 192, "ws128n128g"), (3, 256, "ws128n128r"),
-                        (3, 192, "ws128n192g"), (2, 256, "ws128n192g"), (3, 192, "decode_c16"),
+                        (3, 192, "ws128n192g"), (2, 256, "ws128n192g"), (3, 192, "decode_w8"),
                         (3, 192, "tiled64d")):
         code = lib.hp_router_gemm(fake, fake, fake, fake, fake, 300 if "decode" not in v else 3, n, 4096, parts,
                                   1 / 256, 1 / 256, rg.VARIANTS[v], 1 if "decode" not in v else 0, None)
@@ -469,14 +497,14 @@ def test_tuned_config_bf16x3_skips_two_part_only_variants():
                            "tiled64/1": 60.0, "t128n96d/2": 30.0}},
         {"m": 8, "choice": "bf16x2_kernel", "kernel": {"variant": "wg128n96", "splits": 1},
          "candidates_us": {"wg128n96/1": 9.0}},
-        {"m": 2, "choice": "bf16x2_kernel", "kernel": {"variant": "decode_c16", "splits": 0},
-         "candidates_us": {"decode_c16/0": 6.9, "decode_n2/0": 7.1, "decode_n1/0": 7.3}},
+        {"m": 2, "choice": "bf16x2_kernel", "kernel": {"variant": "decode_w8", "splits": 0},
+         "candidates_us": {"decode_w8/0": 6.9, "decode_n2/0": 7.1, "decode_n1/0": 7.3}},
         {"m": 32, "choice": "bf16x2_kernel", "kernel": {"variant": "t64n96d3", "splits": 2},
          "candidates_us": {"t64n96d3/2": 20.0}}]}]}
     assert rg.tuned_config(4096, 192, 4096, table) == ("wg128n96", 2)
     assert rg.tuned_config(4096, 192, 4096, table, parts=3) == ("tiled128", 2)  # t128n96d: not in this build
     assert rg.tuned_config(8, 192, 4096, table, parts=3) is None  # no three-part candidate measured
-    assert rg.tuned_config(2, 192, 4096, table) == ("decode_c16", 0)
+    assert rg.tuned_config(2, 192, 4096, table) == ("decode_w8", 0)
     assert rg.tuned_config(2, 192, 4096, table, parts=3) == ("decode_n2", 0)
     assert rg.tuned_config(32, 192, 4096, table) is None
 

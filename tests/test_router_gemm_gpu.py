@@ -137,7 +137,7 @@ def test_bf16x3_every_variant(rg, hy3, variant, splits, m):
                                               ("tiled64", 8, 130), ("tiled64", 2, 77), ("tiled128", 1, 300),
                                               ("tiled128", 4, 129), ("tiled64d", 1, 65), ("tiled64d", 8, 3),
                                               ("tiled64d", 4, 1000), ("decode_n1", 0, 64), ("decode_n2", 0, 1),
-                                              ("decode_n2", 0, 33), ("decode_c16", 0, 1), ("decode_w8", 0, 17),
+                                              ("decode_n2", 0, 33), ("decode_c16w8", 0, 1), ("decode_w8", 0, 17),
                                               ("decode_c16w8", 0, 64)])
 def test_every_variant_matches_emulation(rg, hy3, variant, splits, m):
     _check_variant(rg, hy3[1], "bf16x2", variant, splits, m, seed=5)
@@ -151,14 +151,15 @@ def test_every_candidate_matches_emulation(rg, hy3, m):
     emu = ref.bf16x2_from_parts(x, weights.w_high, weights.w_low)
     cands = rg.kernel_candidates(m, N, K)
     assert {v for v, _ in cands} >= set(rg.TILED_TILES)
-    assert {v for v, _ in cands if v.startswith("decode")} == (set(rg.DECODE_VARIANTS) if m <= 64 else set())
+    assert {v for v, _ in cands if v.startswith("decode")} == (set(rg.DECODE_VARIANTS)
+                                                               if m <= rg.DECODE_MAX_M else set())
     for variant, splits in cands:
         out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, N), variant=variant, splits=splits)
         torch.cuda.synchronize()
         assert_close(out, emu, op="router_gemm", path="bf16x2_vs_emulation", what=f"{variant} s={splits} m={m}")
 
 
-@pytest.mark.parametrize("variant", ["decode_c16", "decode_w8", "decode_c16w8"])
+@pytest.mark.parametrize("variant", ["decode_w8", "decode_c16w8"])
 def test_generalised_decode_other_shapes(rg, variant):
     """The cluster-8/16 decode variants at the LongCat and DeepSeek shapes: K = 3072 leaves some warps of the
     16 x 8-warp variant without a K chunk (96 chunks, 128 warps), K = 7168 takes several loop trips, N = 256 / 384 /
@@ -175,8 +176,10 @@ def test_generalised_decode_other_shapes(rg, variant):
                          path="bf16x2_vs_emulation", what=f"{name} {variant} m={m}")
 
 
-@pytest.mark.parametrize("variant,splits,m", [("decode_c16", 0, 3), ("decode_c16w8", 0, 48), ("decode_w8", 0, 64),
-                                              ("tiled64d", 8, 208), ("wg128n96", 2, 2048), ("wg128n96", 4, 4096),
+@pytest.mark.parametrize("variant,splits,m", [("decode_c16w8", 0, 3), ("decode_c16w8", 0, 48), ("decode_w8", 0, 64),
+                                              ("decode_w8", 0, 100), ("decode", 0, 128), ("tiled64d", 16, 100),
+                                              ("tiled64", 16, 208), ("tiled64d", 8, 208), ("wg128n96", 2, 2048),
+                                              ("wg128n96", 4, 4096),
                                               ("ws128n192g", 1, 4096), ("ws128n192g", 4, 4096),
                                               ("ws128n192g", 8, 2048), ("ws128n192p", 4, 4096),
                                               ("ws128n192p", 2, 1100), ("ws128n192p", 8, 2048),
@@ -190,6 +193,37 @@ def test_new_variants_deterministic_and_graph_safe(rg, hy3, variant, splits, m):
     _, weights, _ = hy3
     x = _x(m, seed=41)
     _same_bits_and_replays(rg, x, weights, m, N, variant, splits)
+
+
+@pytest.mark.parametrize("variant", ["decode", "decode_n1", "decode_n2", "decode_w8", "decode_c16w8"])
+def test_decode_row_blocks(rg, variant):
+    """M = 65-128 runs the decode kernel over two row blocks (grid z): every decode variant at the block
+    boundaries (65: two blocks of 48 rows, 33 + 32 used; 96: 48 + 48; 97 / 100 / 128: 64 + the rest) on a
+    NaN-poisoned output, at the Hy3 shape and at N = 128 / 256 with K = 7168 (several loop trips per warp)."""
+    for n, k in ((N, K), (128, 7168), (256, 6144)):
+        _, w = ref.make_router_inputs(1, n, k, seed=43)
+        weights = rg.plan(w.cuda())
+        for m in (65, 96, 97, 100, 128):
+            x = _x(m, k=k, seed=43 + m)
+            out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant)
+            torch.cuda.synchronize()
+            assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
+                         path="bf16x2_vs_emulation", what=f"{variant} n={n} k={k} m={m}")
+
+
+@pytest.mark.parametrize("variant", ["tiled64", "tiled128", "tiled64d"])
+def test_tiled_sixteen_splits(rg, variant):
+    """K split over a cluster of 16 (non-portable) reduced through DSMEM, 4 rows per rank at BM = 64: against the
+    emulation on a NaN-poisoned output, at M with a partial last row tile, on N = 128 / 256 shapes."""
+    for n, k in ((128, 4096), (256, 7168)):
+        _, w = ref.make_router_inputs(1, n, k, seed=47)
+        weights = rg.plan(w.cuda())
+        for m in (65, 100, 256):
+            x = _x(m, k=k, seed=47 + m)
+            out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant, splits=16)
+            torch.cuda.synchronize()
+            assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
+                         path="bf16x2_vs_emulation", what=f"{variant}/16 n={n} k={k} m={m}")
 
 
 def test_wide_n_variant_rejects_indivisible_n(rg):
@@ -302,7 +336,7 @@ def test_m_zero_and_bad_input(rg, hy3):
     with pytest.raises(ValueError, match="three_part"):
         rg.router_gemm(x, weights, impl="bf16x3_kernel")
     with pytest.raises(ValueError, match="decode"):
-        rg.router_gemm(_x(100), weights, impl="bf16x2_kernel", variant="decode")
+        rg.router_gemm(_x(129), weights, impl="bf16x2_kernel", variant="decode")  # decode: M <= 128
     with pytest.raises(ValueError, match="out"):
         rg.router_gemm(x, weights, out=torch.empty(4, N + 1, device="cuda"))
     with pytest.raises(ValueError, match="multiple of 64"):

@@ -113,4 +113,7 @@ SANITIZE_CASES = [
     dict(m=65, n=64, k=64, scale="init", seed=1, parts=2, variant="auto", splits=0),
     dict(m=129, n=256, k=1024, scale=1.0, seed=2, parts=3, variant="auto", splits=0),
     dict(m=4096, n=192, k=512, scale="init", seed=3, parts=2, variant="auto", splits=0),
+    # the decode kernel over two row blocks (grid z), and K split over a 16-CTA (non-portable) cluster
+    dict(m=100, n=128, k=1024, scale="init", seed=4, parts=2, variant="decode_w8", splits=0),
+    dict(m=100, n=128, k=4096, scale="init", seed=5, parts=2, variant="tiled64d", splits=16),
 ]

@@ -4,6 +4,13 @@
 // Why one helper: the same dozen lines were written once per kernel family, each with its own idea of when to set
 // a function attribute (once per process is wrong on a multi-GPU host: attributes are per device).
 #pragma once
+
+namespace hp {
+// Shared memory one block may take on sm_90: 228 KB per SM less the 1 KB the runtime reserves per block. Every
+// kernel family's static_asserts and stage-count fits are written against it.
+constexpr int kSmemPerBlock = 227 * 1024;
+}  // namespace hp
+
 #if !defined(__CUDACC_RTC__)
 #include <cuda_runtime.h>
 

@@ -4,7 +4,7 @@ rows and the tuner: hotpaths.bench.router_gemm).
 ``scores = x @ W.T`` with x BF16 [M, K] and an FP32 router weight W [N, K] held as BF16 parts
 (``W ~ w_high + w_low / 256``, split once by :func:`plan` with ``hotpaths.reference.router_gemm``'s split).
 The kernel (router_gemm.cu) loads each activation fragment once, runs two BF16 tensor-core products into FP32
-accumulators and writes ``acc_hi + acc_lo / 256``. Decode sizes (M <= 64) use a split-K kernel over every SM
+accumulators and writes ``acc_hi + acc_lo / 256``. Decode sizes (M <= 128) use a split-K kernel over every SM
 with a deterministic cluster (DSMEM) reduction; prefill sizes a cp.async-pipelined tiled kernel.
 
 ``router_gemm(x, weights, impl="dispatch")`` picks between the kernel and FP32 cuBLAS by M using the crossover
@@ -61,6 +61,8 @@ FAMILIES = ("auto", "decode", "tiled", "wgmma", "ws")  # index = hp_router::Fami
 SPLITK_KINDS = ("cluster", "global", "pair", "scatter")  # index = hp_router::SplitK
 # From 65 rows up (every prefill size): with K split 8 ways even 1-2 row tiles of 128 fill 64-128 SMs.
 WGMMA_MIN_M = 65
+# The decode kernel's largest M (hp_router::kDecodeMaxM): 64 rows per CTA, row blocks (grid z) past 64.
+DECODE_MAX_M = 128
 # The tuner's accuracy gate (the project's accuracy target): a configuration whose max abs error vs FP64 exceeds ERR_BOUND x the
 # BF16x2 emulation's on the gate input is not timed and cannot be chosen.
 ERR_BOUND = 1.5
@@ -144,7 +146,7 @@ def _views() -> dict:
     wg = {v.name: v.tile for v in t.values() if v.family in ("wgmma", "ws")}
     return {
         "VARIANTS": {v.name: v.id for v in t.values()},
-        # the decode variants the tuner times at M <= 64 (each needs M <= 64; "decode" itself picks its n8 tiles by
+        # the decode variants the tuner times at M <= DECODE_MAX_M ("decode" itself picks its n8 tiles by
         # shape, and decode_n1 / decode_n2 time both of its choices)
         "DECODE_VARIANTS": tuple(v.name for v in t.values() if v.family == "decode" and v.name != "decode"),
         "TILED_TILES": {v.name: v.tile for v in t.values() if v.family == "tiled"},
@@ -190,8 +192,8 @@ def kernel_config(m: int, n: int, k: int, *, variant: str = "auto", splits: int 
     code = _lib().hp_router_gemm_config(m, n, k, _variant_id(variant), splits, buf)
     if code:
         raise ValueError(f"router GEMM kernel: no configuration for M={m}, N={n}, K={k}, variant={variant!r}, "
-                         f"splits={splits} (N, K multiples of 64; decode needs M <= 64; the tiled variants need N "
-                         f"a multiple of their BN, {_tile(variant)[1]}; splits in 0, 1, 2, 4, 8; "
+                         f"splits={splits} (N, K multiples of 64; decode needs M <= {DECODE_MAX_M}; the tiled variants need "
+                         f"N a multiple of their BN, {_tile(variant)[1]}; splits in 0, 1, 2, 4, 8 (tiled: also 16); "
                          f"{' / '.join(_views()['WGMMA_PAIR_SPLITK'] + _views()['WGMMA_REDUCE_SCATTER'])}: "
                          f"splits 0, 2, 4, 8)")
     names = {v.id: v.name for v in variant_table().values()}
@@ -317,7 +319,7 @@ def _runnable_at(variant: str, splits: int, m: int, n: int, k: int) -> str | Non
 
 def tuned_config(m: int, n: int, k: int, table: dict | None = None, *, parts: int = 2) -> tuple[str, int] | None:
     """The kernel (variant, splits) measured fastest at the M nearest to m (log2) for (N, K), or None (no table,
-    shape not measured, or the tuned variant cannot run this M: decode needs M <= 64). A reduce-scatter pick whose
+    shape not measured, or the tuned variant cannot run this M: decode needs M <= DECODE_MAX_M). A reduce-scatter pick whose
     grid would exceed one wave at this M runs as its global-split twin with the same splits (_runnable_at).
     parts=3 (BF16x3): when the tuned variant runs two parts only (VARIANT_PARTS), the fastest measured candidate
     of that row that runs three is returned instead (None when the row lists none). A variant this build does not
@@ -336,11 +338,11 @@ def tuned_config(m: int, n: int, k: int, table: dict | None = None, *, parts: in
     if parts > info[variant].parts:
         cands = [(t, c.split("/")) for c, t in (row.get("candidates_us") or {}).items()]
         cands = [(t, v, int(sp)) for t, (v, sp) in cands
-                 if v in info and info[v].parts >= parts and not (v.startswith("decode") and m > 64)]
+                 if v in info and info[v].parts >= parts and not (v.startswith("decode") and m > DECODE_MAX_M)]
         if not cands:
             return None
         _, variant, splits = min(cands)
-    if variant.startswith("decode") and m > 64:
+    if variant.startswith("decode") and m > DECODE_MAX_M:
         return None
     variant = _runnable_at(variant, splits, m, n, k)
     return (variant, splits) if variant else None
@@ -655,8 +657,8 @@ def router_gemm(x: torch.Tensor, weights: RouterWeights, *, impl: str = "dispatc
 
 def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tuple[str, int]]:
     """Kernel configurations worth timing at M x (N, K) with the two-part weight (BF16x2): every decode variant
-    (DECODE_VARIANTS, M <= 64) and each tiled variant whose BN divides N, with K splits 1, 2, 4, 8 while the grid
-    stays under ~4 CTAs per SM and each split keeps >= 4 k-steps; at M >= WGMMA_MIN_M also each wgmma variant whose
+    (DECODE_VARIANTS, M <= DECODE_MAX_M) and each tiled variant whose BN divides N, with K splits 1, 2, 4, 8 while
+    the grid stays under ~4 CTAs per SM (16 while under ~2) and each split keeps >= 4 k-steps; at M >= WGMMA_MIN_M also each wgmma variant whose
     BN divides N and BK divides K, with splits 1, 2, 4, 8 while the grid stays under ~2 CTAs per SM (they run one
     CTA per SM) and each split keeps >= 4 k-tiles (the K-pair and reduce-scatter variants: splits 2, 4, 8, the
     smallest always; the cooperative ones only while the grid fits in one wave of ``sm_count`` SMs).
@@ -664,13 +666,14 @@ def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tu
     if n % 64 or k % 64 or m < 1:
         raise ValueError(f"kernel_candidates: unsupported M={m}, N={n}, K={k} (N, K multiples of 64, M >= 1)")
     views = _views()
-    out = [(v, 0) for v in views["DECODE_VARIANTS"]] if m <= 64 else []
+    out = [(v, 0) for v in views["DECODE_VARIANTS"]] if m <= DECODE_MAX_M else []
     for v, (bm, bn, bk) in views["TILED_TILES"].items():
         if n % bn:
             continue
         base = -(-m // bm) * (n // bn)
-        for s in (1, 2, 4, 8):
-            if (s == 1 or base * s <= 4 * 132) and (k // bk) // s >= 4:
+        for s in (1, 2, 4, 8, 16):
+            # 16 ranks (a non-portable cluster) only where they still fit in ~2 CTAs per SM: small grids at M 65-256
+            if (s == 1 or base * s <= (2 if s == 16 else 4) * 132) and (k // bk) // s >= 4:
                 out.append((v, s))
     if m >= WGMMA_MIN_M:
         two_ranks = views["WGMMA_PAIR_SPLITK"] + views["WGMMA_REDUCE_SCATTER"]

@@ -6,12 +6,12 @@
 // acc0 + s1 * acc1 (or acc0 + s1 * (acc1 + s2 * acc2)) in fp32 and writes the scores once. Two kernels share that
 // idea (the variants of each are listed in router_variants.cuh):
 //
-// 1. router_decode_kernel (M <= 64, memory bound: the weight read is the whole cost). Launch: grid
-//    (CS, N / (8 * NT * WN)), cluster (CS, 1, 1). Every warp owns an n8 * NT slab of W and a strided set of
-//    32-wide K chunks; the CS CTAs of a cluster split K, so the weight streams from every SM. No shared-memory
-//    staging: a thread loads 16 contiguous bytes of one weight row and of one activation row, and both MMA
-//    operands use the same permutation of k inside the 32-chunk (the dot product does not care about k order), so
-//    global loads go straight into MMA fragments. Reduction: warps -> smem (fixed order), then across the cluster
+// 1. router_decode_kernel (M <= 128, memory bound: the weight read is the whole cost). Launch: grid
+//    (CS, N / (8 * NT * WN), row blocks), cluster (CS, 1, 1); one row block of up to 64 rows per 64 of M. Every
+//    warp owns an n8 * NT slab of W and a strided set of 32-wide K chunks; the CS CTAs of a cluster split K, so the
+//    weight streams from every SM. No shared-memory staging: a thread loads 16 contiguous bytes of one weight row
+//    and of one activation row, and both MMA operands use the same permutation of k inside the 32-chunk (the dot
+//    product does not care about k order), so global loads go straight into MMA fragments. Reduction: warps -> smem (fixed order), then across the cluster
 //    through distributed shared memory (each CTA sums a slice of the tile over the ranks in rank order):
 //    deterministic, no workspace, no atomics, no second kernel; CUDA-graph safe.
 //    Traffic: weight once from HBM; x (M*K*2 B) read by each of the N/(8*NT*WN) column groups, mostly from L2.
@@ -20,8 +20,9 @@
 //    BK = 32 or 64 with padded rows (80 / 144 B stride: ldmatrix conflict-free), ldmatrix.x4 fragments; the x tile
 //    is staged once per k-step and multiplied by every weight tile. The loop waits on memory round trips rather
 //    than on bandwidth, so the BK = 64 variant keeps twice the bytes in flight per stage. When the grid has too
-//    few tiles for the SMs (M in the low hundreds), K is split over a cluster of S <= 8 CTAs (grid z = S) reduced
-//    through distributed shared memory (hp_router::cluster_splitk_reduce).
+//    few tiles for the SMs (M in the low hundreds), K is split over a cluster of S <= 16 CTAs (grid z = S) reduced
+//    through distributed shared memory (hp_router::cluster_splitk_reduce); S = 16 (a non-portable cluster) gives
+//    the 65-256-row grids of small N twice the SMs.
 //
 // 3. router_wgmma.cu: the same two-accumulator prefill tile on wgmma, for the compute-bound M in the thousands
 //    where mma.sync tops out (two parts only); see that file's header.
@@ -65,7 +66,7 @@ __device__ __forceinline__ float combine(const float (&acc)[PARTS][MI][NT][4], i
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// Decode kernel (M <= 64): MT = m16 tiles (M <= 16 * MT), NT = n8 tiles per warp. The cluster size CS
+// Decode kernel (M <= 128): MT = m16 tiles per row block (rows <= 16 * MT), NT = n8 tiles per warp. The cluster size CS
 // (8 or 16: 16 is a non-portable size, allowed per kernel by an attribute) comes from the launch, so more,
 // smaller CTAs can share the weight read; WARPS warps per CTA as WN n-slabs x KW = WARPS / WN k-phases (WN > 1:
 // a CTA covers 8 * NT * WN experts, so x is re-read by fewer column groups, which matters at M = 48: x is then
@@ -93,6 +94,13 @@ __global__ void __launch_bounds__(WARPS * 32)
   // Arrive now on the cluster barrier that guarantees every CTA of the cluster is running before the first remote
   // store into its shared memory; its wait, in the epilogue, then costs nothing.
   asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+
+  // Row blocks (grid z, M > 64): block z takes rows [z * TILE_M, z * TILE_M + TILE_M), re-reading the weight slab
+  // (the blocks of one slab run at the same time, so the second read is mostly an L2 hit).
+  const int m0 = static_cast<int>(blockIdx.z) * TILE_M;
+  x += static_cast<size_t>(m0) * K;
+  out += static_cast<size_t>(m0) * N;
+  M = min(M - m0, TILE_M);
 
   cg::cluster_group cluster = cg::this_cluster();
   const int cs = static_cast<int>(cluster.num_blocks());
@@ -223,7 +231,7 @@ __global__ void __launch_bounds__(kTiledThreads)
   static_assert(WARPS_M * WARPS_N == 8 && WM * WARPS_M == BM && WN * WARPS_N == kBN, "8 warps tile BM x BN");
   static_assert(WM % 16 == 0 && MI >= 1 && MI <= 2, "warp tile rows: 16 or 32");
   static_assert(NT % 2 == 0, "B fragments are loaded 16 columns at a time");
-  static_assert(tiled_smem_bytes<BM, BN, PARTS, BK, STAGES>() <= 227 * 1024, "shared memory per block (sm_90)");
+  static_assert(tiled_smem_bytes<BM, BN, PARTS, BK, STAGES>() <= hp::kSmemPerBlock, "shared memory per block (sm_90)");
   constexpr int A_ELEMS = BM * kLDS, B_ELEMS = kBN * kLDS, STAGE_ELEMS = A_ELEMS + PARTS * B_ELEMS;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
@@ -374,7 +382,10 @@ Config choose(int M, int N, int K, int variant, int splits) {
     }
   }
   if (hp_router::is_decode(cfg.variant)) {
-    cfg.mt = M <= 16 ? 1 : M <= 32 ? 2 : M <= 48 ? 3 : 4;  // 48 rows: 3 m16 tiles, not 4
+    // Rows per block: all of M up to 64, else M split evenly over ceil(M / 64) row blocks (grid z), rounded up to
+    // m16 tiles (M = 80: two blocks of 48 rows, MT = 3). 48 rows: 3 m16 tiles, not 4.
+    const int blocks = (M + 63) / 64, rows = (M + blocks - 1) / blocks;
+    cfg.mt = rows <= 16 ? 1 : rows <= 32 ? 2 : rows <= 48 ? 3 : 4;
     switch (cfg.variant) {
       HP_ROUTER_VARIANTS(HP_ROUTER_DECODE_SHAPE_)
       default:
@@ -416,8 +427,9 @@ template <int MT, int NT, int PARTS, int CS, int WARPS, int WN, int U>
 cudaError_t launch_decode(const Args& a) {
   hp::LaunchOptions opt;
   opt.cluster = CS;  // 16 is a non-portable size: hp::launch allows it per kernel and device
-  return hp::launch(router_decode_kernel<MT, NT, PARTS, WARPS, WN, U>, dim3(CS, a.N / (8 * NT * WN)), dim3(WARPS * 32),
-                    0, a.stream, opt, a.x, a.w0, a.w1, a.w2, a.out, a.M, a.N, a.K, a.s1, a.s2);
+  const int row_blocks = (a.M + 16 * MT - 1) / (16 * MT);
+  return hp::launch(router_decode_kernel<MT, NT, PARTS, WARPS, WN, U>, dim3(CS, a.N / (8 * NT * WN), row_blocks),
+                    dim3(WARPS * 32), 0, a.stream, opt, a.x, a.w0, a.w1, a.w2, a.out, a.M, a.N, a.K, a.s1, a.s2);
 }
 
 // A decode variant: the m16 tiles (MT) and, for the baseline, the n8 tiles per warp (NT = 0) come from the config.
@@ -503,12 +515,15 @@ int hp_router_variant_info(int v, int* info_out) {
 // cfg_out[0..3] = variant (decode_n1 / decode_n2 report "decode"), splits (decode: the cluster size), mt, nt.
 // Returns 0, or cudaErrorInvalidValue for an unsupported shape / request.
 int hp_router_gemm_config(int M, int N, int K, int variant, int splits, int* cfg_out) {
-  if (M < 1 || N < 64 || N % 64 || K < 64 || K % 64 || !hp_router::valid_variant(variant) || splits < 0 || splits > 8)
+  // splits 16 only for the tiled kernels (a non-portable cluster of 16 K ranks reduced through DSMEM)
+  if (M < 1 || N < 64 || N % 64 || K < 64 || K % 64 || !hp_router::valid_variant(variant) || splits < 0 ||
+      splits > (hp_router::is_tiled(variant) ? 16 : 8))
     return cudaErrorInvalidValue;
-  if (hp_router::is_decode(variant) && M > 64) return cudaErrorInvalidValue;
-  if (splits > 0 && (splits & (splits - 1))) return cudaErrorInvalidValue;  // 1, 2, 4, 8: divides BM
+  if (hp_router::is_decode(variant) && M > hp_router::kDecodeMaxM) return cudaErrorInvalidValue;
+  if (splits > 0 && (splits & (splits - 1))) return cudaErrorInvalidValue;  // 1, 2, 4, 8, 16: divides BM
   if (variant != hp_router::kAuto && tile_of(variant).bn && N % tile_of(variant).bn) return cudaErrorInvalidValue;
-  if (hp_router::wgmma_cluster_size(variant, splits) > 8) return cudaErrorInvalidValue;     // portable cluster size
+  // a wgmma launch's cluster stays portable (<= 8 CTAs)
+  if (hp_router::is_wgmma(variant) && hp_router::wgmma_cluster_size(variant, splits) > 8) return cudaErrorInvalidValue;
   if (splits > 0 && splits < hp_router::min_splits(variant)) return cudaErrorInvalidValue;  // K pairs, scatter
   const Config cfg = choose(M, N, K, variant, splits);
   cfg_out[0] = cfg.variant;

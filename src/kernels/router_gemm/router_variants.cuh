@@ -10,7 +10,7 @@
 // Columns (one entry per line: tests parse this file):
 //   Ident     C identifier suffix (enum kIdent)
 //   name      the Python / dispatch-table name
-//   family    kAutoFamily (the heuristic), kDecodeFamily (router_decode_kernel, M <= 64), kTiledFamily
+//   family    kAutoFamily (the heuristic), kDecodeFamily (router_decode_kernel, M <= 128), kTiledFamily
 //             (router_tiled_kernel, mma.sync), kWgFamily (router_wgmma_kernel: cp.async + wgmma), kWsFamily
 //             (router_wgmma_ws_kernel: TMA + mbarrier + wgmma, split-K through a global workspace)
 //   bm bn bk  CTA output tile and k-tile (0 for decode, whose tile follows M and the n8 tiles per warp)
@@ -30,7 +30,8 @@
 //             ws:     STAGES, KP (K ranks paired in the cluster), RS (1: reduce-scatter, cooperative)
 // ws128n128g / r (the TMA kernel at BN = 128, for N = 128, 256, 512, which BN = 192 does not divide) are picked by
 // the first-use tuner on the H200 at M >= 1024 (docs/ops/router_gemm.md); the K-pair form at BN = 128 was never
-// picked there (110 tuned points) and was removed, as was the decode kernel's tall form for 65-128 rows.
+// picked there (110 tuned points) and was removed, as was the decode kernel's tall form for 65-128 rows (those rows
+// now run the decode variants over two row blocks, or a tiled variant with K split over a cluster of 16).
 // decode_n1 / decode_n2 are the baseline decode kernel with its n8 tiles per warp forced (the same
 // instantiations as "decode"); the query reports them as "decode".
 #pragma once
@@ -40,7 +41,6 @@
   X(Decode, "decode", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 0, 4, 2)          \
   X(DecodeN1, "decode_n1", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 1, 4, 2)     \
   X(DecodeN2, "decode_n2", kDecodeFamily, 0, 0, 0, 3, kSplitCluster, 8, 4, 1, 2, 4, 2)     \
-  X(DecC16, "decode_c16", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 16, 4, 1, 1, 2, 2)     \
   X(DecW8, "decode_w8", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 8, 8, 1, 1, 2, 2)        \
   X(DecC16W8, "decode_c16w8", kDecodeFamily, 0, 0, 0, 2, kSplitCluster, 16, 8, 1, 1, 1, 1) \
   X(Tiled64, "tiled64", kTiledFamily, 64, 64, 32, 3, kSplitCluster, 2, 4, 4)               \
@@ -56,6 +56,9 @@
 namespace hp_router {
 
 enum Family { kAutoFamily = 0, kDecodeFamily = 1, kTiledFamily = 2, kWgFamily = 3, kWsFamily = 4 };
+
+// The decode kernel runs up to 64 rows per CTA; past that, over row blocks (grid z), up to this M.
+constexpr int kDecodeMaxM = 128;
 enum SplitK { kSplitCluster = 0, kSplitGlobal = 1, kSplitPair = 2, kSplitScatter = 3 };
 
 #define HP_ROUTER_ENUM_(Ident, ...) k##Ident,
@@ -79,6 +82,9 @@ constexpr bool valid_variant(int v) {
 }
 constexpr bool is_decode(int v) {
   return valid_variant(v) && info(v).family == kDecodeFamily;
+}
+constexpr bool is_tiled(int v) {
+  return valid_variant(v) && info(v).family == kTiledFamily;
 }
 constexpr bool is_wgmma(int v) {
   return valid_variant(v) && (info(v).family == kWgFamily || info(v).family == kWsFamily);

@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   constexpr int A_BYTES = BM * kRowBytes, B_BYTES = BN * kRowBytes, STAGE_BYTES = A_BYTES + 2 * B_BYTES;
   static_assert(STAGES >= 3, "prefetch distance STAGES - 2 >= 1");
   static_assert(BN % 8 == 0 && BN >= 8 && BN <= 256 && (BN * kRowBytes) % 1024 == 0, "wgmma N, swizzle atoms");
-  static_assert(wg_smem_bytes<WGS, BN, STAGES>() <= 227 * 1024, "shared memory per block (sm_90)");
+  static_assert(wg_smem_bytes<WGS, BN, STAGES>() <= hp::kSmemPerBlock, "shared memory per block (sm_90)");
   extern __shared__ unsigned char wg_smem_raw[];
   const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(wg_smem_raw));
   unsigned char* smem = wg_smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   static_assert(BN == 128 || BN == 192, "the TMA box and the wgmma N: 128 or 192");
   static_assert(KP == 1 || KP == 2, "K pairs");
   static_assert(RS == 0 || (RS == 1 && KP == 1), "reduce-scatter: no K pairs");
-  static_assert(ws_smem_bytes<BN, STAGES>() <= 227 * 1024, "shared memory per block (sm_90)");
+  static_assert(ws_smem_bytes<BN, STAGES>() <= hp::kSmemPerBlock, "shared memory per block (sm_90)");
   static_assert(kWsBM * (BN + 4) * 4 <= STAGES * kWsStageBytes, "split-K buffer reuses the stages");
   extern __shared__ unsigned char ws_smem_raw[];
   unsigned char* base = ws_smem_raw + ((1024u - (smem_u32(ws_smem_raw) & 1023u)) & 1023u);
