@@ -98,7 +98,7 @@ struct Traits {
   // TMA: slots beside red, the head, the 1024-byte alignment slack and the kernel's static shared memory (the
   // block limit of 227 KB counts static and dynamic together: a ring that fills it exactly fails to launch).
   static constexpr int STATIC_RESERVE = 64;
-  static constexpr int TMA_FIT = (227 * 1024 - 2048 - STATIC_RESERVE - RED_BYTES) / STAGE_BYTES;
+  static constexpr int TMA_FIT = (hp::kSmemPerBlock - 2048 - STATIC_RESERVE - RED_BYTES) / STAGE_BYTES;
   static constexpr int TMA_STAGES = GATE_UP ? 10 : 8;
   static constexpr int STAGES = TMA       ? (TMA_FIT < TMA_STAGES ? TMA_FIT : TMA_STAGES)
                                 : GATE_UP ? (NN == 1   ? 8
@@ -113,7 +113,7 @@ struct Traits {
       TMA ? 1024 + HEAD + PIPE_BYTES + RED_BYTES : (PIPE_BYTES > RED_BYTES ? PIPE_BYTES : RED_BYTES);
   // Resident CTAs the shared memory allows (227 KB per SM, 1 KB reserved per CTA), capped at 8: the register
   // budget given to ptxas through __launch_bounds__, so registers never cost a CTA that shared memory admits.
-  static constexpr int SMEM_CTAS = (227 * 1024) / (SMEM + 1024 + 2048);
+  static constexpr int SMEM_CTAS = hp::kSmemPerBlock / (SMEM + 1024 + 2048);
   // 128 accumulators per thread (block_m 64 gate-up) need ~200 registers: 2 CTAs, or ptxas spills in the loop.
   static constexpr int REG_CTAS = MW * NN * 4 >= 128 ? 2 : TMA ? 6 : 8;  // TMA: 160 threads
   static constexpr int CAP_CTAS = SMEM_CTAS < REG_CTAS ? SMEM_CTAS : REG_CTAS;
@@ -123,7 +123,7 @@ struct Traits {
   static constexpr int BOX_ROWS = GATE_UP ? ROWS / 2 : ROWS;  // TMA: weight rows per box (gate-up: two boxes)
   static_assert(!TMA || (BOX_ROWS * kBK) % 1024 == 0, "TMA boxes on swizzle-atom boundaries");
   static_assert(!TMA || HEAD >= STAGES * (16 + 16) + 4 * BM, "barriers, unit fields and pair_of fit the head");
-  static_assert(SMEM + (TMA ? STATIC_RESERVE : 0) <= 227 * 1024, "shared memory per block (sm_90)");
+  static_assert(SMEM + (TMA ? STATIC_RESERVE : 0) <= hp::kSmemPerBlock, "shared memory per block (sm_90)");
 };
 
 // Byte offset of (row, byte) in a stage's A or B region: padded rows (cp.async) or the 128-byte swizzle (TMA).

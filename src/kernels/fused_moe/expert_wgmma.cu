@@ -79,7 +79,7 @@ struct WgTraits {
   static_assert(WN == 16 || WN == 32 || WN == 64, "wgmma N instantiated: 16, 32, 64");
   static_assert(B_PER_THREAD >= 1 && BM * 8 % THREADS == 0, "every thread loads whole B chunks");
   static constexpr bool WS = false;
-  static_assert(SMEM <= 227 * 1024, "shared memory per block (sm_90)");
+  static_assert(SMEM <= hp::kSmemPerBlock, "shared memory per block (sm_90)");
 };
 
 // n-tiles (items per tile) of a GEMM: gate-up I / 64 (gate and up halves of 64 rows), down ceil(H / 128).
@@ -412,7 +412,7 @@ struct WsTraits {
   static constexpr int XCH_STRIDE = kHalfRows + 1;  // fp32 u of gate-up, [BM][65]: conflict-free column writes
   static constexpr int EPI_BYTES = BM * OUT_STRIDE * 2 + (GATE_UP ? BM * XCH_STRIDE * 4 : 0);
   static constexpr int HEAD = 1024;  // barriers (full, empty) and the per-slot item fields
-  static constexpr int FIT = (227 * 1024 - 1024 - HEAD - EPI_BYTES) / STAGE_BYTES;
+  static constexpr int FIT = (hp::kSmemPerBlock - 1024 - HEAD - EPI_BYTES) / STAGE_BYTES;
   // Ring depth: two CTAs per SM beat one CTA with twice the ring wherever the launch has units for both (measured
   // on the H200, Hy3 TP8 per-tensor, layer us at batch 16 / 64 / 256: 87.1 / 142.1 / 158.8 with 4 stages, two CTAs
   // per SM, against 91.9 / 154.7 / 188.6 with 8 stages, one CTA), so tiles up to 32 rows take 4 stages and the
@@ -441,7 +441,7 @@ struct WsTraits {
   static_assert(HEAD >= STAGES * (16 + 16), "barriers + item fields fit the head");
   static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "wgmma N instantiated: 16, 32, 64, 128");
   static_assert(R % 4 == 0, "partials move as float4");
-  static_assert(SMEM <= 227 * 1024, "shared memory per block (sm_90)");
+  static_assert(SMEM <= hp::kSmemPerBlock, "shared memory per block (sm_90)");
 };
 
 // The split workspace of one launch (int32 words): flags [kWsMaxCtas] (0 between launches), then fp32 partials
@@ -773,7 +773,16 @@ __device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& pl
     // The token rows came by cp.async (generic proxy); wgmma reads them through the async proxy.
     hp::wg::fence_proxy_async();
     if (kt == 0 || step == 0) {
-      cur = meta[s];
+      // Lane 0 reads the slot's item fields and shuffles them to the warp: the lane that arrives on the slot's
+      // empty barrier (release) is then the only reader, so the producer's next write of meta[s] is ordered after
+      // the read by that arrive alone (with every lane reading, the other lanes' reads were ordered before it only
+      // through __syncwarp, which compute-sanitizer's racecheck does not count: it reported the reuse as a race).
+      ItemInfo m{};
+      if (lane == 0) m = meta[s];
+      cur.e = __shfl_sync(0xffffffffu, m.e, 0);
+      cur.start = __shfl_sync(0xffffffffu, m.start, 0);
+      cur.rows = __shfl_sync(0xffffffffu, m.rows, 0);
+      cur.nt = __shfl_sync(0xffffffffu, m.nt, 0);
       if (!T::BLOCK && cur.e != sc_e) {
         sc_e = cur.e;
         sc = a_s * a.w_scale[cur.e];
