@@ -192,8 +192,9 @@ def kernel_config(m: int, n: int, k: int, *, variant: str = "auto", splits: int 
     code = _lib().hp_router_gemm_config(m, n, k, _variant_id(variant), splits, buf)
     if code:
         raise ValueError(f"router GEMM kernel: no configuration for M={m}, N={n}, K={k}, variant={variant!r}, "
-                         f"splits={splits} (N, K multiples of 64; decode needs M <= {DECODE_MAX_M}; the tiled variants need "
-                         f"N a multiple of their BN, {_tile(variant)[1]}; splits in 0, 1, 2, 4, 8 (tiled: also 16); "
+                         f"splits={splits} (N, K multiples of 64; decode needs M <= {DECODE_MAX_M}; the tiled "
+                         f"variants need N a multiple of their BN, {_tile(variant)[1]}; splits in 0, 1, 2, 4, 8 "
+                         f"(tiled: also 16); "
                          f"{' / '.join(_views()['WGMMA_PAIR_SPLITK'] + _views()['WGMMA_REDUCE_SCATTER'])}: "
                          f"splits 0, 2, 4, 8)")
     names = {v.id: v.name for v in variant_table().values()}
@@ -319,8 +320,9 @@ def _runnable_at(variant: str, splits: int, m: int, n: int, k: int) -> str | Non
 
 def tuned_config(m: int, n: int, k: int, table: dict | None = None, *, parts: int = 2) -> tuple[str, int] | None:
     """The kernel (variant, splits) measured fastest at the M nearest to m (log2) for (N, K), or None (no table,
-    shape not measured, or the tuned variant cannot run this M: decode needs M <= DECODE_MAX_M). A reduce-scatter pick whose
-    grid would exceed one wave at this M runs as its global-split twin with the same splits (_runnable_at).
+    shape not measured, or the tuned variant cannot run this M: decode needs M <= DECODE_MAX_M). A reduce-scatter
+    pick whose grid would exceed one wave at this M runs as its global-split twin with the same splits
+    (_runnable_at).
     parts=3 (BF16x3): when the tuned variant runs two parts only (VARIANT_PARTS), the fastest measured candidate
     of that row that runs three is returned instead (None when the row lists none). A variant this build does not
     have (a table written by another build) gives None."""
@@ -658,10 +660,11 @@ def router_gemm(x: torch.Tensor, weights: RouterWeights, *, impl: str = "dispatc
 def kernel_candidates(m: int, n: int, k: int, *, sm_count: int = 132) -> list[tuple[str, int]]:
     """Kernel configurations worth timing at M x (N, K) with the two-part weight (BF16x2): every decode variant
     (DECODE_VARIANTS, M <= DECODE_MAX_M) and each tiled variant whose BN divides N, with K splits 1, 2, 4, 8 while
-    the grid stays under ~4 CTAs per SM (16 while under ~2) and each split keeps >= 4 k-steps; at M >= WGMMA_MIN_M also each wgmma variant whose
-    BN divides N and BK divides K, with splits 1, 2, 4, 8 while the grid stays under ~2 CTAs per SM (they run one
-    CTA per SM) and each split keeps >= 4 k-tiles (the K-pair and reduce-scatter variants: splits 2, 4, 8, the
-    smallest always; the cooperative ones only while the grid fits in one wave of ``sm_count`` SMs).
+    the grid stays under ~4 CTAs per SM (16 while under ~2) and each split keeps >= 4 k-steps; at M >= WGMMA_MIN_M
+    also each wgmma variant whose BN divides N and BK divides K, with splits 1, 2, 4, 8 while the grid stays under
+    ~2 CTAs per SM (they run one CTA per SM) and each split keeps >= 4 k-tiles (the K-pair and reduce-scatter
+    variants: splits 2, 4, 8, the smallest always; the cooperative ones only while the grid fits in one wave of
+    ``sm_count`` SMs).
     Raises ValueError for an unsupported shape (N, K not multiples of 64, M < 1)."""
     if n % 64 or k % 64 or m < 1:
         raise ValueError(f"kernel_candidates: unsupported M={m}, N={n}, K={k} (N, K multiples of 64, M >= 1)")

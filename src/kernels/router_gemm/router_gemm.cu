@@ -11,9 +11,9 @@
 //    warp owns an n8 * NT slab of W and a strided set of 32-wide K chunks; the CS CTAs of a cluster split K, so the
 //    weight streams from every SM. No shared-memory staging: a thread loads 16 contiguous bytes of one weight row
 //    and of one activation row, and both MMA operands use the same permutation of k inside the 32-chunk (the dot
-//    product does not care about k order), so global loads go straight into MMA fragments. Reduction: warps -> smem (fixed order), then across the cluster
-//    through distributed shared memory (each CTA sums a slice of the tile over the ranks in rank order):
-//    deterministic, no workspace, no atomics, no second kernel; CUDA-graph safe.
+//    product does not care about k order), so global loads go straight into MMA fragments. Reduction: warps ->
+//    smem (fixed order), then across the cluster through distributed shared memory (each CTA sums a slice of the
+//    tile over the ranks in rank order): deterministic, no workspace, no atomics, no second kernel; CUDA-graph safe.
 //    Traffic: weight once from HBM; x (M*K*2 B) read by each of the N/(8*NT*WN) column groups, mostly from L2.
 //
 // 2. router_tiled_kernel (prefill, M > 64): BM x BN output tile per CTA, 256 threads, a cp.async pipeline over
@@ -66,8 +66,8 @@ __device__ __forceinline__ float combine(const float (&acc)[PARTS][MI][NT][4], i
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// Decode kernel (M <= 128): MT = m16 tiles per row block (rows <= 16 * MT), NT = n8 tiles per warp. The cluster size CS
-// (8 or 16: 16 is a non-portable size, allowed per kernel by an attribute) comes from the launch, so more,
+// Decode kernel (M <= 128): MT = m16 tiles per row block (rows <= 16 * MT), NT = n8 tiles per warp. The cluster size
+// CS (8 or 16: 16 is a non-portable size, allowed per kernel by an attribute) comes from the launch, so more,
 // smaller CTAs can share the weight read; WARPS warps per CTA as WN n-slabs x KW = WARPS / WN k-phases (WN > 1:
 // a CTA covers 8 * NT * WN experts, so x is re-read by fewer column groups, which matters at M = 48: x is then
 // 0.4 MB against the 3.1 MB weight; warps of one k-phase share x chunks through L1). U: K chunks each warp loads
