@@ -204,11 +204,7 @@ def test_decode_row_blocks(rg, variant):
         _, w = ref.make_router_inputs(1, n, k, seed=43)
         weights = rg.plan(w.cuda())
         for m in (65, 96, 97, 100, 128):
-            x = _x(m, k=k, seed=43 + m)
-            out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant)
-            torch.cuda.synchronize()
-            assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
-                         path="bf16x2_vs_emulation", what=f"{variant} n={n} k={k} m={m}")
+            _matches_emulation(rg, _x(m, k=k, seed=43 + m), weights, m, n, variant, 0, f"{variant} n={n} k={k} m={m}")
 
 
 @pytest.mark.parametrize("variant", ["tiled64", "tiled128", "tiled64d"])
@@ -219,11 +215,8 @@ def test_tiled_sixteen_splits(rg, variant):
         _, w = ref.make_router_inputs(1, n, k, seed=47)
         weights = rg.plan(w.cuda())
         for m in (65, 100, 256):
-            x = _x(m, k=k, seed=47 + m)
-            out = rg.router_gemm(x, weights, impl="bf16x2_kernel", out=_poisoned(m, n), variant=variant, splits=16)
-            torch.cuda.synchronize()
-            assert_close(out, ref.bf16x2_from_parts(x, weights.w_high, weights.w_low), op="router_gemm",
-                         path="bf16x2_vs_emulation", what=f"{variant}/16 n={n} k={k} m={m}")
+            _matches_emulation(rg, _x(m, k=k, seed=47 + m), weights, m, n, variant, 16,
+                               f"{variant}/16 n={n} k={k} m={m}")
 
 
 def test_wide_n_variant_rejects_indivisible_n(rg):
