@@ -154,7 +154,7 @@ def fuzz_run(cfg: dict) -> dict:
     e, off, T, H, inter = inp["num_experts"], inp["expert_offset"], cfg["tokens"], cfg["hidden"], cfg["inter"]
     max_tokens = T + cfg["spare_tokens"]
     p = K.plan(d["topk_ids"], num_experts=e, expert_offset=off, max_tokens=max(max_tokens, 1),
-               block_m=cfg["block_m"])
+               block_m=cfg["block_m"], gemm=cfg.get("gemm"))  # gemm: a forced GEMM path (sanitizer cases)
     p.workspace = g.alloc("workspace", tuple(p.workspace.shape), torch.int32, dev, fill=-7)
     mp = max(p.max_pairs, 1)
     p._bufs[(H, inter)] = (g.alloc("act", (mp, inter), torch.bfloat16, dev, fill=float("nan")),
@@ -195,4 +195,11 @@ SANITIZE_CASES = [
     # 10 K stages per gate-up unit: the warp-specialized GEMM cuts units across CTAs (partials, flags, the finisher)
     dict(tokens=5, mode="tp8ep1", experts=16, topk=4, rank=0, hidden=1280, inter=128, scales="pertensor",
          routing="random", block_m=16, spare_tokens=0, seed=4, kernel=True),
+    # the cp.async wgmma kernel (auto takes it from 64 pairs per expert): 128-row tiles of two warpgroups (~300 rows
+    # per expert: partial last tiles), a ring refilled one stage behind the tensor cores and wrapped by the gate-up's
+    # 16 K stages per item, down items of 2 K stages (I = 192), more down items than SMs (two per CTA on some)
+    dict(tokens=600, mode="tp8ep1", experts=4, topk=2, rank=0, hidden=2048, inter=192, scales="pertensor",
+         routing="random", block_m=128, spare_tokens=0, seed=5, kernel=True, gemm="wgmma"),
+    dict(tokens=600, mode="tp8ep1", experts=4, topk=2, rank=0, hidden=2048, inter=192, scales="block",
+         routing="random", block_m=128, spare_tokens=0, seed=6, kernel=True, gemm="wgmma"),
 ]

@@ -19,18 +19,22 @@
 // Pipeline: a persistent CTA walks its items in order (item = blockIdx.x + i * gridDim.x) and the (item, K stage)
 // sequence is ONE pipeline: the copies of the next item's first stages are in flight while this item's last stages
 // compute and its epilogue runs (the down GEMM has only ceil(I / 128) = 2 stages per item at Hy3 TP8: a
-// per-item prologue would leave the copy engine idle half the time). STAGES slots, prefetch distance STAGES - 2:
+// per-item prologue would leave the copy engine idle half the time). STAGES slots, prefetch distance STAGES - 1:
 // iteration L waits for its own copies (cp.async.wait_group), fences them to the async proxy, __syncthreads, issues
-// this stage's wgmma, then refills the slot of L - 2 (every warpgroup passed wgmma.wait_group 1 at L - 1, so L - 2's
-// products are done) with stage L + STAGES - 2, and keeps one wgmma group in flight. All threads load (no producer
-// warp): token rows are gathered through the routing index (not a TMA 2D box), and a single barrier per stage has no
-// mbarrier phase to lose.
+// this stage's wgmma, then refills the slot of L - 1 (every warpgroup passed wgmma.wait_group 0 at L - 1 before this
+// barrier, so L - 1's products are done) with stage L + STAGES - 1, and waits for its own wgmma (the partial joins
+// acc). All threads load (no producer warp): token rows are gathered through the routing index (not a TMA 2D box),
+// and a single barrier per stage has no mbarrier phase to lose. The loop walks (item, K stage) with counters (no
+// division per step); the down GEMM looks up its ybuf rows at an item's first stage.
 //
-// Scales: per-tensor: the fp32 accumulators hold the exact-product sums; the epilogue multiplies by a_scale *
-// w_scale[e] (as the mma.sync kernel). Block: each stage's wgmma write a fresh partial (scale-d = 0 on its first
-// k32), then acc += partial * (x group scale of the token * weight block scale) in fp32, k-stage order: the
-// contract's per-128-K-block accumulation. The two halves of an item each sit inside one 128-row weight block
-// (64-row halves on 64-aligned rows).
+// Scales: every stage's wgmma write a fresh partial (scale-d = 0 on its first k32), which joins the fp32 sum in
+// k-stage order: block mode acc += partial * (x group scale of the token * weight block scale), the contract's
+// per-128-K-block accumulation; per-tensor acc += partial, the epilogue multiplying by a_scale * w_scale[e] (as the
+// mma.sync kernel). Per-tensor needs no scale per stage, but the tensor cores keep only ~14 bits of each k32 sum
+// against the running total in d (the limit DeepSeek-V3's training report describes), so an unpromoted whole-K
+// chain drifts from the fp32 emulation as K grows; promoting every stage cost nothing measurable on the H200
+// (docs/ops/fused_moe.md, "Per-tensor promotion"). The two halves of an item each sit inside one 128-row weight
+// block (64-row halves on 64-aligned rows).
 // Epilogue: the item's output tile goes through shared memory (bf16 [block_m][64 or 128 + 8]) and leaves as 16-byte
 // stores along the output rows (act: 128 contiguous bytes per token, ybuf: 256).
 // Launch: grid min(SMs x resident CTAs, max items), 128 threads per warpgroup; see WgTraits for the shared memory.
@@ -75,7 +79,10 @@ struct WgTraits {
   static constexpr int SMEM = 1024 + STAGES * STAGE_BYTES + OUT_BYTES;
   static constexpr int A_PER_THREAD = kItemRows * 8 / THREADS;  // 16-byte chunks per thread per stage
   static constexpr int B_PER_THREAD = BM * 8 / THREADS;
-  static_assert(STAGES >= 3, "prefetch distance STAGES - 2 >= 1");
+  static constexpr int CPR = OUT_COLS * 2 / 16;             // 16-byte output chunks per token row
+  static constexpr int ST_PER_THREAD = BM * CPR / THREADS;  // output chunks per thread per item
+  static_assert(STAGES >= 3, "prefetch distance STAGES - 1 >= 2");
+  static_assert(BM * CPR % THREADS == 0, "every thread stores whole chunks");
   static_assert(WN == 16 || WN == 32 || WN == 64, "wgmma N instantiated: 16, 32, 64");
   static_assert(B_PER_THREAD >= 1 && BM * 8 % THREADS == 0, "every thread loads whole B chunks");
   static constexpr bool WS = false;
@@ -104,7 +111,7 @@ __device__ __forceinline__ ItemSeq item_sequence(const GemmArgs& a, const PlanVi
 }
 
 // Where an item's tile and rows come from (read from the plan once per item by each of its two users: the loader,
-// which runs STAGES - 2 stages ahead, and the compute / epilogue side).
+// which runs STAGES - 1 stages ahead, and the compute / epilogue side).
 struct ItemInfo {
   int e, start, rows, nt;
 };
@@ -202,27 +209,79 @@ __device__ __forceinline__ void wg_store_tile(const GemmArgs& a, const PlanView&
   }
 }
 
+// Down, expert_wgmma_kernel: the ybuf row (original pair index) of each of thread tid's store chunks of the item
+// (chunk k = tid + k THREADS, token row (chunk) / CPR; -1 past the item's rows), read at the item's first stage so
+// that the look-ups are in flight while its wgmma run instead of in the epilogue's store loop.
+template <class T>
+__device__ __forceinline__ void wg_pair_ids(const PlanView& plan, const ItemInfo& it, int tid,
+                                            int (&pid)[T::ST_PER_THREAD]) {
+#pragma unroll
+  for (int k = 0; k < T::ST_PER_THREAD; ++k) {
+    const int n = (tid + k * T::THREADS) / T::CPR;
+    pid[k] = n < it.rows ? plan.sorted()[it.start + n] : -1;
+  }
+}
+template <class T>
+__device__ __forceinline__ void wg_store_tile_pids(const GemmArgs& a, const ItemInfo& it, const __nv_bfloat16* out_s,
+                                                   int tid, const int (&pid)[T::ST_PER_THREAD]) {
+#pragma unroll
+  for (int k = 0; k < T::ST_PER_THREAD; ++k) {
+    const int idx = tid + k * T::THREADS, n = idx / T::CPR, c = idx - n * T::CPR;
+    const int col = it.nt * kItemRows + c * 8;
+    if (pid[k] < 0 || col >= a.dst_cols) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(out_s + n * T::OUT_STRIDE + c * 8);
+    *reinterpret_cast<uint4*>(a.dst + (size_t)pid[k] * a.dst_cols + col) = v;
+  }
+}
+
 // The item's epilogue: fp32 accumulators (x the per-tensor scale) -> bf16 tile in shared memory -> 16-byte stores.
+// The accumulators hold (weight row, token) and out_s is token-major, so each 8 x 8 block goes in transposed by
+// stmatrix .trans: per warp and 16 token columns one x4 (two 8-column groups x the warp's two 8-row halves) per
+// accumulator written, instead of one 2-byte shared store per value. Rows of out_s are 16-byte aligned and
+// OUT_STRIDE * 2 bytes = 4 banks apart, so the 8 rows of a matrix hit 8 distinct bank quads.
 template <class T>
 __device__ __forceinline__ void wg_epilogue(const GemmArgs& a, const PlanView& plan, const ItemInfo& it,
                                             const float (&acc0)[T::R], const float (&acc1)[T::R], float sc,
-                                            __nv_bfloat16* out_s) {
+                                            __nv_bfloat16* out_s, const int (&pid)[T::ST_PER_THREAD]) {
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wiw = (tid >> 5) & 3;
+  const int mi = lane >> 3, mk = lane & 7;  // the matrix and the row of its transpose this lane addresses
+  const uint32_t base = hp::smem_u32(out_s);
+  auto v0 = [&](int j) { return T::BLOCK ? acc0[j] : acc0[j] * sc; };
+  auto v1 = [&](int j) { return T::BLOCK ? acc1[j] : acc1[j] * sc; };
 #pragma unroll
-  for (int j = 0; j < T::R; ++j) {
-    const int r = hp::wg::acc_row(wiw, lane, j);
-    const int n = wg * T::WN + hp::wg::acc_col(lane, j);
-    const float v0 = T::BLOCK ? acc0[j] : acc0[j] * sc;
-    const float v1 = T::BLOCK ? acc1[j] : acc1[j] * sc;
+  for (int q = 0; q < T::WN / 16; ++q) {
+    // matrix m is (column group 2 q + m / 2, row half m % 2); its fragment pair is registers j and j + 1 for
+    // j = 4 (2 q + m / 2) + 2 (m % 2); this lane addresses row mk of matrix mi's transpose
+    const int col = wg * T::WN + 8 * (2 * q + (mi >> 1)) + mk;
+    const uint32_t row = base + 2u * (col * T::OUT_STRIDE + 16 * wiw + 8 * (mi & 1));
+    uint32_t r[4];
     if constexpr (T::GATE_UP) {
-      out_s[n * T::OUT_STRIDE + r] = __float2bfloat16_rn(silu_mul(v0, v1));
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int j = 8 * q + 4 * (m >> 1) + 2 * (m & 1);
+        r[m] = bf16x2(silu_mul(v0(j), v1(j)), silu_mul(v0(j + 1), v1(j + 1)));
+      }
+      stmatrix_x4_trans(row, r[0], r[1], r[2], r[3]);
     } else {
-      out_s[n * T::OUT_STRIDE + r] = __float2bfloat16_rn(v0);
-      out_s[n * T::OUT_STRIDE + kHalfRows + r] = __float2bfloat16_rn(v1);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int j = 8 * q + 4 * (m >> 1) + 2 * (m & 1);
+        r[m] = bf16x2(v0(j), v0(j + 1));
+      }
+      stmatrix_x4_trans(row, r[0], r[1], r[2], r[3]);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int j = 8 * q + 4 * (m >> 1) + 2 * (m & 1);
+        r[m] = bf16x2(v1(j), v1(j + 1));
+      }
+      stmatrix_x4_trans(row + 2u * kHalfRows, r[0], r[1], r[2], r[3]);
     }
   }
   __syncthreads();
-  wg_store_tile<T>(a, plan, it, out_s, tid, T::THREADS);
+  if constexpr (T::GATE_UP)
+    wg_store_tile<T>(a, plan, it, out_s, tid, T::THREADS);
+  else
+    wg_store_tile_pids<T>(a, it, out_s, tid, pid);
 }
 
 template <class T>
@@ -242,47 +301,48 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a)
   const int row_groups = (a.w_rows + 127) / 128;
   const float a_s = T::BLOCK ? 1.0f : a.a_scale[0];
 
-  // Loader state: the item whose stages are being issued and the source rows of this thread's B chunks.
-  int ld_i = -1;
+  // Loader state: the item and K stage of the next step to issue (steps are issued once each, in order), the
+  // item's plan fields and the source rows of this thread's B chunks.
+  int ld_i = 0, ld_kt = 0;
   ItemInfo ld{};
   int bsrc[T::B_PER_THREAD];
   int ssrc = -1;
   auto issue = [&](int step) {
     if (step < total) {
-      const int i = step / kt_count, kt = step - i * kt_count;
-      if (i != ld_i) {
-        ld_i = i;
-        ld = item_info<T>(plan, (int)blockIdx.x + i * (int)gridDim.x, n_tiles);
+      if (ld_kt == 0) {
+        ld = item_info<T>(plan, (int)blockIdx.x + ld_i * (int)gridDim.x, n_tiles);
 #pragma unroll
         for (int b = 0; b < T::B_PER_THREAD; ++b)
           bsrc[b] = src_row<T>(plan, ld, (tid >> 3) + b * (T::THREADS / 8), a.topk);
         if (T::BLOCK) ssrc = tid < T::BM ? src_row<T>(plan, ld, tid, a.topk) : -1;
       }
-      wg_load_stage<T>(a, ring + (step % T::STAGES) * T::STAGE_BYTES, ld, bsrc, ssrc, kt);
+      wg_load_stage<T>(a, ring + (step % T::STAGES) * T::STAGE_BYTES, ld, bsrc, ssrc, ld_kt);
+      if (++ld_kt == kt_count) {
+        ld_kt = 0;
+        ++ld_i;
+      }
     }
     cp_commit();  // one group per step, empty past the end: the wait counts below stay exact
   };
 
   float acc0[T::R], acc1[T::R];
-  float p0[T::BLOCK ? T::R : 1], p1[T::BLOCK ? T::R : 1];  // block mode: this stage's partials
+  float p0[T::R], p1[T::R];  // this stage's partials (both formats)
 #pragma unroll
-  for (int j = 0; j < T::R; ++j) acc0[j] = acc1[j] = 0.f;
-#pragma unroll
-  for (int j = 0; j < (T::BLOCK ? T::R : 1); ++j) p0[j] = p1[j] = 0.f;
+  for (int j = 0; j < T::R; ++j) acc0[j] = acc1[j] = p0[j] = p1[j] = 0.f;
 
 #pragma unroll 1
-  for (int s = 0; s < T::STAGES - 2; ++s) issue(s);
+  for (int s = 0; s < T::STAGES - 1; ++s) issue(s);
 
   ItemInfo cur{};
-  int cur_i = -1;
   float sc = 1.0f;
+  int pid[T::ST_PER_THREAD];  // down: the ybuf rows of this thread's store chunks, looked up at the item's start
+  int i = 0, kt = 0;          // item and K stage of `step`
 #pragma unroll 1
   for (int step = 0; step < total; ++step) {
-    const int i = step / kt_count, kt = step - i * kt_count;
-    if (i != cur_i) {
-      cur_i = i;
+    if (kt == 0) {
       cur = item_info<T>(plan, (int)blockIdx.x + i * (int)gridDim.x, n_tiles);
       sc = T::BLOCK ? 1.0f : a_s * a.w_scale[cur.e];
+      if constexpr (!T::GATE_UP) wg_pair_ids<T>(plan, cur, tid, pid);  // used at the item's end
     }
     float ws0 = 0.f, ws1 = 0.f;  // block mode: the two halves' weight block scales of this stage
     if constexpr (T::BLOCK) {
@@ -293,28 +353,41 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a)
       ws0 = wsc[(r0 / 128) * kt_count + kt];
       ws1 = ok1 ? wsc[(r1 / 128) * kt_count + kt] : 0.f;
     }
-    cp_wait<T::STAGES - 3>();  // this thread's copies of `step` have landed
+    cp_wait<T::STAGES - 2>();  // this thread's copies of `step` have landed
     hp::wg::fence_proxy_async();
-    __syncthreads();  // everyone's copies visible; every warpgroup is done with step - 2's slot
+    __syncthreads();  // everyone's copies visible; every warpgroup is done with step - 1's slot
 
-    // This stage's wgmma are issued first, then the refill of step - 2's slot: the loader's plan look-ups at an
+    // This stage's wgmma are issued first, then the refill of step - 1's slot: the loader's plan look-ups at an
     // item change (dependent L2 reads) overlap the tensor cores instead of delaying them.
     const uint8_t* st = ring + (step % T::STAGES) * T::STAGE_BYTES;
     const uint64_t da0 = hp::wg::desc_sw128(st);
     const uint64_t da1 = hp::wg::desc_sw128(st + kHalfRows * kWgBK);
     const uint64_t db = hp::wg::desc_sw128(st + T::A_BYTES + wg * T::WN * kWgBK);
-    if constexpr (T::BLOCK) {
-      hp::wg::fence();
+    // This stage's products into fresh registers (scale-d 0 on the first k32), then into acc in fp32; per-tensor,
+    // an item's first stage writes acc itself (0 + partial would be the same sum).
+    const bool direct = !T::BLOCK && kt == 0;
+    hp::wg::fence();
+    if (direct) {
+#pragma unroll
+      for (int k = 0; k < kWgBK / 32; ++k) {
+        hp::wg::mma_e4m3<T::WN>(acc0, da0 + 2 * k, db + 2 * k, k);
+        hp::wg::mma_e4m3<T::WN>(acc1, da1 + 2 * k, db + 2 * k, k);
+      }
+    } else {
 #pragma unroll
       for (int k = 0; k < kWgBK / 32; ++k) {
         hp::wg::mma_e4m3<T::WN>(p0, da0 + 2 * k, db + 2 * k, k);
         hp::wg::mma_e4m3<T::WN>(p1, da1 + 2 * k, db + 2 * k, k);
       }
-      hp::wg::commit();
-      issue(step + T::STAGES - 2);
-      hp::wg::wait<0>();
-      hp::wg::pin(p0);
-      hp::wg::pin(p1);
+    }
+    hp::wg::commit();
+    issue(step + T::STAGES - 1);
+    hp::wg::wait<0>();
+    hp::wg::pin(acc0);
+    hp::wg::pin(acc1);
+    hp::wg::pin(p0);
+    hp::wg::pin(p1);
+    if constexpr (T::BLOCK) {
       const float* xs = reinterpret_cast<const float*>(st + T::A_BYTES + T::B_BYTES);
 #pragma unroll
       for (int j = 0; j < T::R; ++j) {
@@ -322,29 +395,24 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a)
         acc0[j] += p0[j] * (x * ws0);
         acc1[j] += p1[j] * (x * ws1);
       }
-    } else {
-      hp::wg::pin(acc0);
-      hp::wg::pin(acc1);
-      hp::wg::fence();
+    } else if (!direct) {
 #pragma unroll
-      for (int k = 0; k < kWgBK / 32; ++k) {
-        hp::wg::mma_e4m3<T::WN>(acc0, da0 + 2 * k, db + 2 * k, 1);
-        hp::wg::mma_e4m3<T::WN>(acc1, da1 + 2 * k, db + 2 * k, 1);
+      for (int j = 0; j < T::R; ++j) {
+        acc0[j] += p0[j];
+        acc1[j] += p1[j];
       }
-      hp::wg::commit();
-      issue(step + T::STAGES - 2);
-      hp::wg::wait<1>();  // step - 1's products are done: its slot may be refilled after the next barrier
-      hp::wg::pin(acc0);
-      hp::wg::pin(acc1);
     }
     if (kt == kt_count - 1) {  // uniform: the item's last stage
-      hp::wg::wait<0>();
-      hp::wg::pin(acc0);
-      hp::wg::pin(acc1);
-      wg_epilogue<T>(a, plan, cur, acc0, acc1, sc, out_s);
+      wg_epilogue<T>(a, plan, cur, acc0, acc1, sc, out_s, pid);
+      if constexpr (T::BLOCK) {
 #pragma unroll
-      for (int j = 0; j < T::R; ++j) acc0[j] = acc1[j] = 0.f;
+        for (int j = 0; j < T::R; ++j) acc0[j] = acc1[j] = 0.f;
+      }
       // out_s is rewritten only at the next item's end, after at least one more top-of-loop barrier.
+    }
+    if (++kt == kt_count) {
+      kt = 0;
+      ++i;
     }
   }
   hp::wg::wait<0>();
@@ -378,9 +446,8 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a)
 //   - warps 0-7 are two consumer warpgroups; warpgroup h computes half h of the unit (64 weight rows) against all
 //     BM token rows: after the "full" wait a proxy fence (the token rows were written by cp.async, a generic-proxy
 //     write that wgmma's async-proxy reads must be ordered after), wgmma m64nBMk32 (N narrowed to the tile's rows),
-//     per-tensor with one group in flight (the slot of the previous stage is released when wait_group 1 returns),
-//     block-wise folding each stage's partial (wait_group 0); releasing = one arrival per warp on the slot's
-//     "empty" barrier, which the producer waits on before refilling;
+//     each stage's partial folded into acc after wait_group 0 (both formats), then the slot released = one arrival
+//     per warp on its "empty" barrier, which the producer waits on before refilling;
 //   - epilogue: the two halves meet in shared memory (gate-up: warpgroup 1 leaves u in fp32, warpgroup 0 forms
 //     silu(g) * u; down: each warpgroup writes its 64 columns), then 16-byte stores by all 256 consumer threads
 //     between named barriers of the consumers only: the producer keeps loading meanwhile. The down GEMM's ybuf rows
@@ -714,26 +781,26 @@ __device__ __forceinline__ void ws_take_partials(const GemmArgs& a, const WsWork
 // narrowest instantiated width (16, 32, 64, BM) holding the item's `rows` (a uniform choice per item), so a tile that
 // is mostly empty (an expert's last, partial tile) costs the tensor cores and the B reads only its occupied rows.
 // The m64nN accumulator layout puts columns < N in registers < N / 2 for every N, so the narrower instruction
-// writes a prefix of d; the registers past it keep their zeros (per-tensor) and only reach columns never stored.
-// fresh: block mode, the first k32 overwrites d (scale-d 0); else every k32 accumulates.
+// writes a prefix of d; the registers past it keep an earlier item's values and only reach columns never stored.
+// The first k32 overwrites d (scale-d 0): d is this stage's partial.
 template <class T, int N>
-__device__ __forceinline__ void ws_mma_n(float (&d)[T::R], uint64_t da, uint64_t db, bool fresh) {
+__device__ __forceinline__ void ws_mma_n(float (&d)[T::R], uint64_t da, uint64_t db) {
   auto& dn = *reinterpret_cast<float (*)[N / 2]>(&d[0]);
 #pragma unroll
-  for (int k = 0; k < kWgBK / 32; ++k) hp::wg::mma_e4m3<N>(dn, da + 2 * k, db + 2 * k, fresh ? k : 1);
+  for (int k = 0; k < kWgBK / 32; ++k) hp::wg::mma_e4m3<N>(dn, da + 2 * k, db + 2 * k, k);
 }
 template <class T>
-__device__ __forceinline__ void ws_mma_stage(float (&d)[T::R], uint64_t da, uint64_t db, int rows, bool fresh) {
+__device__ __forceinline__ void ws_mma_stage(float (&d)[T::R], uint64_t da, uint64_t db, int rows) {
   if constexpr (T::BM >= 128) {
-    if (rows > 64) return ws_mma_n<T, 128>(d, da, db, fresh);
+    if (rows > 64) return ws_mma_n<T, 128>(d, da, db);
   }
   if constexpr (T::BM >= 64) {
-    if (rows > 32) return ws_mma_n<T, 64>(d, da, db, fresh);
+    if (rows > 32) return ws_mma_n<T, 64>(d, da, db);
   }
   if constexpr (T::BM >= 32) {
-    if (rows > 16) return ws_mma_n<T, 32>(d, da, db, fresh);
+    if (rows > 16) return ws_mma_n<T, 32>(d, da, db);
   }
-  ws_mma_n<T, 16>(d, da, db, fresh);
+  ws_mma_n<T, 16>(d, da, db);
 }
 
 // Consumer warpgroup h (threads 0-255): every stage of the ring in order, half h of each item.
@@ -752,18 +819,15 @@ __device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& pl
   const int row_groups = (a.w_rows + 127) / 128;
   const float a_s = T::BLOCK ? 1.0f : a.a_scale[0];
   float acc[T::R];
-  float p[T::BLOCK ? T::R : 1];
+  float p[T::R];  // this stage's partial (both formats)
 #pragma unroll
-  for (int j = 0; j < T::R; ++j) acc[j] = 0.f;
-#pragma unroll
-  for (int j = 0; j < (T::BLOCK ? T::R : 1); ++j) p[j] = 0.f;
+  for (int j = 0; j < T::R; ++j) acc[j] = p[j] = 0.f;
   ItemInfo cur{};
   float sc = 1.0f;
   int sc_e = -1, pid_start = -1;
   int pid[T::PIDS];
 #pragma unroll
   for (int i = 0; i < T::PIDS; ++i) pid[i] = -1;
-  int pending = -1;  // per-tensor: the slot whose wgmma group is still in flight
   const int total = w.total;
   int kt = w.global(0) % kt_count;  // K stage of the current step (advanced below, no division per step)
 #pragma unroll 1
@@ -795,33 +859,27 @@ __device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& pl
     const uint8_t* st = ring + s * T::STAGE_BYTES;
     const uint64_t da = hp::wg::desc_sw128(st + h * kHalfRows * kWgBK);
     const uint64_t db = hp::wg::desc_sw128(st + T::A_BYTES);
+    float wsc = 1.0f;  // block mode: this half's weight block scale of this stage
     if constexpr (T::BLOCK) {
       const int r0 = half_row<T>(cur, h, a.inter);
-      const float wsc = r0 < a.w_rows ? a.w_scale[((size_t)cur.e * row_groups + r0 / 128) * kt_count + kt] : 0.f;
-      hp::wg::fence();
-      ws_mma_stage<T>(p, da, db, cur.rows, true);
-      hp::wg::commit();
-      hp::wg::wait<0>();
-      hp::wg::pin(p);
+      wsc = r0 < a.w_rows ? a.w_scale[((size_t)cur.e * row_groups + r0 / 128) * kt_count + kt] : 0.f;
+    }
+    // Both formats: this stage's products into a fresh partial, then into acc in fp32 (see the file comment).
+    hp::wg::fence();
+    ws_mma_stage<T>(p, da, db, cur.rows);
+    hp::wg::commit();
+    hp::wg::wait<0>();
+    hp::wg::pin(p);
+    if constexpr (T::BLOCK) {
       const float* xs = reinterpret_cast<const float*>(st + T::A_BYTES + T::B_BYTES);
 #pragma unroll
       for (int j = 0; j < T::R; ++j) acc[j] += p[j] * (xs[hp::wg::acc_col(lane, j)] * wsc);
-      release(s);
     } else {
-      hp::wg::pin(acc);
-      hp::wg::fence();
-      ws_mma_stage<T>(acc, da, db, cur.rows, false);
-      hp::wg::commit();
-      hp::wg::wait<1>();
-      hp::wg::pin(acc);
-      if (pending >= 0) release(pending);
-      pending = s;
+#pragma unroll
+      for (int j = 0; j < T::R; ++j) acc[j] += p[j];
     }
+    release(s);
     if (kt == kt_count - 1 || step == total - 1) {  // uniform: the unit's last step in this CTA's range
-      hp::wg::wait<0>();
-      hp::wg::pin(acc);
-      if (pending >= 0) release(pending);
-      pending = -1;
       bool finish = true;
       if (T::SPLIT && a.splitk != nullptr && kt_count >= kWsSplitMinStages) {  // w.split, from kernel parameters
         const WsWork ww = ws_work<T>(a, plan);  // the rare path re-derives the split instead of holding registers

@@ -1,5 +1,6 @@
 // Inline-PTX wrappers of the MoE kernels: 16-byte cp.async with zero-fill, ldmatrix and the FP8 m16n8k32 MMA
-// (shared with split_kv_decode, from common/ptx.cuh), and the saturating RNE FP32 -> e4m3 pair conversion.
+// (shared with split_kv_decode, from common/ptx.cuh), the saturating RNE FP32 -> e4m3 pair conversion, and the
+// transposing stmatrix of the wgmma epilogue.
 #pragma once
 #include <cuda_bf16.h>
 #include <cstdint>
@@ -51,6 +52,20 @@ __device__ __forceinline__ uint32_t quant4(uint2 v, float s, float r) {
   const uint32_t lo = e4m3x2(div_by(fa.x, s, r), div_by(fa.y, s, r));
   const uint32_t hi = e4m3x2(div_by(fb.x, s, r), div_by(fb.y, s, r));
   return lo | (hi << 16);
+}
+
+// Four 8 x 8 bf16 matrices from the mma accumulator fragment (thread l holds row l / 4, columns 2 (l % 4) and + 1
+// of each, packed low / high in r0..r3) stored transposed: lane 8 i + k gives the address of row k of matrix i's
+// transpose (16 bytes = column k of the fragment matrix).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+// Two floats -> one bf16x2 word (lo in the low half), each rounded to nearest even as __float2bfloat16_rn.
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // (g * sigmoid(g)) * u in fp32 with sigmoid = 1 / (1 + exp(-g)) correctly rounded: the contract's
