@@ -321,6 +321,15 @@ def _fake_ncu(monkeypatch, tmp_path, payload: str, rc: int):
     monkeypatch.setattr(ncu, "_gpu_visible", lambda: (True, ""))
 
 
+def test_profile_or_note_returns_the_reason_instead_of_a_table(monkeypatch, tmp_path):
+    _hide_ncu(monkeypatch, tmp_path)
+    with pytest.warns(RuntimeWarning, match="unavailable"):
+        df, why = ncu.profile_or_note("print(1)", kernel_regex="probe_copy", out_csv=None)
+    assert df is None and why.startswith("unavailable: ncu (Nsight Compute CLI) not found")
+    df, why = ncu.profile_or_note("print(1)", kernel_regex="", out_csv=None)  # a bad argument raises inside
+    assert df is None and why.startswith("unavailable: ValueError: kernel_regex")
+
+
 def test_profile_parses_ncu_output_through_the_log_file(monkeypatch, tmp_path):
     _fake_ncu(monkeypatch, tmp_path, RAW, 0)
     df = ncu.profile(["true"], kernel_regex="probe_copy", out_csv=tmp_path / "r" / "probe.csv")

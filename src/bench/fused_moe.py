@@ -258,6 +258,131 @@ def stage_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str
     return rows
 
 
+# Nsight Compute of one layer: the child builds the inputs and the plan as stage_rows does (plan.update launches the
+# route kernels), then runs the layer once; ncu profiles every launch of our kernels (their mangled names start with
+# the hp_moe namespace; torch's own reduce_kernel does not match), each alone after ncu's cache flush.
+_NCU_SNIPPET = """
+import torch
+from hotpaths.kernels import fused_moe as km
+from hotpaths.reference import fused_moe as fm
+inputs = fm.make_moe_inputs({batch}, model={model!r}, mode={mode!r}, scales={scales!r}, seed={seed}, device="cuda")
+out = torch.empty({batch}, inputs["hidden"], dtype=torch.bfloat16, device="cuda")
+p = km.plan(inputs["topk_ids"], num_experts=inputs["num_experts"], expert_offset=inputs["expert_offset"],
+            experts_total=inputs["experts_total"])
+kw = {{k: inputs[k] for k in ("scales", "w13_scale", "w2_scale", "a1_scale", "a2_scale", "shared_out")}}
+km.run(p, inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], out=out, **kw)
+torch.cuda.synchronize()
+print("gemm", p.gemm, "block_m", p.block_m)
+"""
+NCU_KERNELS = "_ZN6hp_moe"  # regex on the mangled name: every kernel of the op
+NCU_MAX_LAUNCHES = 12   # a layer launches 4-6 of them (route kernels, x quantization, two GEMMs, reduce)
+NCU_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+               "dram__throughput.avg.pct_of_peak_sustained_elapsed", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+               "sm__warps_active.avg.pct_of_peak_sustained_active", "lts__t_sector_hit_rate.pct",
+               "launch__registers_per_thread", "launch__grid_size", "launch__block_size")
+
+
+def _mangled_ids(mangled: str):
+    """(start, end, identifier) of each length-prefixed identifier of an Itanium mangled name (``6hp_moe``)."""
+    import re
+
+    i = 0
+    while (m := re.compile(r"\d+").search(mangled, i)) is not None:
+        n, j = int(m.group()), m.end()
+        ident = mangled[j:j + n]
+        if n and len(ident) == n and re.fullmatch(r"[A-Za-z_]\w*", ident):
+            yield m.start(), j + n, ident
+            i = j + n
+        else:
+            i = j
+
+
+def ncu_kernel_name(mangled: str) -> str:
+    """A readable name for one of our kernels from its mangled name: the function and the integer / bool template
+    arguments (of its traits, where it has them), e.g.
+    ``_ZN6hp_moe..._19expert_wgmma_kernelINS0_8WgTraitsILi128ELb0ELb0EEEEv..`` -> ``expert_wgmma_kernel<WgTraits<128,
+    0, 0>>``; a name it does not parse comes back unchanged."""
+    import re
+
+    ids = list(_mangled_ids(mangled))
+    k = next((x for x in ids if x[2].endswith("_kernel")), None)
+    if k is None:
+        return mangled
+    rest = mangled[k[1]:].split("EEv")[0]
+    args = re.findall(r"L[ib](\d+)E", rest)
+    traits = next((x[2] for x in ids if x[0] >= k[1] and x[2].endswith("Traits")), None)
+    inner = ", ".join(args)
+    if traits is not None:
+        return f"{k[2]}<{traits}<{inner}>>"
+    return f"{k[2]}<{inner}>" if args else k[2]
+
+
+def ncu_stage(kernel: str, gemm_seen: int) -> str:
+    """The pipeline stage of a profiled kernel from its (mangled or readable) name; ``gemm_seen`` = expert GEMM
+    launches before this one in the layer (the first is gate-up, the second down)."""
+    k = kernel
+    if "route" in k:
+        return "route"
+    if "quant_rows" in k:
+        return "quant_x"
+    if "reduce" in k:
+        return "reduce"
+    if "expert_" in k:
+        return "gate_up" if gemm_seen == 0 else "down"
+    return "other"
+
+
+def ncu_rows(batches=(64, 4096), *, model: str = "hy3", mode: str = "tp8ep1", scales: str = "pertensor",
+             seed: int = 0, timeout_s: float = 300.0) -> list[dict]:
+    """Table ``fused_moe_ncu``: Nsight Compute (``--clock-control none``, metric set NCU_METRICS) of every kernel of
+    one layer per batch, planned as the benchmark plans ``fused`` (auto GEMM path, experts_total), each launch
+    profiled alone after ncu's cache flush (so the plan look-ups and x come from DRAM, where in the pipeline the
+    previous stage has just written them to L2). One row per launch: batch, stage, kernel (ncu_kernel_name, cut at
+    160 characters), duration_us, dram_read_mb, dram_write_mb, dram_pct, sm_pct, occupancy_pct, l2_hit_pct,
+    registers, grid, block; raw tables (mangled names) as profiles_dir()/fused_moe_ncu_b<batch>.csv. Where counters
+    cannot be read (no GPU, no ncu, no permission) one row per batch says why in ``note`` (never raises)."""
+    from hotpaths.harness import ncu
+    from hotpaths.harness.env import device_tag
+    from hotpaths.harness.runs import run_id
+
+    tag, rid = device_tag(), run_id()
+    rows = []
+    for b in batches:
+        base = {"op": OP, "case": f"{model}_{mode}_{scales}_b{b}", "impl": "fused", "dtype": f"fp8_{scales}",
+                "device": tag, "run_id": rid, "batch": b, "mode": mode, "scales": scales, "model": model}
+        snippet = _NCU_SNIPPET.format(batch=int(b), model=model, mode=mode, scales=scales, seed=seed + int(b))
+        df, why = ncu.profile_or_note(snippet, kernel_regex=NCU_KERNELS, metrics=NCU_METRICS,
+                                      kernel_name_base="mangled", out_csv=f"fused_moe_ncu_b{b}",
+                                      launch_count=NCU_MAX_LAUNCHES, timeout_s=timeout_s)
+        if df is None:
+            rows.append(dict(base, note=why))
+            continue
+        gemms = 0
+        for launch, g in df.groupby("launch", sort=True):
+            m = {r["metric"]: r["value"] for _, r in g.iterrows()}
+            kernel = str(g["kernel"].iloc[0])
+            stage = ncu_stage(kernel, gemms)
+            gemms += stage in ("gate_up", "down")
+
+            def num(key, scale=1.0):
+                v = m.get(key)
+                return v * scale if isinstance(v, (int, float)) else None
+
+            rows.append(dict(base, launch=int(launch), stage=stage, kernel=ncu_kernel_name(kernel)[:160],
+                             duration_us=num("gpu__time_duration.sum", 1e-3),
+                             dram_read_mb=num("dram__bytes_read.sum", 2**-20),
+                             dram_write_mb=num("dram__bytes_write.sum", 2**-20),
+                             dram_pct=num("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+                             sm_pct=num("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+                             occupancy_pct=num("sm__warps_active.avg.pct_of_peak_sustained_active"),
+                             l2_hit_pct=num("lts__t_sector_hit_rate.pct"),
+                             registers=num("launch__registers_per_thread"), grid=num("launch__grid_size"),
+                             block=num("launch__block_size"),
+                             note=f"ncu --clock-control none --kernel-name-base mangled, regex {NCU_KERNELS!r}; "
+                                  f"profiles_dir/fused_moe_ncu_b{b}.ncu.txt"))
+    return rows
+
+
 def table_rows(table: str, *, scales: str = "pertensor", batches=None, impls=IMPLS, seed: int = 0, iters: int = 100,
                ceilings: dict | None = None) -> list[dict]:
     """The rows of one named table from data/shapes/fused_moe.yaml (its model/mode and batch list, or the batches

@@ -630,14 +630,11 @@ def ncu_rows(cases=NCU_CASES, *, kv_dtype="fp8", kernel_regex: str | None = None
                                       min_tiles=min_tiles, variant=variant)
         safe = case.replace("+", "_").replace(".", "p")
         base = dict(op=OP, case=case, impl="dynamic", dtype=DTYPE_LABEL[kv_dtype], device=device, variant=variant)
-        try:
-            df = ncu.profile(snippet, kernel_regex=regex, metrics=NCU_METRICS, kernel_name_base="mangled",
-                             out_csv=f"decode_ncu_{safe}", launch_skip=1, launch_count=1, timeout_s=timeout_s)
-        except Exception as e:
-            rows.append(dict(base, note=f"unavailable: {type(e).__name__}: {e}"))
-            continue
-        if ncu.is_unavailable(df):
-            rows.append(dict(base, note=str(df["note"].iloc[0])))
+        df, why = ncu.profile_or_note(snippet, kernel_regex=regex, metrics=NCU_METRICS, kernel_name_base="mangled",
+                                      out_csv=f"decode_ncu_{safe}", launch_skip=1, launch_count=1,
+                                      timeout_s=timeout_s)
+        if df is None:
+            rows.append(dict(base, note=why))
             continue
         m = {r["metric"]: r["value"] for _, r in df.iterrows()}
         dur = m.get("gpu__time_duration.sum")

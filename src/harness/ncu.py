@@ -241,6 +241,18 @@ def is_unavailable(df) -> bool:
     return len(df) == 1 and df["metric"].iloc[0] == "unavailable"
 
 
+def profile_or_note(target, **kwargs) -> tuple:
+    """``profile(target, **kwargs)`` as ``(table, None)``, or ``(None, "unavailable: <reason>")`` where the counters
+    could not be read or profile raised (a bad argument included): what a table builder writes in its row's note."""
+    try:
+        df = profile(target, **kwargs)
+    except Exception as e:
+        return None, f"unavailable: {type(e).__name__}: {e}"
+    if is_unavailable(df):
+        return None, str(df["note"].iloc[0])
+    return df, None
+
+
 def _out_path(out_csv) -> Path | None:
     if out_csv is None:
         return None
