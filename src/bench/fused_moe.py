@@ -282,52 +282,17 @@ NCU_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_wr
                "launch__registers_per_thread", "launch__grid_size", "launch__block_size")
 
 
-def _mangled_ids(mangled: str):
-    """(start, end, identifier) of each length-prefixed identifier of an Itanium mangled name (``6hp_moe``)."""
-    import re
-
-    i = 0
-    while (m := re.compile(r"\d+").search(mangled, i)) is not None:
-        n, j = int(m.group()), m.end()
-        ident = mangled[j:j + n]
-        if n and len(ident) == n and re.fullmatch(r"[A-Za-z_]\w*", ident):
-            yield m.start(), j + n, ident
-            i = j + n
-        else:
-            i = j
-
-
-def ncu_kernel_name(mangled: str) -> str:
-    """A readable name for one of our kernels from its mangled name: the function and the integer / bool template
-    arguments (of its traits, where it has them), e.g.
-    ``_ZN6hp_moe..._19expert_wgmma_kernelINS0_8WgTraitsILi128ELb0ELb0EEEEv..`` -> ``expert_wgmma_kernel<WgTraits<128,
-    0, 0>>``; a name it does not parse comes back unchanged."""
-    import re
-
-    ids = list(_mangled_ids(mangled))
-    k = next((x for x in ids if x[2].endswith("_kernel")), None)
-    if k is None:
-        return mangled
-    rest = mangled[k[1]:].split("EEv")[0]
-    args = re.findall(r"L[ib](\d+)E", rest)
-    traits = next((x[2] for x in ids if x[0] >= k[1] and x[2].endswith("Traits")), None)
-    inner = ", ".join(args)
-    if traits is not None:
-        return f"{k[2]}<{traits}<{inner}>>"
-    return f"{k[2]}<{inner}>" if args else k[2]
-
-
 def ncu_stage(kernel: str, gemm_seen: int) -> str:
-    """The pipeline stage of a profiled kernel from its (mangled or readable) name; ``gemm_seen`` = expert GEMM
-    launches before this one in the layer (the first is gate-up, the second down)."""
-    k = kernel
-    if "route" in k:
+    """The pipeline stage of a profiled kernel from its name as ncu reports it (``route_hist_kernel(const int *,
+    ...)``, ``void quant_rows_kernel<0>(...)``); ``gemm_seen`` = expert GEMM launches before this one in the layer
+    (the first is gate-up, the second down)."""
+    if "route" in kernel:
         return "route"
-    if "quant_rows" in k:
+    if "quant_rows" in kernel:
         return "quant_x"
-    if "reduce" in k:
+    if "reduce" in kernel:
         return "reduce"
-    if "expert_" in k:
+    if "expert_" in kernel:
         return "gate_up" if gemm_seen == 0 else "down"
     return "other"
 
@@ -337,10 +302,11 @@ def ncu_rows(batches=(64, 4096), *, model: str = "hy3", mode: str = "tp8ep1", sc
     """Table ``fused_moe_ncu``: Nsight Compute (``--clock-control none``, metric set NCU_METRICS) of every kernel of
     one layer per batch, planned as the benchmark plans ``fused`` (auto GEMM path, experts_total), each launch
     profiled alone after ncu's cache flush (so the plan look-ups and x come from DRAM, where in the pipeline the
-    previous stage has just written them to L2). One row per launch: batch, stage, kernel (ncu_kernel_name, cut at
-    160 characters), duration_us, dram_read_mb, dram_write_mb, dram_pct, sm_pct, occupancy_pct, l2_hit_pct,
-    registers, grid, block; raw tables (mangled names) as profiles_dir()/fused_moe_ncu_b<batch>.csv. Where counters
-    cannot be read (no GPU, no ncu, no permission) one row per batch says why in ``note`` (never raises)."""
+    previous stage has just written them to L2). One row per launch: batch, stage, kernel (as ncu names it, cut at
+    160 characters; the regex matches the mangled name), duration_us, dram_read_mb, dram_write_mb, dram_pct, sm_pct,
+    occupancy_pct, l2_hit_pct, registers, grid, block; raw tables as profiles_dir()/fused_moe_ncu_b<batch>.csv.
+    Where counters cannot be read (no GPU, no ncu, no permission) one row per batch says why in ``note`` (never
+    raises)."""
     from hotpaths.harness import ncu
     from hotpaths.harness.env import device_tag
     from hotpaths.harness.runs import run_id
@@ -368,7 +334,7 @@ def ncu_rows(batches=(64, 4096), *, model: str = "hy3", mode: str = "tp8ep1", sc
                 v = m.get(key)
                 return v * scale if isinstance(v, (int, float)) else None
 
-            rows.append(dict(base, launch=int(launch), stage=stage, kernel=ncu_kernel_name(kernel)[:160],
+            rows.append(dict(base, launch=int(launch), stage=stage, kernel=kernel[:160],
                              duration_us=num("gpu__time_duration.sum", 1e-3),
                              dram_read_mb=num("dram__bytes_read.sum", 2**-20),
                              dram_write_mb=num("dram__bytes_write.sum", 2**-20),
