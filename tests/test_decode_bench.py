@@ -179,14 +179,8 @@ def test_ncu_regex_names_the_timed_instantiation():
     assert D.attention_traits("v3m", rows=32) == (True, True, 2, 2, 4)
     assert D.attention_traits("v3m", rows=16) == (True, True, 4, 2, 2)
     assert D.attention_traits("v3m", rows=8) == (True, True, 4, 2, 1)
-    # v3mv: its own 32-row kernel (TraitsVconv<3, 2>: 8 warps, NT = 1 per row-warp), v3m's kernels at 16 rows and below
-    assert D.attention_traits("v3mv", rows=32) == (True, True, 3, 2, 1)
-    assert D.attention_traits("v3mv", rows=16) == D.attention_traits("v3m", rows=16)
-    assert D.attention_traits("v3mv", rows=8) == D.attention_traits("v3m", rows=8)
-    vconv = f"{ns}attention_kernelINS_11TraitsVconvILi3ELi2EEEEEvNS_6ParamsE"
-    assert re.search(D.attention_kernel_regex("v3mv", rows=32), vconv)
-    assert not any(re.search(D.attention_kernel_regex("v3mv", rows=32), n) for n in names.values())
-    assert not re.search(D.attention_kernel_regex("v3m", rows=32), vconv)
+    with pytest.raises(ValueError, match="variant"):
+        D.attention_traits("v3mv")  # measured and removed (v3w is faster on every case it ran)
     nt2 = f"{ns}attention_kernelINS_6TraitsILb1ELb1ELi4ELi2ELi2EEEEEvNS_6ParamsE"
     assert re.search(D.attention_kernel_regex("v3s2c4", rows=16), nt2)
     assert not re.search(D.attention_kernel_regex("v3s2c4", rows=16), names["v3s2c4"])
@@ -198,6 +192,17 @@ def test_ncu_regex_names_the_timed_instantiation():
     assert D.attention_traits("v3bc3", fp8=False) == (False, True, 2, 3, 1)
     assert D.attention_traits("v3bs3", fp8=False, rows=16) == (False, False, 2, 2, 1)
     assert D.attention_traits("v3b") == D.attention_traits("v3bs3") == D.attention_traits("v3")
+    # v3w / v3wc3: the warpgroup-MMA kernel (TraitsWg<STAGES, CPS>, groups of 64 rows) for every FP8 row count, the row
+    # layout for BF16
+    for v, st, cps in (("v3w", 3, 2), ("v3wc3", 2, 3)):
+        for rows in (8, 16, 32, 64):
+            assert D.attention_traits(v, rows=rows) == (True, True, st, cps, 8)
+        assert D.attention_traits(v, fp8=False) == (False, False, 2, 2, 1)
+        wg = f"{ns}attention_kernelINS_8TraitsWgILi{st}ELi{cps}EEEEEvNS_6ParamsE"
+        assert re.search(D.attention_kernel_regex(v, rows=32), wg)
+        assert not any(re.search(D.attention_kernel_regex(v, rows=32), n) for n in names.values())
+        assert not re.search(D.attention_kernel_regex("v3m", rows=32), wg)
+    assert not re.search(D.attention_kernel_regex("v3w"), f"{ns}attention_kernelINS_8TraitsWgILi2ELi3EEEEEvNS_6ParamsE")
     assert D.attention_traits("v3bc3") == D.attention_traits("v3s3c3")
     rx = D.attention_kernel_regex("v3bs3", fp8=False)
     mangled = lambda a, b, c, d: f"{ns}attention_kernelINS_6TraitsILb{a}ELb{b}ELi{c}ELi{d}ELi1EEEEEvNS_6ParamsE"  # noqa: E731
@@ -273,7 +278,7 @@ def test_ncu_regex_matches_the_built_library():
     if not lib.exists():
         pytest.skip(f"kernels not built here ({lib}); the sm_90a compile test builds them")
     syms = set(re.findall(rb"_ZN[A-Za-z0-9_]*attention_kernelI[A-Za-z0-9_]*", lib.read_bytes()))
-    for variant in ("v2", "v3", "v3s2c4", "v3s3c3", "v3s5", "v3m", "v3mv"):
+    for variant in ("v2", "v3", "v3s2c4", "v3s3c3", "v3s5", "v3m", "v3w", "v3wc3"):
         for fp8, rows in ((True, 8), (True, 16), (True, 32), (False, 8)):
             rx = D.attention_kernel_regex(variant, fp8=fp8, rows=rows).encode()
             assert any(re.search(rx, s) for s in syms), (variant, fp8, rows, rx)
@@ -453,34 +458,39 @@ def test_cli_q_len_and_dtype_lists_and_hpc_rows():
 
 def test_auto_variant_choice_above_eight_rows():
     """variant="auto" with more than 8 query rows per pair (q_len x GQA ratio: MTP at 8:1): v3m (one row group of up
-    to 32 rows, 2 CTAs per SM) where its grid keeps the longest pair within AUTO_MTP_MAX_CHUNKS (16) chunks, v2 at
-    9-16 rows above that (one or two long requests among short ones); above 16 rows (8:1 at q_len 3-4) v3m whatever
-    the chunk estimate, or v3mv on batches of at most AUTO_MTP_VCONV_MAX_TILES KV tiles x KV heads (64x0.5K,
-    1x16K+15x64, 1x64K+7x4K of the nine); 8 rows (q_len 1 at 8:1) keep today's choice (v3s2c4 / v2) exactly."""
+    to 16 rows, 2 CTAs per SM) where its grid keeps the longest pair within AUTO_MTP_MAX_CHUNKS (16) chunks, v2 at
+    9-16 rows above that (one or two long requests among short ones); above 16 rows (8:1 at q_len 3-4) the
+    warpgroup-MMA kernel whatever the chunk estimate: v3wc3 where its 3-per-SM grid gives every CTA one descriptor and
+    v3w's 2-per-SM grid does not (2x32K+30x4K, 1x64K+7x4K, 1x64K+31x4K of the nine), else v3w; 8 rows (q_len 1 at
+    8:1) keep today's choice (v3s2c4 / v2) exactly."""
     import torch
 
     from hotpaths.harness.shapes import expand_lengths, parse_cases
     from hotpaths.kernels import split_kv_decode as K
+    from hotpaths.reference import split_kv_decode as R
 
     want = {"64x0.5K": ("v3m", 5), "64x4K": ("v3m", 5), "32x4K": ("v3m", 9), "32x0.125K+32x4K": ("v3m", 9),
             "2x32K+30x4K": ("v2", 44), "1x64K+31x4K": ("v2", 87), "1x128K+31x4K": ("v2", 129),
-            "1x16K+15x64": ("v2", 129), "1x64K+7x4K": ("v2", 172)}
+            "1x16K+15x64": ("v2", 129), "1x64K+7x4K": ("v2", 172), "1x64K+15x4K": ("v2", 129)}
+    fine = ("2x32K+30x4K", "1x64K+7x4K", "1x64K+31x4K")
     for case, (v, longest) in want.items():
         lens = torch.tensor(expand_lengths(parse_cases(case)), dtype=torch.int32)
         for rows in (12, 16):
             assert K._auto_choice(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=rows) == (v, longest)
-        small = sum(-(-int(x) // K.TILE) for x in lens.tolist()) <= K.AUTO_MTP_VCONV_MAX_TILES
-        assert small == (case in ("64x0.5K", "1x16K+15x64", "1x64K+7x4K")), case
-        for rows in (17, 24, 32, 64):  # the chunk estimate is still reported (fuse-all reads it)
+        descs = [int(R.build_task_map(lens.tolist(), 1, c, min_tiles=2).per_cta_descs().max()) for c in (264, 396)]
+        assert (descs[1] <= 1 < descs[0]) == (case in fine), (case, descs)
+        fine_longest = K._longest_chunks([-(-int(x) // K.TILE) for x in lens.tolist()], 1, 396, 2)
+        for rows in (17, 24, 32, 64):  # the chunk estimate at the chosen grid is still reported (fuse-all reads it)
             assert K._auto_choice(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=rows) == (
-                "v3mv" if small else "v3m", longest)
+                ("v3wc3", fine_longest) if case in fine else ("v3w", longest)), case
             assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=rows, mode="static_count",
                                     ) == K.AUTO_FALLBACK  # dynamic mode only
         got8 = K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=8)
         assert got8 == K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132) != "v3m", case
         assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="bf16", num_sms=132, rows=32) == K.AUTO_FALLBACK
     assert K.AUTO_MTP in K.MTP_CONFIGS and set(K.MTP_CONFIGS) <= set(K.V3_CONFIGS)
-    assert K.AUTO_MTP_ALWAYS_ROWS == 16 and K.AUTO_MTP_VCONV in K.MTP_CONFIGS and K.AUTO_MTP_MAX_CHUNKS == 16
+    assert {K.AUTO_MTP_WG, K.AUTO_MTP_WG_FINE} == set(K.WG_CONFIGS) <= set(K.MTP_CONFIGS)
+    assert K.AUTO_MTP_ALWAYS_ROWS == 16 and K.AUTO_MTP_MAX_CHUNKS == 16
     # the bound is inclusive and applies at 9-16 rows only (8 rows keep AUTO_MAX_CHUNKS)
     # (264 CTAs, budget 2 tiles: longest = ceil(29 / 2) + 1 = 16, ceil(32 / 2) + 1 = 17)
     at16 = torch.tensor([29 * K.TILE] + [8 * K.TILE] * 15, dtype=torch.int32)
@@ -488,13 +498,32 @@ def test_auto_variant_choice_above_eight_rows():
     assert K._auto_choice(at16, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=16) == ("v3m", 16)
     assert K._auto_choice(at17, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=16) == ("v2", 17)
     assert K._auto_choice(at17, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=8)[0] == "v3s2c4"
-    # the tile count is tiles x KV heads, inclusive at the bound: 1536 tiles of 64 tokens at one head, not at two
-    edge = torch.tensor([K.AUTO_MTP_VCONV_MAX_TILES * K.TILE], dtype=torch.int32)
-    assert K.choose_variant(edge, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=24) == "v3mv"
-    assert K.choose_variant(edge + 1, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=24) == "v3m"
-    assert K.choose_variant(edge // 2, num_kv_heads=2, kv_dtype="fp8", num_sms=132, rows=24) == "v3mv"
-    assert K.choose_variant(edge, num_kv_heads=2, kv_dtype="fp8", num_sms=132, rows=24) == "v3m"
+    # KV heads count as pairs: 64:8 at q_len 4 (32 rows per KV head) over 8 heads
+    lens = torch.tensor(expand_lengths(parse_cases("2x32K+30x4K")), dtype=torch.int32)
+    tiles = [-(-int(x) // K.TILE) for x in lens.tolist()]
+    fine8 = K._max_descs_per_cta(tiles, 8, 396, 2) <= 1 < K._max_descs_per_cta(tiles, 8, 264, 2)
+    assert K.choose_variant(lens, num_kv_heads=8, kv_dtype="fp8", num_sms=132, rows=32) == (
+        "v3wc3" if fine8 else "v3w")
     assert set(K.ROW_CONFIGS) == {"v2"} and not set(K.ROW_CONFIGS) & set(K.V3_CONFIGS)
     assert set(K.CONFIGS) == set(K.VARIANTS) and len(set(K.CONFIGS.values())) == len(K.CONFIGS)
     assert "v2" not in K.ONLINE_COMBINE and {"v3m", "v3s2c4"} <= set(K.ONLINE_COMBINE)
     assert not {"v3ms4c1", "v2f", "v2fs3c1", "v2fs4c1"} & set(K.VARIANTS)  # measured and removed
+
+
+def test_max_descs_per_cta_matches_the_host_map():
+    """_max_descs_per_cta (auto's v3w / v3wc3 rule) equals the host task map's most descriptors per CTA on random
+    batches (zero-length requests, several KV heads, budgets floored by min_tiles), and 0 for an empty batch."""
+    import numpy as np
+
+    from hotpaths.kernels import split_kv_decode as K
+    from hotpaths.reference import split_kv_decode as R
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        lens = [int(x) for x in rng.integers(0, 20000, int(rng.integers(1, 40)))]
+        lens[int(rng.integers(0, len(lens)))] = 0
+        H, C, F = int(rng.integers(1, 9)), int(rng.integers(1, 400)), int(rng.integers(1, 5))
+        tiles = [-(-n // K.TILE) for n in lens]
+        want = int(R.build_task_map(lens, H, C, min_tiles=F).per_cta_descs().max())
+        assert K._max_descs_per_cta(tiles, H, C, F) == want, (lens, H, C, F)
+    assert K._max_descs_per_cta([0, 0], 2, 10, 2) == 0

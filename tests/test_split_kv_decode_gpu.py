@@ -416,7 +416,7 @@ BF16_TR_CASES = [
 ]
 # (variant, kv dtype, case): every FP8 v3 configuration over AGREE_CASES + MTP_AGREE_CASES, every BF16 transposed one
 # over AGREE_CASES + BF16_TR_CASES
-CONFIG_AGREE = ([(v, "fp8", c) for v in ("v3", "v3s3c3", "v3s5", "v3s2c4", "v3m", "v3mv")
+CONFIG_AGREE = ([(v, "fp8", c) for v in ("v3", "v3s3c3", "v3s5", "v3s2c4", "v3m", "v3w", "v3wc3")
                  for c in AGREE_CASES + MTP_AGREE_CASES]
                 + [(v, "bf16", c) for v in BF16_VARIANTS for c in AGREE_CASES + BF16_TR_CASES])
 
@@ -464,7 +464,7 @@ def test_v3_grid_sized_per_config():
     kv = torch.tensor([100, 65], dtype=torch.int32, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for v, cps in (("v2", 2), ("v3", 2), ("v3s3c3", 3), ("v3s5", 2), ("v3s2c4", 4), ("v3m", 2), ("v3b", 2),
-                   ("v3bs3", 2), ("v3bc3", 3), ("v3mv", 2)):
+                   ("v3bs3", 2), ("v3bc3", 3), ("v3w", 2), ("v3wc3", 3)):
         assert K.ctas_per_sm(v) == cps
         assert K.plan(kv, num_kv_heads=1, q_heads=8, variant=v).num_ctas == cps * sms
 
@@ -501,8 +501,10 @@ def test_v3_fused_merge(fuse_max, mode, kw, variant, kv):
 @pytest.mark.parametrize("variant,kw", [("v3", dict(num_ctas=16)), ("v3s2c4", {}), ("v3", dict(q_len=2)),
                                         ("v3s2c4", dict(page_size=16, kv_heads=2, q_heads=8)),
                                         ("v3m", dict(q_len=4)), ("v3m", dict(q_len=4, q_heads=16)),
-                                        ("v3m", dict(q_len=3, num_ctas=16)), ("v3mv", dict(q_len=4)),
-                                        ("v3mv", dict(q_len=4, q_heads=16)), ("v3mv", dict(q_len=3, num_ctas=16)),
+                                        ("v3m", dict(q_len=3, num_ctas=16)),
+                                        ("v3w", {}), ("v3w", dict(q_len=4)), ("v3w", dict(q_len=4, q_heads=16)),
+                                        ("v3wc3", dict(q_len=3, num_ctas=16)),
+                                        ("v3w", dict(page_size=16, kv_heads=2, q_heads=8, q_len=2)),
                                         ("v3b", dict(kv="bf16", num_ctas=16)), ("v3bs3", dict(kv="bf16")),
                                         ("v3bc3", dict(kv="bf16", page_size=16, kv_heads=2, q_heads=8)),
                                         ("v3bs3", dict(kv="bf16", q_len=2, q_heads=4))])
@@ -601,26 +603,24 @@ def test_run_stages_compose_to_the_full_step(variant):
         K.run(*a, out=out, stages="both", **kw)
 
 
-# v3mv's 8-warp kernel (17-32 rows per group): 24 rows (8:1 q_len 3, 12:1 q_len 2: the last row-warp idle), 32
-# (8:1 q_len 4), 64 (16:1 q_len 4: two groups), 48 (16:1 q_len 3: the second group half idle); kv lengths with tails
-# (1, 65, 700, 4097), an empty request and a 130000-token one split into many chunks.
-V3MV_CASES = [(3, 8, 64), (4, 8, 64), (4, 16, 16), (3, 16, 128), (2, 12, 32)]
+# the warpgroup-MMA kernel at every row count of one 64-row group: 8 (8:1 q_len 1: warps 1-3 idle), 16, 24, 32, 48
+# and 64 (16:1 q_len 3-4), 12 (12:1 q_len 1: a warp half live), pages below and above a tile
+V3W_CASES = [(1, 8, 64), (2, 8, 32), (3, 8, 64), (4, 8, 128), (3, 16, 16), (4, 16, 64), (1, 12, 64)]
 
 
 @pytest.mark.parametrize("fuse_max", [0, 8])
-@pytest.mark.parametrize("q_len,q_heads,page_size", V3MV_CASES)
-def test_v3mv_matches_emulation_and_v3m(q_len, q_heads, page_size, fuse_max):
-    """v3mv (4 row-warps x 2 token-slice warps, V converted once per tile into shared memory) matches the emulation of
-    its own task map and v3m's output on the same inputs (same grid, same chunks: only the order of the online-softmax
-    steps inside a chunk differs), with the combine (fuse_max 0) and with the fused merge of 2..8-chunk pairs; kv_len
-    0 gives exact zeros, and the arrival counters are back at zero."""
+@pytest.mark.parametrize("q_len,q_heads,page_size", V3W_CASES)
+@pytest.mark.parametrize("variant", ["v3w", "v3wc3"])
+def test_v3w_matches_emulation_and_v3m(variant, q_len, q_heads, page_size, fuse_max):
+    """v3w / v3wc3 (one warpgroup: the group's rows as wgmma's M side, S = Q K^T on the e4m3 wgmma, O += P V on the
+    f16 wgmma from a converted V^T tile) match the emulation of their own task map and v3m's output on the same inputs,
+    with the combine (fuse_max 0) and with the fused merge of 2..8-chunk pairs; kv_len 0 gives exact zeros, no NaN
+    reaches the poisoned output, and the arrival counters are back at zero."""
     K, _ = _mods()
     lens = [4096] * 5 + [130000, 0, 1, 700, 65, 4097, 200]
-    inp = _inputs(lens, "fp8", q_heads=q_heads, page_size=page_size, q_len=q_len, seed=41 + q_len + q_heads)
-    p, out = _run(inp, variant="v3mv", fuse_max=fuse_max)
-    pm, outm = _run(inp, variant="v3m", fuse_max=fuse_max)
-    assert p.num_ctas == pm.num_ctas and np.array_equal(np.asarray(K.host_task_map(p, lens).num_chunks),
-                                                        np.asarray(K.host_task_map(pm, lens).num_chunks))
+    inp = _inputs(lens, "fp8", q_heads=q_heads, page_size=page_size, q_len=q_len, seed=57 + q_len + q_heads)
+    p, out = _run(inp, variant=variant, fuse_max=fuse_max)
+    _, outm = _run(inp, variant="v3m", fuse_max=fuse_max)
     assert not torch.isnan(out.float()).any()
     assert_close(out, _emulate(inp, p), op=OP, path="fp8_vs_emulation")
     assert_close(out, outm, op=OP, path="fp8_vs_emulation")
@@ -636,15 +636,14 @@ NINE_CASES = "64x0.5K;64x4K;32x0.125K+32x4K;2x32K+30x4K;1x64K+15x4K;1x128K+31x4K
 @pytest.mark.parametrize("q_len", [1, 2, 3, 4])
 @pytest.mark.parametrize("case", NINE_CASES.split(";"))
 def test_new_configs_on_the_nine_cases(case, q_len):
-    """The benchmark's nine batches at q_len 1-4: auto (FP8: v3m above 8 rows where the chunk estimate allows it,
-    always above 16, v3mv there on batches of at most AUTO_MTP_VCONV_MAX_TILES tiles; BF16: v3b at 8 rows, v2
-    above), v3m and v3mv (its 8-warp converted-V kernel at q_len 3-4, v3m's
-    kernels below) within the tolerance of the exact reference on the same quantized inputs."""
+    """The benchmark's nine batches at q_len 1-4: auto (FP8: v3m at 9-16 rows where the chunk estimate allows it,
+    the warpgroup-MMA kernel above 16, v3wc3 where auto's descriptor rule says so; BF16: v3b at 8 rows, v2 above),
+    v3m, v3w and v3wc3 within the tolerance of the exact reference on the same quantized inputs."""
     K, R = _mods()
     from hotpaths.harness.shapes import expand_lengths, parse_cases
 
     lens = expand_lengths(parse_cases(case))
-    for kv_dtype, variants in (("fp8", ("auto", "v3m", "v3mv")), ("bf16", ("auto",))):
+    for kv_dtype, variants in (("fp8", ("auto", "v3m", "v3w", "v3wc3")), ("bf16", ("auto",))):
         inp = _inputs(lens, kv_dtype, q_len=q_len, seed=31)
         ref = R.split_kv_decode_ref(**inp)
         for v in variants:
@@ -653,8 +652,8 @@ def test_new_configs_on_the_nine_cases(case, q_len):
             if v == "auto" and kv_dtype == "bf16":
                 assert p.variant == ("v3b" if q_len == 1 else "v2"), p.variant
             elif v == "auto" and q_len > 1:  # 8:1: 16 rows at q_len 2, 24-32 above
-                small = sum(-(-n // K.TILE) for n in lens) <= K.AUTO_MTP_VCONV_MAX_TILES
-                assert (p.variant == ("v3mv" if small else "v3m") if q_len > 2 else p.variant in ("v3m", "v2")), \
+                want = K.choose_variant(inp["kv_lens"], num_kv_heads=1, kv_dtype="fp8", rows=8 * q_len)
+                assert p.variant == want and (want in K.WG_CONFIGS if q_len > 2 else want in ("v3m", "v2")), \
                     p.variant
             out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
             K.run(p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"],

@@ -68,23 +68,24 @@ def test_bf16_check_catches_a_wrong_map(monkeypatch, broken):
         F.check_v3_bf16_maps()
 
 
-def test_v3mv_maps_consistent():
-    """v3mv's converted V tile (f16x2 token-pair words, swizzled by pair) gives every PV A slot exactly v3's fragment
-    for every 16-token slice, each word is written by one thread, and no access of it has a bank conflict."""
-    facts = F.check_v3mv_maps()
-    assert facts["converted_words"] == 4096
-    assert F.vconv_thread(0) == (0, 0) and F.vconv_thread(1) == (0, 1) and F.vconv_thread(255) == (31, 7)
+def test_v3w_maps_consistent():
+    """The warpgroup-MMA kernel's V conversion writes every element of the FP8 V tile exactly once into the K-major
+    128-byte-swizzled V^T tile the f16 wgmma reads, with conflict-free loads and stores, and its half-row map puts the
+    32 live rows on the first 8 rows of each warp's 16."""
+    facts = F.check_v3w_maps()
+    assert facts["converted_elements"] == 8192
+    assert F.vt_thread_blocks(0) == [(0, 0), (0, 1)] and F.vt_thread_blocks(127) == [(31, 6), (31, 7)]
 
 
-@pytest.mark.parametrize("broken", ["no_swizzle", "thread_map", "pair_unit"])
-def test_v3mv_check_catches_a_wrong_map(monkeypatch, broken):
-    """Each v3mv map broken on purpose makes check_v3mv_maps fail."""
-    if broken == "no_swizzle":  # unswizzled pair rows: the 4 pairs a quarter warp reads share bank groups
-        monkeypatch.setattr(F, "vconv_unit", lambda p, u: u)
-    elif broken == "thread_map":  # p = tid & 31, c = tid >> 5: correct words, 2-way conflicts on loads and stores
-        monkeypatch.setattr(F, "vconv_thread", lambda tid: (tid & 31, tid >> 5))
-    else:  # the reader taking the neighbouring unit (dims 4 off): PV rows no longer match the merge's dims
-        monkeypatch.setattr(F, "pv_a_slots_vconv", lambda j, s=0, _r=F.pv_a_slots_vconv: {
-            k: (v[0] ^ 4, v[1]) for k, v in _r(j, s).items()})
+@pytest.mark.parametrize("broken", ["no_rotation", "no_swizzle", "thread_map"])
+def test_v3w_check_catches_a_wrong_map(monkeypatch, broken):
+    """Each v3w map broken on purpose makes check_v3w_maps fail."""
+    if broken == "no_rotation":  # dims stored in order: a quarter warp's stores hit 2 bank groups (4-way conflict)
+        monkeypatch.setattr(F, "vt_rotation", lambda q: 0)
+    elif broken == "no_swizzle":  # V^T rows unswizzled: not the layout the wgmma descriptor reads
+        monkeypatch.setattr(F, "vt_unit", lambda d, b: b)
+    else:  # lanes over token blocks instead of dim quads: the loads of one instruction share banks
+        monkeypatch.setattr(F, "vt_thread_blocks", lambda tid: [((tid >> 3) & 3 | (tid >> 5) << 2, (tid & 7)),
+                                                                 ((tid >> 3) & 3 | (tid >> 5) << 2 | 16, tid & 7)])
     with pytest.raises(AssertionError):
-        F.check_v3mv_maps()
+        F.check_v3w_maps()

@@ -555,8 +555,9 @@ NCU_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_susta
 _V3_NT1 = {"v3s3c3": (3, 3), "v3s5": (5, 2), "v3s2c4": (2, 4), "v3bc3": (3, 3)}
 _BF16_TR = {"v3b": (2, 2), "v3bs3": (3, 2), "v3bc3": (2, 3)}  # BF16 KV, <= 8 rows: (STAGES, CPS)
 _V3_MTP_NT4 = {"v3m": (2, 2)}
-# FP8, 17+ rows: attention_kernel<TraitsVconv<STAGES, CPS>> (8 warps, NT = 1 per row-warp); fewer rows run v3m's kernels
-_V3_VCONV = {"v3mv": (3, 2)}
+# FP8, any row count: attention_kernel<TraitsWg<STAGES, CPS, PIPE>> (one warpgroup, groups of 64 rows: NT = 8 n-tiles
+# of 8)
+_WG = {"v3w": (3, 2), "v3wc3": (2, 3)}  # (STAGES, CPS)
 
 
 def attention_traits(variant: str, *, fp8: bool = True, rows: int = 8) -> tuple:
@@ -571,10 +572,10 @@ def attention_traits(variant: str, *, fp8: bool = True, rows: int = 8) -> tuple:
         return (False, False, 2, 2, 1)
     if variant == "v2":
         return (True, False, 4, 2, 1)
-    mtp = variant in _V3_MTP_NT4 or variant in _V3_VCONV
+    if variant in _WG:
+        return (True, True, *_WG[variant][:2], 8)
+    mtp = variant in _V3_MTP_NT4
     nt = 1 if rows <= 8 else (2 if (rows <= 16 or not mtp) else 4)
-    if nt == 4 and variant in _V3_VCONV:
-        return (True, True, *_V3_VCONV[variant], 1)
     if nt == 4:
         return (True, True, *_V3_MTP_NT4[variant], 4)
     if nt == 2:
@@ -589,8 +590,8 @@ def attention_kernel_regex(variant: str, *, fp8: bool = True, rows: int = 8) -> 
     namespaces, "> >") and ncu's regex dialect is not documented to take ``(?:)`` or ``\\s``; a profile with the
     demangled pattern matched no kernel on the H200. Raises ValueError for an unknown variant."""
     f8, tr, st, cps, nt = attention_traits(variant, fp8=fp8, rows=rows)
-    if fp8 and variant in _V3_VCONV and rows > 16:  # its own traits type (TraitsVconv<STAGES, CPS>)
-        return f"attention_kernelI.*TraitsVconvILi{st}ELi{cps}EE"
+    if fp8 and variant in _WG:  # its own traits type (TraitsWg<STAGES, CPS>)
+        return f"attention_kernelI.*TraitsWgILi{st}ELi{cps}E"
     return f"attention_kernelI.*TraitsILb{int(f8)}ELb{int(tr)}ELi{st}ELi{cps}ELi{nt}EE"
 
 

@@ -157,5 +157,11 @@ SANITIZE_CASES = [
          min_tiles=1, seed=3, mode="static_count", variant="v2", fuse_max=0),
     dict(lens=[1500, 64], gqa=12, kv_heads=1, head_dim=128, page_size=64, q_len=2, kv_dtype="fp8", num_ctas=64,
          min_tiles=2, seed=4, mode="batch_invariant", variant="v3s5", fuse_max=0),
+    # the warpgroup-MMA kernel: 32 rows on the half-row map with per-token block lookups, split pairs, the fused
+    # merge; 48 rows (every M row live) over two KV heads in a static mode
+    dict(lens=[4097, 5, 0, 130], gqa=8, kv_heads=1, head_dim=128, page_size=16, q_len=4, kv_dtype="fp8", num_ctas=16,
+         min_tiles=2, seed=5, mode="dynamic", variant="v3w", fuse_max=2),
+    dict(lens=[1500, 64, 1], gqa=16, kv_heads=2, head_dim=128, page_size=64, q_len=3, kv_dtype="fp8", num_ctas=24,
+         min_tiles=1, seed=6, mode="static_count", variant="v3wc3", fuse_max=0),
 ]
 

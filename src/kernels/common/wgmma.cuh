@@ -2,13 +2,14 @@
 // K-major tile in the 128-byte-swizzle layout, the fence / commit / wait trio, the generic-to-async proxy fence
 // that makes cp.async writes visible to wgmma, a register pin for asynchronously written accumulators, the
 // accumulator register lists every wgmma wrapper builds its operands from (HP_WG_REGS_<R> / HP_WG_OPS_<R>), and the
-// FP8 (e4m3 x e4m3 -> fp32) m64nNk32 instructions.
+// FP8 (e4m3 x e4m3 -> fp32) m64nNk32 instructions, and the f16 m64nNk16 with A from registers (decode attention's
+// P V product).
 //
 // The swizzled layout every producer must write (cp.async by hand, or TMA with CU_TENSOR_MAP_SWIZZLE_128B): rows
 // of 128 bytes, the 16-byte chunk c of row r stored at chunk c ^ (r % 8), each tile based on a 1024-byte boundary
 // (one swizzle atom = 8 rows x 128 B). A descriptor then walks 8-row groups 1024 bytes apart; a k-step inside the
 // 128-byte row advances the start address by its byte width (32 B: k16 of bf16 or k32 of fp8 = descriptor + 2).
-// Why a common header: the router and the MoE GEMMs both feed wgmma from the same layout; one definition of the
+// Why a common header: the router, the MoE GEMMs and the decode attention all feed wgmma from the same layout; one definition of the
 // descriptor bits keeps them from drifting apart.
 #pragma once
 #include <cstdint>
@@ -103,6 +104,14 @@ __device__ __forceinline__ int acc_col(int lane, int j) {
                "{" HP_WG_REGS_##R "}, " DA ", " DB ", p, 1, 1;\n}\n"       \
                : HP_WG_OPS_##R                                            \
                : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+// The same with scale-d an immediate (S: "%(R + 2)" bound to an "n" operand SCALE_D in scope): no predicate is
+// computed beside the instruction, so it can be issued while earlier wgmma are in flight without ptxas serializing
+// them (an ordinary instruction defining a wgmma input inside a pending group does).
+#define HP_WGMMA_E4M3_IMM(N, R, DA, DB, S)                                \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 " \
+               "{" HP_WG_REGS_##R "}, " DA ", " DB ", " S ", 1, 1;\n"     \
+               : HP_WG_OPS_##R                                            \
+               : "l"(desc_a), "l"(desc_b), "n"(SCALE_D))
 // clang-format on
 
 namespace hp {
@@ -121,6 +130,42 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[N / 2], uint64_t desc_a, uin
     HP_WGMMA_E4M3(64, 32, "%32", "%33", "%34");
   else
     HP_WGMMA_E4M3(128, 64, "%64", "%65", "%66");
+}
+// As mma_e4m3 with scale_d a compile-time 0 (D = A . B) or 1 (D += A . B).
+template <int N, int SCALE_D>
+__device__ __forceinline__ void mma_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(N == 64, "instantiated N: 64");
+  static_assert(SCALE_D == 0 || SCALE_D == 1, "scale-d: 0 or 1");
+  HP_WGMMA_E4M3_IMM(64, 32, "%32", "%33", "%34");
+}
+
+}  // namespace wg
+}  // namespace hp
+
+// D[64 x N] (fp32, R = N / 2 per thread) += A[64 x 16] . B[N x 16]^T, f16 operands: A from registers (a[0..3] in
+// scope: the m16n8k16 A fragment of the warp's 16 rows, a0 = (row g, k 2t..2t+1), a1 = (row g + 8, same k), a2 / a3 =
+// the same rows at k 8 + 2t..), B K-major in shared memory (desc_b in scope); A0..A3 / DB: their operand numbers.
+// The accumulator always adds (D starts from its registers; zero them for D = A . B).
+// clang-format off
+#define HP_WGMMA_F16_RS(N, R, A0, A1, A2, A3, DB)                                           \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.f16.f16 "                   \
+               "{" HP_WG_REGS_##R "}, {" A0 "," A1 "," A2 "," A3 "}, " DB ", 1, 1, 1, 0;\n" \
+               : HP_WG_OPS_##R                                                             \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
+// clang-format on
+
+namespace hp {
+namespace wg {
+
+// D[64 x N] += A[64 x 16] . B[N x 16]^T, f16, A from registers: an earlier wgmma's accumulator rounded to f16 needs
+// no trip through shared memory, since its m64nN fragment is this A fragment with k = the accumulator's columns.
+template <int N>
+__device__ __forceinline__ void mma_f16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  static_assert(N == 64 || N == 128, "instantiated N: 64, 128");
+  if constexpr (N == 64)
+    HP_WGMMA_F16_RS(64, 32, "%32", "%33", "%34", "%35", "%36");
+  else
+    HP_WGMMA_F16_RS(128, 64, "%64", "%65", "%66", "%67", "%68");
 }
 
 }  // namespace wg

@@ -23,9 +23,10 @@ v3 (v3b, v3bs3) or v3s3c3 (v3bc3) under those names, and BF16 with more than 8 r
 4-stage / 1-per-SM MTP configuration and BF16 row-layout configurations with v3's start-up were measured and
 removed: docs/ops/split_kv_decode.md.) "auto" (the default) picks per plan: v3s2c4 (a finer grid:
 4 CTAs per SM of 2 stages) for FP8 KV in dynamic mode when its longest (head, request) stays within AUTO_MAX_CHUNKS
-chunks, else v2 (choose_variant); with more than 8 query rows per pair (q_len x GQA ratio) v3m takes v3s2c4's
-place, and above AUTO_MTP_ALWAYS_ROWS rows v3m is taken whatever the chunk estimate (v3mv on batches of at most
-AUTO_MTP_VCONV_MAX_TILES KV tiles). plan(variant=None) reads the
+chunks, else v2 (choose_variant); with 9-16 query rows per pair (q_len x GQA ratio) v3m takes v3s2c4's place, and
+above AUTO_MTP_ALWAYS_ROWS rows the warpgroup-MMA kernel runs whatever the chunk estimate: "v3w" (3 stages, 2 CTAs
+per SM), or "v3wc3" (2 stages, 3 per SM) where its finer grid gives every CTA one chunk and v3w's does not.
+plan(variant=None) reads the
 environment variable HOTPATHS_DECODE_VARIANT (default DEFAULT_VARIANT).
 
 Early work before the PDL wait (plan(early=...), default on; $HOTPATHS_DECODE_EARLY=0 turns it off): update()
@@ -67,19 +68,20 @@ MAX_Q_LEN = 4
 MODES = ("dynamic", "static_count", "static_chunk", "batch_invariant")
 _MODE_CODE = {"dynamic": 0, "static_count": 1, "static_chunk": 2, "batch_invariant": 2}
 DEFAULT_CHUNK_TILES = 16  # static_chunk / batch_invariant chunk: 1024 tokens
-VARIANTS = ("v2", "v3", "v3s3c3", "v3s5", "v3s2c4", "v3m", "v3b", "v3bs3", "v3bc3", "v3mv")
+VARIANTS = ("v2", "v3", "v3s3c3", "v3s5", "v3s2c4", "v3m", "v3b", "v3bs3", "v3bc3", "v3w", "v3wc3")
 # variant -> config id of hp_decode_attention (attention.cu kNumConfigs): 0 the row layout, 1..4 the transposed
 # layout with {stages, CTAs per SM} 4/2, 3/3, 5/2, 2/4; 5 the MTP configuration (transposed, one row group of up to
 # 32 rows per pass over the KV: 8:1 GQA at q_len 2-4 reads each K/V tile once; the 32-row kernel at 2 stages, 2 CTAs
 # per SM); 6..8 the transposed layout for BF16 KV with {stages, CTAs per SM} 2/2, 3/2, 2/3 (the last two keep their merge
-# buffer in the stage just computed, which is what makes them fit: attention.cu Traits::MERGE_IN_STAGE); 9 "v3mv", a
-# candidate that auto does not pick: v3m with its 17-32-row groups on an 8-warp CTA (4 row-warps of 8 rows x 2
-# token-slice warps) that converts each V tile once into shared memory for all row-warps (3 stages, 2 CTAs per SM).
+# buffer in the stage just computed, which is what makes them fit: attention.cu Traits::MERGE_IN_STAGE); 9, 10
+# "v3w", "v3wc3": the warpgroup-MMA kernel (FP8 KV, any row count, groups of 64 rows as wgmma's M side; 3 stages at 2
+# CTAs per SM, 2 at 3), BF16 KV runs the row layout under them.
 CONFIGS = {"v2": 0, "v3": 1, "v3s3c3": 2, "v3s5": 3, "v3s2c4": 4, "v3m": 5, "v3b": 6, "v3bs3": 7, "v3bc3": 8,
-           "v3mv": 9}
+           "v3w": 9, "v3wc3": 10}
 ROW_CONFIGS = {k: v for k, v in CONFIGS.items() if v == 0}  # the row layout (v2)
 V3_CONFIGS = {k: v for k, v in CONFIGS.items() if k not in ROW_CONFIGS}  # the transposed (v3) configurations
-MTP_CONFIGS = ("v3m", "v3mv")
+MTP_CONFIGS = ("v3m", "v3w", "v3wc3")
+WG_CONFIGS = ("v3w", "v3wc3")  # the warpgroup-MMA kernel (attention.cu attention_wg)
 # The configurations whose BF16 kernel is the transposed layout (at most 8 query rows per group; more run the row
 # layout): the fused merge and fuse-all then work for BF16 KV too.
 BF16_TRANSPOSED_CONFIGS = ("v3b", "v3bs3", "v3bc3")
@@ -121,19 +123,18 @@ MAX_ROW_GROUPS = 8  # counters per pair (attention.cu kMaxRowGroups): rows = q_h
 # stages, 2 CTAs per SM), with fuse-all by the same chunk rule: on the H200, one run, the nine cases took 14.7 / 48.0
 # / 31.7 / 41.1 / 33.0 / 50.7 / 15.8 / 28.8 / 41.8 us against v2's 17.0 / 51.8 / 35.9 / 43.7 / 35.4 / 53.0 / 16.0 /
 # 31.0 / 44.5 (v3bs3 and v3bc3 were within 1-5% of v3b, never ahead by more than 0.6%; docs/ops/split_kv_decode.md).
-# With more than 8 query rows per (request, KV head) (q_len x GQA ratio > 8: MTP at 8:1, or 12:1 / 16:1), "auto" on FP8
-# KV in dynamic mode picks AUTO_MTP (v3m): one row group of up to 32 rows reads each K/V tile once, on a grid sized
-# for the kernel that runs (v3s2c4's 4-per-SM grid ran the 2-per-SM 16-row kernel in two waves, and q_len 3-4 read
-# the KV twice), while the longest pair stays within AUTO_MTP_MAX_CHUNKS chunks at its grid (v2 above, as for 8 rows at
-# AUTO_MAX_CHUNKS). q_len 1 at 8:1 (8 rows) keeps the choice above unchanged. Above AUTO_MTP_ALWAYS_ROWS rows (8:1 at
-# q_len 3-4) v3m is taken even where the chunk estimate would fall back to v2: one pass over the KV for all rows beats
-# v2's two 16-row groups on a batch dominated by one long request too (docs/ops/split_kv_decode.md, MTP section).
-# There, on batches of at most AUTO_MTP_VCONV_MAX_TILES KV tiles in all (tiles x KV heads), AUTO_MTP_VCONV (v3mv: V
-# converted once per tile into a shared f16 tile read by 4 row warps x 2 token slices) runs instead: on the H200, one
-# run, FP8 8:1 q_len 3 / 4, it took 17.3 / 18.1 us on 64x0.5K (v3m 19.0 / 19.4), 17.2 / 17.7 on 1x16K+15x64 (19.0 /
-# 19.0), 32.1 / 33.3 on 1x64K+7x4K (33.5 / 34.1), and lost from 1x64K+15x4K (1984 tiles: 34.5 / 36.2 vs 33.0 / 33.6)
-# to 64x4K (52.3 / 55.7 vs 48.5 / 49.3): its shared-memory traffic costs more than it saves once the work per CTA
-# grows. At q_len 2 (16 rows) it won nothing (level or behind), so it stays above AUTO_MTP_ALWAYS_ROWS only.
+# With 9-16 query rows per (request, KV head) (q_len x GQA ratio: 8:1 at q_len 2, 12:1 / 16:1 at q_len 1), "auto" on
+# FP8 KV in dynamic mode picks AUTO_MTP (v3m): one row group of up to 16 rows reads each K/V tile once, on a grid
+# sized for the kernel that runs (v3s2c4's 4-per-SM grid ran the 2-per-SM 16-row kernel in two waves), while the
+# longest pair stays within AUTO_MTP_MAX_CHUNKS chunks at its grid (v2 above, as for 8 rows at AUTO_MAX_CHUNKS).
+# Above AUTO_MTP_ALWAYS_ROWS rows (8:1 at q_len 3-4, 16:1 at q_len 2-4, 64:8 at q_len 3-4) it picks the warpgroup-MMA
+# kernel whatever the chunk estimate (it reads the KV once for up to 64 rows): AUTO_MTP_WG (v3w, 3 stages, 2 CTAs per
+# SM), or AUTO_MTP_WG_FINE (v3wc3, 2 stages, 3 per SM) when every CTA of v3wc3's grid gets a single descriptor and
+# some CTA of v3w's gets two or more (_max_descs_per_cta): a second descriptor is a second epilogue and merge in the
+# middle of that CTA's stream. On the H200, one run, FP8 8:1 q_len 4, v3w / v3wc3 / HPC-Ops us: 2x32K+30x4K 36.7 /
+# 32.8 / 35.7, 1x64K+31x4K 36.7 / 33.3 / 36.1, 1x64K+7x4K 26.5 / 25.3 / 25.3 (the three batches where the rule
+# picks v3wc3), 64x4K 39.0 / 41.2 / 34.1, 32x0.125K+32x4K 29.3 / 32.6 / 30.9, 1x64K+15x4K 27.2 / 29.3 / 28.1 (v3w's
+# grid divides them evenly and v3wc3's does not); v3m took 33.1-52.5 us on the same batches.
 AUTO = "auto"
 AUTO_FINE = "v3s2c4"
 AUTO_MTP = "v3m"
@@ -147,8 +148,8 @@ AUTO_MTP_ALWAYS_ROWS = 16
 # against v3m's 32.4 / 33.1, while v3m kept 64x0.5K (14.0 vs 15.6), 64x4K (34.6 vs 35.4) and 32x0.125K+32x4K (level)
 # at 5-9 chunks.
 AUTO_MTP_MAX_CHUNKS = 16
-AUTO_MTP_VCONV = "v3mv"
-AUTO_MTP_VCONV_MAX_TILES = 1536  # 96K tokens at one KV head (1x64K+7x4K is 1472 tiles; 1x64K+15x4K, 1984, lost)
+AUTO_MTP_WG = "v3w"
+AUTO_MTP_WG_FINE = "v3wc3"
 DEFAULT_VARIANT = AUTO
 VARIANT_ENV = "HOTPATHS_DECODE_VARIANT"
 EARLY_ENV = "HOTPATHS_DECODE_EARLY"  # "0": plan(early=None) gives the old launches (resolve_early)
@@ -251,8 +252,9 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     when the longest (head, request) is cut into at most AUTO_MAX_CHUNKS chunks at that grid's per-CTA budget
     (max(ceil(tiles / CTAs), min_tiles), plus one for a bin boundary), else AUTO_FALLBACK (v2). rows = GQA ratio x
     q_len (query rows per pair): above 8, AUTO_MTP (v3m, 2 CTAs per SM) takes AUTO_FINE's place, with the chunk
-    estimate at its own grid and AUTO_MTP_MAX_CHUNKS as the bound; above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP whatever the estimate (AUTO_MTP_VCONV, v3mv, when
-    the batch has at most AUTO_MTP_VCONV_MAX_TILES KV tiles x KV heads). BF16 KV in dynamic mode
+    estimate at its own grid and AUTO_MTP_MAX_CHUNKS as the bound; above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP_WG (v3w, 2
+    CTAs per SM) whatever the estimate, or AUTO_MTP_WG_FINE (v3wc3, 3 per SM) when its grid gives every CTA at most
+    one descriptor and v3w's does not (_max_descs_per_cta). BF16 KV in dynamic mode
     with the default grid: AUTO_BF16 (v3b) at rows <= 8 (the estimate at its grid), AUTO_FALLBACK above.
 
     Shape/Dtype: kv_lens [batch] int32 (any device: read on the host, one sync, only when dynamic / default grid /
@@ -276,7 +278,11 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     if not fp8:  # BF16: the transposed layout whatever the estimate (it only sets fuse-all)
         return fine, longest
     if rows > AUTO_MTP_ALWAYS_ROWS:
-        return (AUTO_MTP_VCONV if total <= AUTO_MTP_VCONV_MAX_TILES else AUTO_MTP), longest
+        H, sms = int(num_kv_heads), int(num_sms)
+        if (_max_descs_per_cta(tiles, H, 3 * sms, min_tiles) <= 1
+                and _max_descs_per_cta(tiles, H, 2 * sms, min_tiles) > 1):
+            return AUTO_MTP_WG_FINE, _longest_chunks(tiles, H, 3 * sms, min_tiles)
+        return AUTO_MTP_WG, longest
     limit = AUTO_MTP_MAX_CHUNKS if rows > 8 else AUTO_MAX_CHUNKS
     return (fine if longest <= limit else AUTO_FALLBACK), longest
 
@@ -299,6 +305,23 @@ def _longest_chunks(tiles: list[int], num_kv_heads: int, num_ctas: int, min_tile
         return 0
     budget = max(_cdiv(total, num_ctas), int(min_tiles))
     return _cdiv(max(tiles), budget) + 1
+
+
+def _max_descs_per_cta(tiles: list[int], num_kv_heads: int, num_ctas: int, min_tiles: int) -> int:
+    """Most descriptors (pieces of distinct pairs) any CTA of a dynamic map of C = num_ctas bins gets: the map's pairs
+    (head-major, each request's `tiles`) poured into bins of max(ceil(total / C), min_tiles) tiles, as
+    hotpaths.reference.split_kv_decode.build_task_map does (tests pin the two together). 0 for an empty batch."""
+    t = np.tile(np.asarray(tiles, dtype=np.int64), int(num_kv_heads))
+    total = int(t.sum())
+    if total == 0:
+        return 0
+    budget = max(_cdiv(total, int(num_ctas)), int(min_tiles))
+    start = (np.cumsum(t) - t)[t > 0]
+    t = t[t > 0]
+    per_bin = np.zeros(_cdiv(total, budget) + 1, dtype=np.int64)
+    np.add.at(per_bin, start // budget, 1)  # each pair covers bins [first, last]: +1 at first, -1 after last
+    np.add.at(per_bin, (start + t - 1) // budget + 1, -1)
+    return int(np.cumsum(per_bin)[:-1].max())
 
 
 def runs_transposed(variant: str, *, fp8: bool, rows: int = 8) -> bool:
@@ -444,7 +467,7 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
         rows_auto = (q_heads // num_kv_heads) * q_len if num_kv_heads >= 1 and q_heads >= 1 else 8
         variant, longest = _auto_choice(kv_lens, num_kv_heads=num_kv_heads, kv_dtype=kv_dtype, mode=mode,
                                         num_ctas=num_ctas, min_tiles=min_tiles, rows=rows_auto)
-        if (fuse_max is None and variant in (AUTO_FINE, AUTO_MTP, AUTO_MTP_VCONV, AUTO_BF16)
+        if (fuse_max is None and variant in (AUTO_FINE, AUTO_MTP, AUTO_MTP_WG, AUTO_MTP_WG_FINE, AUTO_BF16)
                 and longest <= AUTO_FUSE_ALL_MAX_CHUNKS):
             fuse_max = FUSE_ALL
     if head_dim not in HEAD_DIMS:

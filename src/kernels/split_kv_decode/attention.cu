@@ -4,7 +4,7 @@
 //   for all query rows of the GQA group (ratio heads x q_len tokens, causal among the q_len draft tokens).
 //   A pair (h, r) with one chunk writes bf16 output directly; otherwise an fp32 partial (normalized by its own
 //   sum) + natural-log LSE to its slot, merged by combine_kernel (or, v3 fused merge, by the pair's last CTA).
-// One kernel template, attention_kernel<Traits>, in two product layouts (docs/ops/split_kv_decode.md has the
+// One kernel template, attention_kernel<Traits>, with three bodies (docs/ops/split_kv_decode.md has the
 // measurements that chose each):
 //   - row layout (Traits::TRANSPOSED = false; variant "v2", FP8 and BF16): S = Q K^T and O += P V on m16n8k16
 //     f16/bf16 MMAs with the 16 query rows of a row group as m. FP8 K/Q are converted to f16 (exact); V
@@ -15,6 +15,10 @@
 //     8:1 a row group has 8 rows, so the m16 side of the row layout is half padding; v3 computes S^T = K Q^T on the
 //     FP8 MMA (m16n8k32 e4m3, no conversion of K or Q) and O^T += V^T P^T, turning P^T into PV's B operand with two
 //     movmatrix.trans. Optional fused merge (fuse_max) and fuse-all (no combine launch).
+//   - warpgroup-MMA body (TraitsWg; "v3w", "v3wc3", FP8, what auto runs above 16 rows: MTP): the group's up to 64
+//     rows as wgmma's M side, S = Q K^T on the e4m3 wgmma from shared memory, O += P V on the f16 wgmma with P from
+//     registers and V converted once per tile into a K-major f16 V^T tile; one state per row (no merge of warps).
+//     The transposed layout's task map, loader, fused merge and partials (attention_wg below).
 // Launch: grid (C, G) with C persistent CTAs (bin b = blockIdx.x, from the assign workspace, task_map.cuh) or, in
 //   the static modes, (H * batch * splits, G) with one descriptor per CTA computed from blockIdx; G row groups
 //   (rows beyond one group re-read the KV once per extra group, mostly from L2 as the groups run together).
@@ -30,6 +34,7 @@
 #include <stdint.h>
 
 #include "common/launch.cuh"
+#include "common/wgmma.cuh"
 #include "ptx.cuh"
 #include "task_map.cuh"
 
@@ -91,22 +96,16 @@ constexpr int kCtaSmemOverhead = 1024 + 1536;
 // descriptor cache. Where that does not fit CPS CTAs per SM (transposed layout only), the merge buffer lives in
 // the stage just computed instead (MERGE_IN_STAGE, derived, not chosen): one more stage, or one more
 // CTA per SM, for one more barrier per descriptor (the warps must have finished that stage's PV first).
-// RW > 1 (FP8 transposed, TraitsVconv): RW row-warps of 8 x NT rows each, TS token-slice warps per row-warp (each
-// slice warp takes the tile's 16-token slices ts and ts + TS), and each V tile converted once per CTA into a
-// shared f16 tile (VCONV) that every row-warp reads without converting. RW = 1, TS = 4: one warp per 16-token slice.
-template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_, int RW_, int TS_>
-struct TraitsBase {
+template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1>
+struct Traits {
   static constexpr bool FP8 = FP8_;
   static constexpr bool TRANSPOSED = TRANSPOSED_;
+  static constexpr bool WG = false;  // the warpgroup-MMA body (TraitsWg) instead
   static constexpr int STAGES = STAGES_;
   static constexpr int CPS = CPS_;
   static constexpr int NT = NT_;
-  static constexpr int RW = RW_;
-  static constexpr int TS = TS_;                // token-slice warps per row-warp = states merged per row
-  static constexpr int THREADS = 32 * RW * TS;  // kThreads for RW = 1
-  static constexpr bool VCONV = RW > 1;         // V converted once per tile into shared memory
-  static_assert(RW == 1 ? TS == 4 : (TRANSPOSED && FP8 && NT == 1 && RW == 4 && TS == 2),
-                "row-warps: the FP8 transposed layout, 4 row-warps of 8 rows x 2 token-slice warps");
+  static constexpr int TS = 4;  // token-slice warps (one per 16 tokens of a tile) = states merged per row
+  static constexpr int THREADS = kThreads;
   static_assert(TRANSPOSED || NT == 1, "the row layout has one m16 tile of query rows");
   static_assert(FP8 || NT == 1, "BF16 transposed: one n-tile of 8 rows (9+ rows run the row layout, m16 then full)");
   static_assert(NT == 1 || NT == 2 || NT == 4, "tr_store splits 128 threads evenly over 8 NT rows");
@@ -114,12 +113,10 @@ struct TraitsBase {
   // across tiles but re-read from shared memory per n-tile (2 x 16 B per tile and n-tile). Q then has to outlive
   // the stage of the descriptor's first tile: it lives in the Q area of stage (descriptor index % STAGES), which
   // the loader (at most STAGES - 1 tiles, so descriptors, ahead) never rewrites while that descriptor computes.
-  // RW > 1 (8 warps at the 128-register cap of 2 CTAs per SM): the same, for the 32 registers of both token slices' K
-  // fragments in flight.
-  static constexpr bool QSMEM = TRANSPOSED && (NT > 2 || RW > 1);
+  static constexpr bool QSMEM = TRANSPOSED && NT > 2;
   static_assert(STAGES >= 2, "the pipeline waits for STAGES - 2 groups");
-  static constexpr int MROWS = TRANSPOSED ? 8 * NT * RW : 16;  // query rows per row group
-  static constexpr int ES = FP8 ? 1 : 2;                       // bytes per element
+  static constexpr int MROWS = TRANSPOSED ? 8 * NT : 16;  // query rows per row group
+  static constexpr int ES = FP8 ? 1 : 2;                  // bytes per element
   // FP8 rows and the transposed layout's BF16 rows are XOR-swizzled (16 B unit u of row t at u ^ (t & 7)); the row
   // layout's BF16 rows are padded by 16 B (its kq_unit map is conflict-free on 17-unit rows).
   static constexpr bool SWZ = FP8 || TRANSPOSED;
@@ -130,23 +127,36 @@ struct TraitsBase {
   static constexpr int STAGE_BYTES = 2 * KV_BYTES + MROWS * QROWB + MROWS * 4;
   static constexpr int MERGE_BYTES = TS * MROWS * kD * 4 + 2 * TS * MROWS * 4;
   static constexpr int DESC_BYTES = kDescCache * 8 * 4;
-  // VCONV: the converted V tile, f16x2 words {V[2p][d], V[2p + 1][d]} per token pair p and dim d (tr_convert_v)
-  static constexpr int VCONV_BYTES = VCONV ? kTile * kD * 2 : 0;
   static constexpr bool MERGE_IN_STAGE =
-      TRANSPOSED &&
-      CPS * (STAGES * STAGE_BYTES + MERGE_BYTES + VCONV_BYTES + DESC_BYTES + kCtaSmemOverhead) > kSmemPerSm;
+      TRANSPOSED && CPS * (STAGES * STAGE_BYTES + MERGE_BYTES + DESC_BYTES + kCtaSmemOverhead) > kSmemPerSm;
   // The whole stage is free at the descriptor's end: its K/V tile is consumed and, without QSMEM, the Q rows and
   // scales it carried (only for a descriptor starting at that tile) are already in registers.
   static_assert(!MERGE_IN_STAGE || (MERGE_BYTES <= STAGE_BYTES && !QSMEM), "the merge buffer must fit a stage");
-  static_assert(!VCONV || !MERGE_IN_STAGE, "VCONV keeps its merge buffer in its own area");
-  static constexpr int SMEM = STAGES * STAGE_BYTES + (MERGE_IN_STAGE ? 0 : MERGE_BYTES) + VCONV_BYTES + DESC_BYTES;
+  static constexpr int SMEM = STAGES * STAGE_BYTES + (MERGE_IN_STAGE ? 0 : MERGE_BYTES) + DESC_BYTES;
   static_assert(CPS * (SMEM + kCtaSmemOverhead) <= kSmemPerSm, "CPS CTAs of this configuration do not fit an SM");
 };
-template <bool FP8_, bool TRANSPOSED_, int STAGES_, int CPS_, int NT_ = 1>
-struct Traits : TraitsBase<FP8_, TRANSPOSED_, STAGES_, CPS_, NT_, 1, 4> {};
-// "v3mv": 8 warps = 4 row-warps of 8 rows x 2 token-slice warps, one 32-row group, V converted once per tile.
-template <int STAGES, int CPS>
-struct TraitsVconv : TraitsBase<true, true, STAGES, CPS, 1, 4, 2> {};
+
+// "v3w": the warpgroup-MMA body (attention_wg): one warpgroup of 4 warps, one group of up to 64 query rows as wgmma's M
+// side (rows past R are padding), S = Q K^T on the e4m3 wgmma from shared memory and O += P V on the f16 wgmma with P
+// from registers and V converted once per tile into a transposed f16 tile. Stage: K, V (8 KB each), the Q rows of a
+// descriptor starting in it (64 x 128 B) and their scales, every part 1024-byte aligned (the swizzle atoms); then the
+// converted V^T tile (16 KB) and the descriptor cache.
+template <int STAGES_, int CPS_>
+struct TraitsWg {
+  static constexpr bool WG = true;  // (the transposed layout's task map, partials, fused merge and combine)
+  static constexpr int STAGES = STAGES_;
+  static constexpr int CPS = CPS_;
+  static constexpr int THREADS = 128;
+  static constexpr int MROWS = 64;  // wgmma's M
+  static constexpr int KV_BYTES = kTile * kD;
+  static constexpr int Q_OFF = 2 * KV_BYTES, QS_OFF = Q_OFF + MROWS * kD;
+  static constexpr int STAGE_BYTES = (QS_OFF + MROWS * 4 + 1023) / 1024 * 1024;
+  static constexpr int VT_BYTES = kD * kTile * 2;  // V^T: 128 dim rows of 64 f16 tokens
+  static constexpr int DESC_BYTES = kDescCache * 8 * 4;
+  static constexpr int SMEM = STAGES * STAGE_BYTES + VT_BYTES + DESC_BYTES + 1024;  // + 1024: base rounded up
+  static_assert(STAGES >= 2, "the pipeline waits for STAGES - 2 groups");
+  static_assert(CPS * (SMEM + kCtaSmemOverhead) <= kSmemPerSm, "CPS CTAs of this configuration do not fit an SM");
+};
 
 // The configurations that run. Row layout: FP8 4 stages (XOR-swizzled rows leave room for a 4th), BF16 2 (3 do not
 // fit two CTAs per SM). Transposed: FP8 {stages, CTAs per SM} 4/2 ("v3"), 3/3, 5/2, 2/4; 9..16 rows always
@@ -795,12 +805,12 @@ __device__ __forceinline__ void tr_row_scale_lim(const Params& P, const float* s
   lim = rr < P.R ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
 }
 
-// Descriptor start: B fragments of Q (rows rb + 8nt + g), the score scale and causal limit of rows rb + 8nt + 2tig + c, fresh
+// Descriptor start: B fragments of Q (rows 8nt + g), the score scale and causal limit of rows 8nt + 2tig + c, fresh
 // online-softmax state and O^T. QSMEM: no Q fragments, and the scales / limits go to shared memory (the caller).
 // BF16: Q's B fragments are the row's 4 units of load_kq_words (16 words, k16 step ks = words 2ks, 2ks + 1).
 template <class CF>
-__device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg, int rb,
-                                                    int g, int tig, float kscale, int kv_cap,
+__device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8_t* sV, const Desc& cdd, int rg, int g,
+                                                    int tig, float kscale, int kv_cap,
                                                     uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8 * CF::ES],
                                                     float (&o)[CF::NT][8][4], float (&m_)[CF::NT][2],
                                                     float (&l_)[CF::NT][2], float (&sc)[CF::QSMEM ? 1 : CF::NT][2],
@@ -810,7 +820,7 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
   const float* sQs = reinterpret_cast<const float*>(sQ + MROWS * CF::QROWB);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const int row = rb + 8 * nt + g;  // rb: the row-warp's first row (0 unless RW > 1), a multiple of 8
+    const int row = 8 * nt + g;
     if constexpr (!CF::FP8) {
       load_kq_words<CF>(sQ + row * CF::QROWB, tig, row, qb[nt]);
     } else if constexpr (!CF::QSMEM) {
@@ -826,7 +836,7 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       if constexpr (!CF::QSMEM)
-        tr_row_scale_lim<CF>(P, sQs, cdd, rg, rb + 8 * nt + 2 * tig + c, kscale, kv_cap, sc[nt][c], lim_[nt][c]);
+        tr_row_scale_lim<CF>(P, sQs, cdd, rg, 8 * nt + 2 * tig + c, kscale, kv_cap, sc[nt][c], lim_[nt][c]);
       m_[nt][c] = -INFINITY;
       l_[nt][c] = 0.f;
     }
@@ -841,7 +851,7 @@ __device__ __forceinline__ void tr_begin_descriptor(const Params& P, const uint8
 // BF16: m16n8k16 bf16 MMAs, A = K rows t, t + 8 (16 words each by load_kq_words, the same dim map as Q's).
 template <class CF>
 __device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF::QSMEM ? 1 : CF::NT][8 * CF::ES],
-                                      const uint8_t* sQ, int warp, int g, int tig, float (&s)[CF::NT][4], int rb = 0) {
+                                      const uint8_t* sQ, int warp, int g, int tig, float (&s)[CF::NT][4]) {
   constexpr int NT = CF::NT;
   if constexpr (!CF::FP8) {
     const int t = warp * 16 + g;
@@ -880,7 +890,7 @@ __device__ __forceinline__ void tr_qk(const uint8_t* sK, const uint32_t (&qb)[CF
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
       uint32_t qs[8];
       if constexpr (CF::QSMEM) {
-        const int row = rb + 8 * nt + g;  // row & 7 == g (rb: the row-warp's first row, a multiple of 8)
+        const int row = 8 * nt + g;  // row & 7 == g
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const uint4 u = *reinterpret_cast<const uint4*>(sQ + row * kD + (((2 * tig + i) ^ g) * 16));
@@ -960,62 +970,6 @@ __device__ __forceinline__ void tr_softmax_update(float (&s)[CF::NT][4], const f
   }
 }
 
-// VCONV: the online-softmax update of tr_softmax_update over the warp's SPW 16-token slices of the tile at once
-// (tok0[k]: slice k's token g): one running-max step per row and tile (max over 4 x SPW scores, then the 3 shuffles),
-// so the P of every slice is on the same scale when the PV products (after the converted-V barrier) accumulate it.
-template <class CF, int SPW>
-__device__ __forceinline__ void tr_softmax_update_slices(float (&s)[SPW][4], const float* s_sc, const int* s_lim,
-                                                         int rb, int tig, const int (&tok0)[SPW], float (&m_)[1][2],
-                                                         float (&l_)[1][2], float (&o)[1][8][4],
-                                                         uint32_t (&pb)[SPW][1][2]) {
-  static_assert(CF::NT == 1 && CF::QSMEM, "one n-tile of 8 rows per row-warp, scales and limits in shared memory");
-  float alpha[2];
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    const float scv = s_sc[rb + 2 * tig + c];
-    const int lim = s_lim[rb + 2 * tig + c];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < SPW; ++k) {
-      float v0 = s[k][c] * scv, v1 = s[k][c + 2] * scv;
-      v0 = tok0[k] < lim ? v0 : -INFINITY;
-      v1 = tok0[k] + 8 < lim ? v1 : -INFINITY;
-      s[k][c] = v0;
-      s[k][c + 2] = v1;
-      mx = fmaxf(mx, fmaxf(v0, v1));
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-    const float mnew = fmaxf(m_[0][c], mx);
-    const float muse = (mnew == -INFINITY) ? 0.f : mnew;
-    alpha[c] = exp2f(m_[0][c] - muse);
-    m_[0][c] = mnew;
-    float sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < SPW; ++k) {
-      s[k][c] = exp2f(s[k][c] - muse);
-      s[k][c + 2] = exp2f(s[k][c + 2] - muse);
-      sum += s[k][c] + s[k][c + 2];
-    }
-    l_[0][c] = l_[0][c] * alpha[c] + sum;  // per-thread partial sum, reduced at the end
-  }
-  if (alpha[0] != 1.f || alpha[1] != 1.f) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      o[0][j][0] *= alpha[0];
-      o[0][j][1] *= alpha[1];
-      o[0][j][2] *= alpha[0];
-      o[0][j][3] *= alpha[1];
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < SPW; ++k) {
-    pb[k][0][0] = movmatrix_trans(pack_p<CF::FP8>(s[k][0], s[k][1]));
-    pb[k][0][1] = movmatrix_trans(pack_p<CF::FP8>(s[k][2], s[k][3]));
-  }
-}
-
 // O^T += V^T P^T: A = V^T built in registers from the thread's tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9 (dims
 // 16g..16g+15; prmt + exact e4m3 -> f16). BF16: A = V^T of m-tile j (dims 16j..16j+15) by one ldmatrix.x4.trans of
 // the warp's 16 V rows (lane l addresses token (l & 7) + 8 (l >> 4), unit 2j + ((l >> 3) & 1)), so m-tile j holds
@@ -1063,60 +1017,12 @@ __device__ __forceinline__ void tr_pv(const uint8_t* sV, const uint32_t (&pb)[CF
   }
 }
 
-// VCONV: the CTA converts the stage's FP8 V tile once into sVc, the f16x2 words {V[2p][d], V[2p + 1][d]} of token
-// pair p (32 pairs x 128 dims, 512 B per pair): the A-fragment words tr_pv builds in registers, so the row-warps
-// read them without converting. 16 B unit u (dims 4u..4u+3) of pair p lies at u ^ (p & 3): a quarter warp of
-// tr_pv_vconv (g in {2k, 2k + 1}, pairs 8s + tig) then covers 8 distinct bank groups. Thread tid converts unit c
-// (dims 16c..16c+15) of pair p, 2 x 16 B loads, 16 conversions, 4 x 16 B stores, with lane bit 0 -> c & 1 and lane
-// bits 1-2 -> p & 3, so a quarter warp's loads (unit c ^ (2p & 7) of rows 2p, 2p + 1) and stores (bank group
-// 4 (c & 1) + (q ^ (p & 3))) each cover 8 distinct bank groups.
-template <class CF>
-__device__ __forceinline__ void tr_convert_v(const uint8_t* sV, uint32_t* sVc, int tid) {
-  static_assert(CF::THREADS == 256, "one (pair, 16-dim unit) per thread");
-  const int p = (tid >> 1) & 31, c = (tid & 1) | ((tid >> 6) << 1);
-  const int t0 = 2 * p, t1 = t0 + 1;
-  const uint4 a = *reinterpret_cast<const uint4*>(sV + t0 * kD + ((c ^ (t0 & 7)) * 16));
-  const uint4 b = *reinterpret_cast<const uint4*>(sV + t1 * kD + ((c ^ (t1 & 7)) * 16));
-  const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {  // word q: dims 16c + 4q..16c + 4q + 3 -> unit 4c + q
-    const uint32_t lo = __byte_perm(aw[q], bw[q], 0x5140), hi = __byte_perm(aw[q], bw[q], 0x7362);
-    const uint4 u =
-        make_uint4(e4m3x2_to_f16x2(lo), e4m3x2_hi_to_f16x2(lo), e4m3x2_to_f16x2(hi), e4m3x2_hi_to_f16x2(hi));
-    *reinterpret_cast<uint4*>(sVc + p * kD + (((4 * c + q) ^ (p & 3)) * 4)) = u;
-  }
-}
-
-// VCONV: O^T += V^T P^T for the 16-token slice `slice`, A read from the converted tile (tr_convert_v): m-tile j's
-// words are {pair 8 slice + tig, + 4} x {dim 16g + j, 16g + 8 + j}, the map tr_pv builds from FP8 (so tr_stage_merge
-// stores both the same way), 8 x 16 B loads and no conversion.
-template <class CF>
-__device__ __forceinline__ void tr_pv_vconv(const uint32_t* sVc, const uint32_t (&pb)[CF::NT][2], int slice, int g,
-                                            int tig, float (&o)[CF::NT][8][4]) {
-  constexpr int NT = CF::NT;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {  // m-tiles 4h..4h+3: 4 x 16 B loads live at a time (the 128-register cap)
-    uint32_t w[4][4];  // A register k (0: tokens 2tig, +1 / dim 16g + j; 1: dim 16g + 8 + j; 2, 3: tokens + 8)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int p = 8 * slice + tig + 4 * (k >> 1);
-      put_words(w[k], *reinterpret_cast<const uint4*>(sVc + p * kD + (((4 * g + 2 * (k & 1) + h) ^ (p & 3)) * 4)));
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t a[4] = {w[0][i], w[1][i], w[2][i], w[3][i]};
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mma16816<true>(o[nt][4 * h + i], a, pb[nt][0], pb[nt][1]);
-    }
-  }
-}
-
 // End of a descriptor, step 1: the warp's running max, row sums (reduced over the lanes of equal tig) and O^T rows,
-// stored by real dim, into the merge buffer (slot `warp`: the warp's token slice, 0..TS-1; rows from rb).
+// stored by real dim, into the merge buffer (slot `warp`: the warp's token slice, 0..TS-1).
 template <class CF>
 __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], const float (&l_)[CF::NT][2],
                                                const float (&o)[CF::NT][8][4], float* merge_o, float* merge_m,
-                                               float* merge_l, int warp, int rb, int g, int tig) {
+                                               float* merge_l, int warp, int g, int tig) {
   constexpr int NT = CF::NT, MROWS = CF::MROWS;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -1126,7 +1032,7 @@ __device__ __forceinline__ void tr_stage_merge(const float (&m_)[CF::NT][2], con
       l += __shfl_xor_sync(0xffffffffu, l, 4);
       l += __shfl_xor_sync(0xffffffffu, l, 8);
       l += __shfl_xor_sync(0xffffffffu, l, 16);
-      const int r = rb + 8 * nt + 2 * tig + c;
+      const int r = 8 * nt + 2 * tig + c;
       if (g == 0) {
         merge_m[warp * MROWS + r] = m_[nt][c];
         merge_l[warp * MROWS + r] = l;
@@ -1319,15 +1225,10 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
   float* merge_own = reinterpret_cast<float*>(smem + STAGES * CF::STAGE_BYTES);
   float* merge_own_m = merge_own + CF::TS * MROWS * kD;
   float* merge_own_l = merge_own_m + CF::TS * MROWS;
-  // VCONV: the converted V tile, after the merge buffer
-  uint32_t* sVc = reinterpret_cast<uint32_t*>(smem + STAGES * CF::STAGE_BYTES + CF::MERGE_BYTES);
-  int* dcache = reinterpret_cast<int*>(smem + STAGES * CF::STAGE_BYTES + (CF::MERGE_IN_STAGE ? 0 : CF::MERGE_BYTES) +
-                                       CF::VCONV_BYTES);
+  int* dcache = reinterpret_cast<int*>(smem + STAGES * CF::STAGE_BYTES + (CF::MERGE_IN_STAGE ? 0 : CF::MERGE_BYTES));
 
   const int tid = threadIdx.x, lane = tid & 31;
-  // warp: the warp's token slice (RW > 1: slices warp and warp + TS of each tile); rb: its row-warp's first row
-  const int warp = CF::RW > 1 ? (tid >> 5) % CF::TS : tid >> 5,
-            rb = CF::RW > 1 ? 8 * CF::NT * ((tid >> 5) / CF::TS) : 0;
+  const int warp = tid >> 5;  // the warp's 16-token slice of each tile
   const int g = lane >> 2, tig = lane & 3;
   const int rg = blockIdx.y;  // row group of MROWS rows
 
@@ -1487,7 +1388,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     const uint8_t* sQd = CF::QSMEM ? q_area(cd) : sV + CF::KV_BYTES;  // this descriptor's Q rows
 
     if (ct == cdd.tb) {
-      tr_begin_descriptor<CF>(P, sQd - CF::KV_BYTES, cdd, rg, rb, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
+      tr_begin_descriptor<CF>(P, sQd - CF::KV_BYTES, cdd, rg, g, tig, kscale, kv_cap, qb, o, m_, l_, sc, lim_);
       if constexpr (CF::QSMEM) {  // the previous descriptor's last reads of s_sc / s_lim precede the loop's barrier
         if (tid < MROWS)
           tr_row_scale_lim<CF>(P, reinterpret_cast<const float*>(sQd + MROWS * CF::QROWB), cdd, rg, tid, kscale, kv_cap,
@@ -1496,46 +1397,16 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       }
     }
 
-    if constexpr (CF::VCONV) {
-      // V converted once for the CTA (sVc's previous reads precede the loop's barrier), covered by QK and softmax
-      // before the barrier that publishes it. A row-warp whose rows are all past R (R = 17..24 leaves the last one
-      // idle) skips the products (warp-uniform): its fresh state (max -inf, sum 0, O 0) is what the merge reads
-      // for rows no one stores.
-      tr_convert_v<CF>(sV, sVc, tid);
-      const bool live = rg * MROWS + rb < P.R;
-      constexpr int SPW = 4 / CF::TS;  // 16-token slices per warp and tile
-      uint32_t pb[SPW][NT][2];
-      if (live) {
-        float s[SPW][4];
-        int tok0[SPW];
-#pragma unroll
-        for (int k = 0; k < SPW; ++k) {
-          const int slice = warp + CF::TS * k;
-          float sk[NT][4];
-          tr_qk<CF>(sK, qb, sQd, slice, g, tig, sk, rb);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[k][e] = sk[0][e];
-          tok0[k] = ct * kTile + slice * 16 + g;
-        }
-        tr_softmax_update_slices<CF, SPW>(s, s_sc, s_lim, rb, tig, tok0, m_, l_, o, pb);
-      }
-      __syncthreads();
-      if (live) {
-#pragma unroll
-        for (int k = 0; k < SPW; ++k) tr_pv_vconv<CF>(sVc, pb[k], warp + CF::TS * k, g, tig, o);
-      }
-    } else {
-      // ---- S^T = K Q^T ----
-      float s[NT][4];
-      tr_qk<CF>(sK, qb, sQd, warp, g, tig, s);
+    // ---- S^T = K Q^T ----
+    float s[NT][4];
+    tr_qk<CF>(sK, qb, sQd, warp, g, tig, s);
 
-      // ---- online softmax per row ----
-      uint32_t pb[NT][2];
-      tr_softmax_update<CF>(s, sc, lim_, s_sc, s_lim, tig, ct * kTile + warp * 16 + g, m_, l_, o, pb);
+    // ---- online softmax per row ----
+    uint32_t pb[NT][2];
+    tr_softmax_update<CF>(s, sc, lim_, s_sc, s_lim, tig, ct * kTile + warp * 16 + g, m_, l_, o, pb);
 
-      // ---- O^T += V^T P^T ----
-      tr_pv<CF>(sV, pb, warp, lane, g, tig, o);
-    }
+    // ---- O^T += V^T P^T ----
+    tr_pv<CF>(sV, pb, warp, lane, g, tig, o);
 
     // ---- advance; epilogue at the end of a descriptor ----
     if (++ct >= cdd.te) {
@@ -1548,17 +1419,406 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
       // MERGE_IN_STAGE: every warp's PV must be done with this stage's V first; the loader rewrites the stage only
       // after the next iteration's barrier, which follows the merge's last read.
       if constexpr (CF::MERGE_IN_STAGE) __syncthreads();
-      tr_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, rb, g, tig);
-      if constexpr (CF::VCONV) {
-        // O^T is re-zeroed by the next descriptor's start anyway; zeroing it here ends its live range before the
-        // store and fused-merge epilogues, which otherwise spill beside it at the 128-register cap.
-#pragma unroll
-        for (int j = 0; j < 8; ++j) o[0][j][0] = o[0][j][1] = o[0][j][2] = o[0][j][3] = 0.f;
-      }
+      tr_stage_merge<CF>(m_, l_, o, merge_o, merge_m, merge_l, warp, g, tig);
       __syncthreads();
       auto nch_of_cd = [&]() { return nch_of(cd); };
       tr_store<CF>(P, merge_o, merge_m, merge_l, cdd, rg, tid, vscale, nch_of_cd);
       tr_fused_merge<CF>(P, cdd, rg, tid, s_last, nch_of_cd, [&]() { return first_slot_of(cd, cdd); });
+      if (++cd >= d_end) break;
+      cdd = fetch(cd);
+      ct = cdd.tb;
+    }
+  }
+  cp_wait<0>();
+}
+
+// ================================================================================================================
+// Warpgroup-MMA body (TraitsWg, variant "v3w"; FP8 KV): the same task map, loader, partial layout, fused merge and
+// combine as the transposed layout, with the products on wgmma.
+//
+// Why: at 17-64 query rows per (request, KV head) (GQA 8:1 at q_len 3-4, 16:1 at q_len 2-4) the mma.sync layouts put
+// every row's online-softmax chain into one warp per 16-token slice (v3m: 658 instructions per warp and tile, 4x the
+// MMAs of 8 rows, spilled state), so they stop being bound by the KV stream (50-61% of the read probe at q_len 3-4).
+// Here the 64 rows are wgmma's M side: warp w owns rows 16w..16w+15 for the whole tile, so a row's max and sum need
+// two shuffles among 4 lanes, and the MMAs (4 QK + 4 PV instructions per tile for the warpgroup) run asynchronously
+// beside the V conversion. Rows past R are padding; a warp with no live row skips the softmax and feeds P = 0.
+//  - S[64 x 64 tokens] = Q K^T: wgmma m64n64k32 e4m3, A = the descriptor's Q rows and B = the K tile, both K-major
+//    128-byte-swizzled in shared memory exactly as the loader writes them (16 B unit u of row t at u ^ (t & 7)).
+//  - O[64 x 128] += P V: wgmma m64n128k16 f16, A = P from registers (the S accumulator rounded to f16 is already
+//    the A fragment), B = V^T: FP8 wgmma reads only K-major operands and V is stored token-major, so each V tile is
+//    converted once per CTA into a K-major f16 V^T tile (exact e4m3 -> f16), overlapping the QK wgmma.
+//  Numerics are the transposed layout's: fp32 scores scaled after the product, P rounded to f16, V exact in f16,
+//  fp32 accumulation (the same emulation).
+
+// V tile (FP8, token rows, unit u of token t at u ^ (t & 7)) -> V^T (f16, 128 dim rows of 64 tokens = 128 B, unit b =
+// tokens 8b..8b+7 of dim row d at b ^ (d & 7)). Thread: dims 4q..4q+3 (q = lane) of token blocks 2w and 2w + 1 (w =
+// warp): 8 x 4 B loads per block (one instruction reads a whole 128 B row: conflict-free), bytes paired by prmt,
+// 16 conversions, 4 x 16 B stores. The four dims are rotated by r = (q >> 1) & 3 before the stores so a quarter warp
+// (q = 8k..8k+7) writes dim rows with 8 distinct d & 7, hence 8 distinct 16 B bank groups.
+__device__ __forceinline__ void wg_convert_vt(const uint8_t* sV, uint8_t* sVt, int tid) {
+  const int q = tid & 31, w = tid >> 5;
+  const int r = (q >> 1) & 3;
+  const uint32_t rot = (uint32_t)(r & 3) | ((uint32_t)((r + 1) & 3) << 4) | ((uint32_t)((r + 2) & 3) << 8) |
+                       ((uint32_t)((r + 3) & 3) << 12);  // byte e of the result = dim 4q + ((e + r) & 3)
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int b = 2 * w + i;
+    uint32_t x[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)  // token 8b + j, whose (t & 7) == j
+      x[j] = __byte_perm(
+          *reinterpret_cast<const uint32_t*>(sV + (8 * b + j) * kD + (((q >> 2) ^ j) * 16) + (q & 3) * 4), 0u, rot);
+    uint32_t o[4][4];  // o[e][p]: dim slot e, tokens 8b + 2p, 8b + 2p + 1
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t lo = __byte_perm(x[2 * p], x[2 * p + 1], 0x5140), hi = __byte_perm(x[2 * p], x[2 * p + 1], 0x7362);
+      o[0][p] = e4m3x2_to_f16x2(lo);
+      o[1][p] = e4m3x2_hi_to_f16x2(lo);
+      o[2][p] = e4m3x2_to_f16x2(hi);
+      o[3][p] = e4m3x2_hi_to_f16x2(hi);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int d = 4 * q + ((e + r) & 3);
+      *reinterpret_cast<uint4*>(sVt + d * 128 + ((b ^ (d & 7)) * 16)) = make_uint4(o[e][0], o[e][1], o[e][2], o[e][3]);
+    }
+  }
+}
+
+// 2^x for the softmax: the bare ex2.approx.ftz (one MUFU op; exp2f adds the denormal range handling around it).
+// Results below 2^-126 flush to 0, which changes nothing downstream: P is rounded to f16 (smallest subnormal 2^-24)
+// and such terms are far below the fp32 resolution of the row sum, which always holds a 1 (the max).
+__device__ __forceinline__ float wg_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <class CF>
+__device__ __forceinline__ void attention_wg(const Params& P) {
+  constexpr int STAGES = CF::STAGES, MROWS = CF::MROWS;
+  extern __shared__ uint8_t wg_smem[];
+  const uint32_t raw = (uint32_t)__cvta_generic_to_shared(wg_smem);
+  uint8_t* stages = wg_smem + ((1024u - (raw & 1023u)) & 1023u);  // swizzle atoms: 1024-byte aligned
+  uint8_t* sVt = stages + STAGES * CF::STAGE_BYTES;
+  int* dcache = reinterpret_cast<int*>(sVt + CF::VT_BYTES);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tig = lane & 3;
+  const int rg = blockIdx.y;  // row group of MROWS rows
+  // M row m of the wgmma <-> row of the group. At most 32 rows (8:1 at q_len <= 4): row 8w + i sits at M row
+  // 16w + i (i < 8), so every warp owns up to 8 live rows in its first half (lanes' row g) and its second half is
+  // padding: 4 warps share the softmax of 32 rows, one row per thread, instead of 2 warps with two rows each.
+  // Otherwise M row m = group row m. Returns -1 for padding.
+  const bool half = P.R <= 32;
+  auto group_row = [&](int m) -> int {
+    if (!half) return m;
+    return (m & 15) < 8 ? 8 * (m >> 4) + (m & 7) : -1;
+  };
+
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();  // as the transposed layout: the combine's launch hides behind this grid
+
+  const int kv_cap = P.max_pages * P.page_size;
+  int d_begin = 0, d_end = 0;
+  // The start-up, fuse-all zero rows and K/V loader below repeat attention_transposed's on purpose: shared helpers
+  // changed that body's code generation and cost it 0.6% (docs/ops/split_kv_decode.md); change both together.
+  if (P.mode == kDynamic) {  // the transposed layout's start-up chain (attention_transposed)
+    __shared__ int s_len[kLenCache];
+    const TaskMap<const int> tm = P.task_map();
+    const int* bin_start = tm.bin_start();
+    d_begin = bin_start[blockIdx.x];
+    d_end = bin_start[blockIdx.x + 1];
+    const bool lens_cached = P.batch <= kLenCache;
+    if (lens_cached)
+      for (int i = tid; i < P.batch; i += CF::THREADS) s_len[i] = max(P.kv_lens[i], 0);
+    __syncthreads();
+    const int* desc = tm.desc();
+    const int* nchunks = tm.num_chunks();
+    for (int i = tid; i < min(d_end - d_begin, kDescCache); i += CF::THREADS) {
+      int d = d_begin + i;
+      const int* dp = desc + kDescInts * d;
+      const int4 dd = make_int4(dp[0], dp[1], dp[2], dp[3]);
+      int* e = dcache + 8 * i;
+      e[0] = dd.x;
+      e[1] = dd.y;
+      e[2] = dd.z;
+      e[3] = dd.w;
+      e[4] = d;
+      e[6] = lens_cached ? s_len[dd.x] : max(P.kv_lens[dd.x], 0);
+      cp_async4(e + 5, nchunks + dd.y * P.batch + dd.x, true);
+      cp_async4(e + 7, tm.chunk_start() + dd.y * P.batch + dd.x, true);
+    }
+  } else {
+    d_end = cache_static_desc(P, dcache, tid);
+  }
+  __syncthreads();
+  if (P.mode == kDynamic && P.fuse_max >= kFuseAll) {  // fuse-all: zero rows of empty pairs (see kFuseAll)
+    const int* nchunks = P.task_map().num_chunks();
+    const int r0 = rg * MROWS, r1 = min(r0 + MROWS, P.R);
+    for (int p = blockIdx.x; p < P.batch * P.H; p += gridDim.x) {
+      if (nchunks[p] != 0) continue;
+      const int r = p % P.batch, h = p / P.batch;
+      for (int i = tid; i < (r1 - r0) * (kD / 8); i += CF::THREADS) {
+        const int rr = r0 + i / (kD / 8), qi = rr / P.ratio, hl = rr % P.ratio;
+        const size_t orow = P.head_row(r, h, qi, hl);
+        reinterpret_cast<uint4*>(P.out + orow * kD)[i % (kD / 8)] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  }
+  if (d_begin >= d_end) return;
+
+  auto fetch = [&](int d) { return fetch_desc<true>(P, dcache, d_begin, d); };
+  auto nch_of = [&](int d) -> int {
+    const int i = d - d_begin;
+    if (P.mode != kDynamic || i >= kDescCache) return fetch(d).nch;
+    return dcache[8 * i + 5];
+  };
+  auto first_slot_of = [&](int d, const Desc& dd) -> int {
+    if (P.mode != kDynamic) return (dd.h * P.batch + dd.r) * P.splits;
+    const int i = d - d_begin;
+    if (i < kDescCache) return dcache[8 * i + 7];
+    return P.task_map().chunk_start()[dd.h * P.batch + dd.r];
+  };
+  __shared__ int s_last;
+
+  // ---- loader (the transposed layout's): 16 B unit tid % 8 of tokens tid / 8 + 16 i of K and V; the Q rows of
+  // descriptor d (64, zero past R) and their scales in the Q area of stage (d - d_begin) % STAGES, which the loader
+  // (at most STAGES - 1 tiles, so descriptors, ahead) never rewrites while d computes ----
+  const uint8_t* kbase = reinterpret_cast<const uint8_t*>(P.k);
+  const uint8_t* vbase = reinterpret_cast<const uint8_t*>(P.v);
+  const uint8_t* qbase = reinterpret_cast<const uint8_t*>(P.q);
+  const bool whole_pages = P.page_size >= kTile;
+  auto q_area = [&](int d) -> uint8_t* { return stages + ((d - d_begin) % STAGES) * CF::STAGE_BYTES + CF::Q_OFF; };
+  constexpr int RC = kD / 16, TPP = CF::THREADS / RC;
+  auto load_tile = [&](int stage, const Desc& d, int tile, bool first, int qd) {
+    uint8_t* sK = stages + stage * CF::STAGE_BYTES;
+    uint8_t* sV = sK + CF::KV_BYTES;
+    const int lim = min(d.kvlen, kv_cap);
+    const int ch = tid & (RC - 1), t0 = tid >> 3;
+    const int* bt = P.block_table + (size_t)d.r * P.max_pages;
+    int page_once = -1;
+    if (whole_pages && tile * kTile < lim) page_once = __ldg(bt + ((tile * kTile) >> P.page_shift));
+#pragma unroll
+    for (int i = 0; i < kTile / TPP; ++i) {
+      const int tl = t0 + TPP * i;
+      const int tok = tile * kTile + tl;
+      bool ok = tok < lim;
+      int page = page_once;
+      if (!whole_pages && ok) page = __ldg(bt + (tok >> P.page_shift));
+      ok = ok && page >= 0 && page < P.num_pages;
+      const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
+      const size_t off = ok ? P.kv_row(slot, d.h) * kD + ch * 16 : 0;
+      const int dcol = (ch ^ (tl & 7)) * 16;
+      cp_async16(sK + tl * kD + dcol, kbase + off, ok);
+      cp_async16(sV + tl * kD + dcol, vbase + off, ok);
+    }
+    if (first) {
+      uint8_t* sQ = q_area(qd);
+      float* sQs = reinterpret_cast<float*>(sQ + (CF::QS_OFF - CF::Q_OFF));
+      for (int c = tid; c < MROWS * RC; c += CF::THREADS) {
+        const int row = c >> 3, u = c & (RC - 1);
+        const int gr = group_row(row), rr = rg * MROWS + gr;
+        const bool ok = gr >= 0 && rr < P.R;
+        const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
+        const size_t qrow = (size_t)d.r * P.q_len + qi;
+        const size_t off = ok ? (qrow * P.q_heads + d.h * P.ratio + hl) * kD + u * 16 : 0;
+        cp_async16(sQ + row * kD + ((u ^ (row & 7)) * 16), qbase + off, ok);
+      }
+      if (tid < MROWS) {
+        const int gr = group_row(tid);
+        load_q_scale(P, d, gr >= 0 ? rg * MROWS + gr : P.R, sQs + tid);  // P.R: a padding row's scale is 0
+      }
+    }
+  };
+
+  TileLoader ld(fetch, load_tile, d_begin, d_end);
+#pragma unroll 1
+  for (int s = 0; s < STAGES - 1; ++s) ld.issue(s);
+
+  const float kscale = __ldg(P.k_scale);
+  const float vscale = __ldg(P.v_scale);
+  // the thread's M rows 16w + g (index 0) and 16w + g + 8 (index 1), as rows of the group (-1: padding); a warp
+  // with no row below R is idle in the softmax and the epilogue (warp-uniform)
+  const int grow[2] = {group_row(16 * warp + g), group_row(16 * warp + g + 8)};
+  const bool live = rg * MROWS + (half ? 8 : 16) * warp < P.R;
+
+  int cd = d_begin;
+  Desc cdd = fetch(cd);
+  int ct = cdd.tb;
+  float sacc[32];  // S: register j = row 16w + g + 8 ((j >> 1) & 1), token 8 (j >> 2) + 2 tig + (j & 1)
+  // O: register j = the same rows, dim 8 (j >> 2) + 2 tig + (j & 1); zeroed here and after each descriptor's epilogue.
+  float o[64];
+#pragma unroll
+  for (int j = 0; j < 64; ++j) o[j] = 0.f;
+  float m_[2], l_[2], sc[2];
+  int lim_[2];
+  // P as PV's A fragments. The asynchronous PV reads them until its wait (at the next loop top): keep_pa after
+  // each wait holds them live to that point, so their registers are not reused while the tensor cores read them.
+  // (Leaving the PV in flight past the loop-top barrier, beside the loads' issue and the QK, made ptxas serialize
+  // every wgmma of the kernel: C7513, an ordinary instruction defining a wgmma input inside a pending group.)
+  uint32_t pa[4][4] = {};
+  auto keep_pa = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pa[kk][i])::"memory");
+  };
+
+#pragma unroll 1
+  for (int it = 0;; ++it) {
+    cp_wait<STAGES - 2>();
+    hp::wg::fence_proxy_async();  // this thread's cp.async writes -> the wgmma (async proxy) reads after the barrier
+    __syncthreads();
+    hp::wg::wait<0>();  // the previous tile's PV ran across the barrier, where the warps wait for each other
+    hp::wg::pin(o);
+    keep_pa();
+    ld.issue((it + STAGES - 1) % STAGES);
+
+    const int stage = it % STAGES;
+    const uint8_t* sK = stages + stage * CF::STAGE_BYTES;
+    const uint8_t* sV = sK + CF::KV_BYTES;
+    const uint8_t* sQd = q_area(cd);
+
+    if (ct == cdd.tb) {  // descriptor start (no PV is in flight: the last descriptor's end waited for it)
+      const float* sQs = reinterpret_cast<const float*>(sQd + (CF::QS_OFF - CF::Q_OFF));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rr = rg * MROWS + grow[h];
+        const bool ok = grow[h] >= 0 && rr < P.R;
+        const int qi = ok ? rr / P.ratio : 0;
+        sc[h] = P.sm_scale * kLog2e * sQs[16 * warp + g + 8 * h] * kscale;
+        lim_[h] = ok ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
+        m_[h] = -INFINITY;
+        l_[h] = 0.f;
+      }
+    }
+
+    // ---- S = Q K^T (async), the V^T conversion beside it ----
+    {  // k32 step ks: + 32 ks bytes inside the swizzled rows (descriptor + 2 ks)
+      const uint64_t dq = hp::wg::desc_sw128(sQd), dk = hp::wg::desc_sw128(sK);
+      hp::wg::fence();
+      hp::wg::mma_e4m3<64, 0>(sacc, dq, dk);
+#pragma unroll
+      for (int ks = 1; ks < kD / 32; ++ks) hp::wg::mma_e4m3<64, 1>(sacc, dq + 2 * ks, dk + 2 * ks);
+      hp::wg::commit();
+    }
+    wg_convert_vt(sV, sVt, tid);
+    hp::wg::fence_proxy_async();
+    hp::wg::wait<0>();
+    hp::wg::pin(sacc);
+    __syncthreads();  // V^T complete
+
+    // ---- online softmax per row (log2 domain), P as PV's A fragments ----
+    if (live) {
+      float alpha[2];
+      const int tok0 = ct * kTile + 2 * tig;
+      alpha[1] = 1.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (h == 1 && half) {  // the padding half: P = 0, O untouched
+#pragma unroll
+          for (int n = 0; n < 8; ++n) sacc[4 * n + 2] = sacc[4 * n + 3] = 0.f;
+          continue;
+        }
+        float mx = -INFINITY;
+        if ((ct + 1) * kTile <= lim_[h]) {  // the row sees the whole tile: no mask
+#pragma unroll
+          for (int n = 0; n < 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = 4 * n + 2 * h + e;
+              sacc[j] *= sc[h];
+              mx = fmaxf(mx, sacc[j]);
+            }
+        } else {
+#pragma unroll
+          for (int n = 0; n < 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = 4 * n + 2 * h + e;
+              const float v = tok0 + 8 * n + e < lim_[h] ? sacc[j] * sc[h] : -INFINITY;
+              sacc[j] = v;
+              mx = fmaxf(mx, v);
+            }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m_[h], mx);
+        const float muse = (mnew == -INFINITY) ? 0.f : mnew;
+        alpha[h] = wg_exp2(m_[h] - muse);
+        m_[h] = mnew;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = 4 * n + 2 * h + e;
+            sacc[j] = wg_exp2(sacc[j] - muse);
+            sum += sacc[j];
+          }
+        l_[h] = l_[h] * alpha[h] + sum;  // per-thread partial sum (its 16 tokens), reduced at the end
+      }
+      if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+        for (int j = 0; j < 64; ++j) o[j] *= alpha[(j >> 1) & 1];
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)  // k16 step kk = tokens 16kk.. = the accumulator's n8 tiles 2kk, 2kk + 1
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pa[kk][i] = pack_p<true>(sacc[8 * kk + 2 * i], sacc[8 * kk + 2 * i + 1]);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pa[kk][i] = 0u;
+    }
+
+    // ---- O += P V (waited for after the next loop-top barrier, or at the descriptor's end) ----
+    hp::wg::pin(o);
+    hp::wg::fence();
+    const uint64_t dvt = hp::wg::desc_sw128(sVt);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) hp::wg::mma_f16_rs<128>(o, pa[kk], dvt + 2 * kk);
+    hp::wg::commit();
+
+    // ---- advance; epilogue at the end of a descriptor ----
+    if (++ct >= cdd.te) {
+      hp::wg::wait<0>();
+      hp::wg::pin(o);
+      keep_pa();
+      const int nch = nch_of(cd);
+      if (live) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float L = l_[h];
+          L += __shfl_xor_sync(0xffffffffu, L, 1);
+          L += __shfl_xor_sync(0xffffffffu, L, 2);
+          const int rr = rg * MROWS + grow[h];
+          if (grow[h] >= 0 && rr < P.R) {
+            const float inv = (L > 0.f) ? vscale / L : 0.f;
+            const int qi = rr / P.ratio, hl = rr % P.ratio;
+            if (nch == 1) {
+              __nv_bfloat16* orow = P.out + P.head_row(cdd.r, cdd.h, qi, hl) * kD + 2 * tig;
+#pragma unroll
+              for (int n = 0; n < 16; ++n)
+                *reinterpret_cast<uint32_t*>(orow + 8 * n) =
+                    pack_bf16(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+            } else {
+              const size_t prow = P.part_row(cdd.slot, rr);
+              float* orow = P.part_o + prow * kD + 2 * tig;
+#pragma unroll
+              for (int n = 0; n < 16; ++n)
+                *reinterpret_cast<float2*>(orow + 8 * n) =
+                    make_float2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+              if (tig == 0) P.part_lse[prow] = (L > 0.f) ? (m_[h] + log2f(L)) * kLn2 : -INFINITY;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 64; ++j) o[j] = 0.f;  // the next descriptor's fresh O
+      tr_fused_merge<CF>(P, cdd, rg, tid, s_last, [&]() { return nch; }, [&]() { return first_slot_of(cd, cdd); });
       if (++cd >= d_end) break;
       cdd = fetch(cd);
       ct = cdd.tb;
@@ -1601,7 +1861,9 @@ __device__ void prefetch_start_up(const Params& P) {
 template <class T>
 __global__ void __launch_bounds__(T::THREADS, T::CPS) attention_kernel(const Params P) {
   if (P.early) prefetch_start_up(P);  // before the PDL wait that opens either body
-  if constexpr (T::TRANSPOSED)
+  if constexpr (T::WG)
+    attention_wg<T>(P);
+  else if constexpr (T::TRANSPOSED)
     attention_transposed<T>(P);
   else
     attention_rows<T>(P);
@@ -1867,10 +2129,8 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 //     m16n8k16 MMAs: half the MMAs of the row layout at 8 rows, 32 O^T accumulators instead of 64) with {stages,
 //     CTAs per SM} 2/2, 3/2, 2/3 (the last two with the merge buffer in a stage: see Traits). FP8 KV runs "v3"
 //     (6, 7) or "v3s3c3" (8) under them. BF16 with more than 8 rows per group runs the row layout (its m16 is full).
-//   9 "v3mv" (MTP, a candidate auto does not pick): as "v3m", with its 17-32-row groups on TraitsVconv<3, 2>: 8 warps
-//     = 4 row-warps of 8 rows (NT = 1, Q in registers) x 2 token-slice warps, each V tile converted once per CTA into
-//     a shared f16 tile that all row-warps read (no per-warp conversion), 3 stages, 2 CTAs per SM (so one CTA's
-//     barrier waits are covered by the other's warps). R <= 16 runs v3m's kernels.
+//   9, 10 "v3w", "v3wc3" (FP8; MTP above 16 rows): the warpgroup-MMA body (attention_wg, TraitsWg) for every row
+//     count (groups of 64 rows), {stages, CTAs per SM} 3/2 and 2/3.
 // BF16 KV runs the row layout under every other configuration.
 // spills-ok(TraitsILb1ELb1ELi2ELi4ELi1EE): transposed, 2 stages / 4 CTAs per SM caps the kernel at 128 registers and it spills 4
 // bytes; it is the configuration `auto` picks for batches without a dominant request, and the fastest there as
@@ -1879,25 +2139,26 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 // descriptors, leave ~16 words over the 255-register cap (stack 64 B, after Q, the row scales and the causal limits
 // moved to shared memory and the epilogues to 16-row passes); the alternative, two 16-row groups, reads every K/V
 // tile twice. Measured on the H200, spill included, it is the fastest at q_len 2-4 (docs/ops/split_kv_decode.md).
-// spills-ok(TraitsVconvILi3ELi2EE): "v3mv", 8 warps at 2 CTAs per SM cap it at 128 registers (as v3s2c4's 4 CTAs of
-// 128 threads do); 8 bytes spilled. A candidate that auto does not pick (docs/ops/split_kv_decode.md, "MTP at 32 rows").
-constexpr int kNumConfigs = 10;
+// spills-ok(TraitsWgILi2ELi3EE): "v3wc3", 3 CTAs per SM cap the warpgroup-MMA kernel at 168 registers and it spills 4
+// bytes; auto picks it where its finer grid gives every CTA a single chunk and v3w's does not, where it was the
+// faster of the two as measured, spill included (docs/ops/split_kv_decode.md, "MTP on warpgroup MMA").
+constexpr int kNumConfigs = 11;
 constexpr int kCfgMtp = 5;
-constexpr int kCfgMtpVconv = 9;
+constexpr int kCfgWg = 9;
+constexpr int kCfgWgc3 = 10;
+using Wg = TraitsWg<3, 2>;
+using Wgc3 = TraitsWg<2, 3>;
 using MtpNt4 = Transposed<2, 2, 4>;
-using MtpVconv = TraitsVconv<3, 2>;
 using TrBf16 = TransposedBf16<2, 2>;
 using TrBf16s3 = TransposedBf16<3, 2>;
 using TrBf16c3 = TransposedBf16<2, 3>;
 constexpr int kConfigCps[kNumConfigs] = {
     RowFp8::CPS, Transposed<4, 2>::CPS, Transposed<3, 3>::CPS, Transposed<5, 2>::CPS, Transposed<2, 4>::CPS,
-    MtpNt4::CPS, TrBf16::CPS,           TrBf16s3::CPS,         TrBf16c3::CPS,         MtpVconv::CPS};
+    MtpNt4::CPS, TrBf16::CPS,           TrBf16s3::CPS,         TrBf16c3::CPS,         Wg::CPS,
+    Wgc3::CPS};
 static_assert(RowFp8::CPS == RowBf16::CPS, "the row layout sizes its grid the same for both dtypes");
 static_assert(Transposed<4, 2>::CPS == MtpNt4::CPS && Transposed<4, 2, 2>::CPS == MtpNt4::CPS,
               "v3m's grid (2 per SM) fits every kernel it runs (R <= 8, 9-16, 17-64)");
-static_assert(MtpVconv::CPS == MtpNt4::CPS && MtpVconv::MROWS == MtpNt4::MROWS && MtpVconv::THREADS == 256 &&
-                  !MtpVconv::MERGE_IN_STAGE,
-              "v3mv: v3m's grid and 32-row groups, 8 warps, 3 stages beside its own merge and converted-V buffers");
 static_assert(TrBf16::CPS == Transposed<4, 2>::CPS && TrBf16s3::CPS == Transposed<4, 2>::CPS &&
                   TrBf16c3::CPS == Transposed<3, 3>::CPS,
               "a BF16 configuration's FP8 kernel is sized for the same grid");
@@ -1972,6 +2233,10 @@ extern "C" int hp_decode_smem_bytes(int config, int kv_fp8) {
       return Transposed<2, 4>::SMEM;
     case kCfgMtp:
       return MtpNt4::SMEM;
+    case kCfgWg:
+      return Wg::SMEM;
+    case kCfgWgc3:
+      return Wgc3::SMEM;
     default:
       return Transposed<4, 2>::SMEM;
   }
@@ -2026,13 +2291,15 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
         return launch_attention<TrBf16>(grid, pdl, s, P);
     }
   }
-  const bool mtp = config == kCfgMtp || config == kCfgMtpVconv;
+  if (config == kCfgWg || config == kCfgWgc3) {
+    const dim3 grid(mode == kDynamic ? C : batch * H * splits, (P.R + Wg::MROWS - 1) / Wg::MROWS);
+    return config == kCfgWg ? launch_attention<Wg>(grid, pdl, s, P) : launch_attention<Wgc3>(grid, pdl, s, P);
+  }
+  const bool mtp = config == kCfgMtp;
   const int NT = P.R <= 8 ? 1 : (P.R <= 16 || !mtp) ? 2 : 4;  // MTP configs: one pass over the KV up to 32 rows
   const int G = (P.R + 8 * NT - 1) / (8 * NT);
   const dim3 grid(mode == kDynamic ? C : batch * H * splits, G);
-  if (NT == 4)
-    return config == kCfgMtpVconv ? launch_attention<MtpVconv>(grid, pdl, s, P)
-                                  : launch_attention<MtpNt4>(grid, pdl, s, P);
+  if (NT == 4) return launch_attention<MtpNt4>(grid, pdl, s, P);
   if (NT == 2) return launch_attention<Transposed<4, 2, 2>>(grid, pdl, s, P);
   switch (config) {
     case 2:

@@ -1,6 +1,6 @@
 """Index model of the v3 attention kernel's MMA fragments (attention.cu, attention_transposed), checked on the CPU;
-check_v3_bf16_maps() does the same for the transposed layout on BF16 KV (v3b, v3bs3, v3bc3), check_v3mv_maps() for
-v3mv's shared converted V tile.
+check_v3_bf16_maps() does the same for the transposed layout on BF16 KV (v3b, v3bs3, v3bc3), check_v3w_maps() for the
+warpgroup-MMA kernel's converted V^T tile and row map (v3w, v3wc3).
 
 The v3 kernel computes S^T = K Q^T with mma.m16n8k32 (e4m3) and O^T += V^T P^T with mma.m16n8k16 (f16), turning
 S^T's accumulator into PV's B operand with movmatrix.trans. Each function below returns, for one warp, which
@@ -214,81 +214,67 @@ def check_v3_bf16_maps() -> dict:
             "mma_per_warp_tile_pv": 8, "merge_store_ways": worst}
 
 
-# ---- v3mv (attention.cu, TraitsVconv): V converted once per tile into shared f16x2 token-pair words ----
+# ---- v3w / v3wc3 (attention.cu, attention_wg): V^T converted once per tile for the f16 wgmma; the half-row map ----
 
 
-def vconv_unit(p: int, u: int) -> int:
-    """Swizzled position of 16 B unit u (dims 4u..4u+3) of token pair p's 512 B row of the converted tile
-    (attention.cu tr_convert_v / tr_pv_vconv)."""
-    return u ^ (p & 3)
+def vt_thread_blocks(tid: int) -> list[tuple[int, int]]:
+    """(dim quad q, token block b) pairs thread tid (0..127) converts in wg_convert_vt: q = lane, b = 2 warp + i."""
+    return [(tid & 31, 2 * (tid >> 5) + i) for i in range(2)]
 
 
-def vconv_thread(tid: int) -> tuple[int, int]:
-    """(token pair p, 16-dim unit c) that thread tid (0..255) converts in tr_convert_v."""
-    return (tid >> 1) & 31, (tid & 1) | ((tid >> 6) << 1)
+def vt_rotation(q: int) -> int:
+    """Rotation r of dim quad q's four dims before the stores (wg_convert_vt): store e writes dim 4q + (e + r) % 4."""
+    return (q >> 1) & 3
 
 
-def vconv_tile() -> dict:
-    """The converted tile as tr_convert_v writes it: word address (pair p x 128 + unit x 4 + i) -> ((token, dim) of the
-    low f16, (token, dim) of the high f16). Thread (p, c) loads unit c of FP8 rows 2p, 2p + 1, pairs their bytes with
-    prmt 0x5140 / 0x7362 and converts each e4m3 pair: word q of the unit gives dims 16c + 4q + 0..3 (unit 4c + q).
-    Raises AssertionError if a word is written twice or a (pair, unit) is left to no thread."""
-    words, work = {}, set()
-    for tid in range(256):
-        p, c = vconv_thread(tid)
-        work.add((p, c))
-        for q in range(4):
-            for i in range(4):
-                d = 16 * c + 4 * q + i
-                addr = p * 128 + vconv_unit(p, 4 * c + q) * 4 + i
-                assert addr not in words, ("converted word written twice", tid, q, i)
-                words[addr] = ((2 * p, d), (2 * p + 1, d))
-    assert len(work) == 256 and len(words) == 32 * 128, "every (pair, unit) converted once"
-    return words
+def vt_unit(d: int, b: int) -> int:
+    """Swizzled 16 B unit of token block b (tokens 8b..8b+7) in V^T dim row d: the 128-byte swizzle wgmma reads."""
+    return b ^ (d & 7)
 
 
-def pv_a_slots_vconv(j: int, slice_: int = 0) -> dict:
-    """m-tile j of O^T += V^T P^T in tr_pv_vconv for the warp's 16-token slice: A[(m, k)] -> (head dim, token k of the
-    slice). Lane (g, t) reads, for half h = j >> 2, units 4g + 2 (kr & 1) + h of pairs 8 slice + t (+ 4): A register
-    kr in 0..3 is word i = j & 3 of the unit of pair 8 slice + t + 4 (kr >> 1), dims 16g + 8 (kr & 1) + 4h + i."""
-    words = vconv_tile()
-    h, i = j >> 2, j & 3
-    A = {}
-    for _, g, t in LANES:
-        for kr in range(4):
-            p = 8 * slice_ + t + 4 * (kr >> 1)
-            (tl, dl), (th, dh) = words[p * 128 + vconv_unit(p, 4 * g + 2 * (kr & 1) + h) * 4 + i]
-            assert dl == dh and th == tl + 1
-            m = g + 8 * (kr & 1)
-            k0 = 2 * t + 8 * (kr >> 1)
-            A[(m, k0)] = (dl, tl - 16 * slice_)
-            A[(m, k0 + 1)] = (dh, th - 16 * slice_)
-    return A
+def fp8_v_addr(t: int, d: int) -> int:
+    """Byte of V[token t][dim d] in the stage's FP8 V tile (128 B rows, unit u of row t at u ^ (t & 7))."""
+    return t * 128 + (((d >> 4) ^ (t & 7)) << 4) + (d & 15)
 
 
-def check_v3mv_maps() -> dict:
-    """Assert that v3mv's converted-tile reads give every PV A slot the (dim, token) of v3's register-built fragment
-    (pv_a_slots) for every slice, and that the conversion's loads and stores and the PV reads put a quarter warp on 8
-    distinct bank groups (16 B each). Returns a few facts for display. Raises AssertionError."""
-    for s in range(4):
-        for j in range(8):
-            assert pv_a_slots_vconv(j, s) == pv_a_slots(j), ("PV A fragment differs from v3's", s, j)
-    for tids in (range(q, q + 8) for q in range(0, 256, 8)):  # conversion: FP8 loads (rows 2p, 2p + 1), stores
-        for row_off in range(2):
-            groups = set()
-            for tid in tids:
-                p, c = vconv_thread(tid)
-                t = 2 * p + row_off
-                groups.add(c ^ (t & 7))  # swizzled FP8 unit of row t: a 128 B row is one bank span
-            assert len(groups) == 8, ("conversion load conflict", tids[0], row_off)
-        for q in range(4):
-            groups = {vconv_unit(p, 4 * c + q) & 7 for p, c in map(vconv_thread, tids)}
-            assert len(groups) == 8, ("conversion store conflict", tids[0], q)
-    for s in range(4):  # tr_pv_vconv: one 16 B load per (kr, h); 512 B pair rows keep the bank group = unit & 7
-        for kr in range(4):
-            for h in range(2):
+def check_v3w_maps() -> dict:
+    """Assert what the warpgroup-MMA kernel's V conversion and row map rely on: every (token, dim) of the FP8 V tile
+    lands exactly once in the K-major swizzled V^T tile at dim row d, token column t (2 bytes each), each of the 8
+    loads of a block is one whole 128 B row read by the warp's 32 lanes on 32 distinct banks, each quarter warp's
+    16 B stores cover 8 distinct bank groups, and the half-row map (rows <= 32: row 8w + i at M row 16w + i) is a
+    bijection onto the M rows with (m & 15) < 8. Returns a few facts for display. Raises AssertionError."""
+    vt = {}
+    for tid in range(128):
+        for q, b in vt_thread_blocks(tid):
+            r = vt_rotation(q)
+            for e in range(4):
+                d = 4 * q + (e + r) % 4
+                for k in range(8):
+                    t = 8 * b + k
+                    addr = d * 128 + vt_unit(d, b) * 16 + 2 * k
+                    assert addr not in vt, ("V^T element written twice", tid, e, k)
+                    vt[addr] = (t, d)
+    assert len(vt) == 64 * 128, "every (token, dim) converted"
+    for addr, (t, d) in vt.items():  # the K-major swizzled layout wgmma reads: token t at unit (t >> 3) ^ (d & 7)
+        assert addr == d * 128 + (((t >> 3) ^ (d & 7)) << 4) + 2 * (t & 7), ("V^T layout", t, d)
+    for w in range(4):
+        for i in range(2):
+            for j in range(8):  # load j of the block: token 8b + j, 4 bytes (dims 4q..4q+3) per lane
+                banks = set()
+                for lane in range(32):
+                    q, b = vt_thread_blocks(32 * w + lane)[i]
+                    a0 = fp8_v_addr(8 * b + j, 4 * q)
+                    assert fp8_v_addr(8 * b + j, 4 * q + 3) == a0 + 3, "a lane's 4 dims are one word"
+                    banks.add((a0 >> 2) & 31)
+                assert len(banks) == 32, ("conversion load conflict", w, i, j)
+            for e in range(4):
                 for quarter in range(4):
-                    groups = {vconv_unit(8 * s + t + 4 * (kr >> 1), 4 * g + 2 * (kr & 1) + h) & 7
-                              for lane, g, t in LANES if lane // 8 == quarter}
-                    assert len(groups) == 8, ("PV read conflict", s, kr, h, quarter)
-    return {"converted_words": 32 * 128, "pv_loads_per_slice": 8, "conversions_per_thread": 16}
+                    groups = set()
+                    for lane in range(8 * quarter, 8 * quarter + 8):
+                        q, b = vt_thread_blocks(32 * w + lane)[i]
+                        d = 4 * q + (e + vt_rotation(q)) % 4
+                        groups.add(((d * 128 + vt_unit(d, b) * 16) >> 4) & 7)
+                    assert len(groups) == 8, ("conversion store conflict", w, i, e, quarter)
+    m_rows = [16 * (r >> 3) + (r & 7) for r in range(32)]
+    assert sorted(m_rows) == [m for m in range(64) if (m & 15) < 8], "half-row map"
+    return {"converted_elements": len(vt), "loads_per_thread": 16, "stores_per_thread": 8, "m_rows_live": 32}
