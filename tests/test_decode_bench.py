@@ -527,3 +527,24 @@ def test_max_descs_per_cta_matches_the_host_map():
         want = int(R.build_task_map(lens, H, C, min_tiles=F).per_cta_descs().max())
         assert K._max_descs_per_cta(tiles, H, C, F) == want, (lens, H, C, F)
     assert K._max_descs_per_cta([0, 0], 2, 10, 2) == 0
+
+
+def test_mtp_summary_and_rows_arguments():
+    """mtp_summary: per q_len the geomean / minimum of our rows' same-run vs_hpc_ops (with the case of the minimum)
+    and of XQA's time over ours, rows without numbers left out; mtp_rows refuses a q_len outside 1..4 before
+    measuring anything."""
+    import math
+
+    rows = [dict(case="a", q_len=1, impl="dynamic", median_us=10.0, vs_hpc_ops=1.2),
+            dict(case="b", q_len=1, impl="dynamic", median_us=20.0, vs_hpc_ops=0.9),
+            dict(case="a", q_len=1, impl="flashinfer_xqa", median_us=30.0, vs_hpc_ops=None),
+            dict(case="b", q_len=1, impl="flashinfer_xqa", median_us=None, vs_hpc_ops=None),
+            dict(case="a", q_len=3, impl="dynamic", median_us=5.0, vs_hpc_ops=None),
+            dict(case="a", q_len=3, impl="hpc_ops_dynamic", median_us=6.0, vs_hpc_ops=None)]
+    s1, s3 = D.mtp_summary(rows)
+    assert s1["q_len"] == 1 and s1["cases"] == 2
+    assert math.isclose(s1["geomean_vs_hpc_ops"], math.sqrt(1.2 * 0.9)) and s1["min_vs_hpc_ops"] == 0.9
+    assert s1["min_case_hpc_ops"] == "b" and math.isclose(s1["geomean_vs_xqa"], 3.0) and s1["min_case_xqa"] == "a"
+    assert s3["q_len"] == 3 and s3["geomean_vs_hpc_ops"] is None and s3["geomean_vs_xqa"] is None
+    with pytest.raises(ValueError, match="q_lens"):
+        D.mtp_rows(["64x4K"], q_lens=(1, 5))

@@ -651,6 +651,52 @@ def ncu_rows(cases=NCU_CASES, *, kv_dtype="fp8", kernel_regex: str | None = None
     return rows
 
 
+MTP_IMPLS = ("dynamic", "hpc_ops_dynamic", "hpc_ops_static", "flashinfer_xqa")  # table decode_mtp_same_run
+MTP_Q_LENS = (1, 2, 3, 4)
+
+
+def mtp_rows(cases=ISSUE_CASES, *, q_lens=MTP_Q_LENS, impls=MTP_IMPLS, **kw) -> list[dict]:
+    """Rows of table ``decode_mtp_same_run``: decode_rows over ``cases`` for FP8 KV at each q_len of ``q_lens`` (the
+    draft tokens of speculative decoding), every impl in the same process, no assign row. ``kw`` goes to decode_rows
+    (heads, page size, ceilings, iters, ...). Raises what decode_rows raises, ValueError for a q_len outside 1..4."""
+    bad = [q for q in q_lens if not 1 <= int(q) <= 4]
+    if bad:
+        raise ValueError(f"q_lens: expected values in 1..4, got {bad}")
+    rows = []
+    for q in q_lens:
+        rows += decode_rows(cases, kv_dtypes=("fp8",), impls=impls, q_len=int(q), assign=False, **kw)
+    return rows
+
+
+def mtp_summary(rows) -> list[dict]:
+    """Per q_len, over our ``dynamic`` rows of a decode_mtp_same_run table (rows: list of dicts or a DataFrame):
+    the geometric mean and minimum of ``vs_hpc_ops`` (the faster HPC-Ops path's time / ours, same run) with the case
+    of the minimum, and the same for XQA (its ``flashinfer_xqa`` time / ours). Rows without a number are left out;
+    a q_len with none gives None. Returns one dict per q_len, ascending."""
+    import math
+
+    import pandas as pd
+
+    df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    out = []
+    for q, g in df.groupby("q_len", sort=True):
+        ours = g[g["impl"] == "dynamic"].set_index("case")
+        xqa = g[g["impl"] == "flashinfer_xqa"].set_index("case")["median_us"]
+
+        def stats(ratios):
+            r = pd.to_numeric(ratios, errors="coerce").dropna()
+            r = r[r > 0]
+            if r.empty:
+                return None, None, None
+            return math.exp(sum(math.log(x) for x in r) / len(r)), float(r.min()), str(r.idxmin())
+
+        hg, hm, hc = stats(ours["vs_hpc_ops"])
+        xg, xm, xc = stats(pd.to_numeric(xqa, errors="coerce").reindex(ours.index) / ours["median_us"])
+        out.append(dict(q_len=int(q), cases=len(ours), geomean_vs_hpc_ops=hg, min_vs_hpc_ops=hm, min_case_hpc_ops=hc,
+                        geomean_vs_xqa=xg, min_vs_xqa=xm, min_case_xqa=xc))
+    return out
+
+
 def stored_profile(name: str, device: str = "h200") -> tuple[dict, list[dict]]:
     """A committed JSON measurement of a decode script (data/profiles/<device>/<name>.json, written by
     studies/gpu_decode_breakdown.py or studies/gpu_ab_decode.py): (header fields, rows). Raises FileNotFoundError
