@@ -105,8 +105,8 @@ __device__ __forceinline__ int acc_col(int lane, int j) {
                : HP_WG_OPS_##R                                            \
                : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 // The same with scale-d an immediate (S: "%(R + 2)" bound to an "n" operand SCALE_D in scope): no predicate is
-// computed beside the instruction, so it can be issued while earlier wgmma are in flight without ptxas serializing
-// them (an ordinary instruction defining a wgmma input inside a pending group does).
+// computed beside the instruction. An ordinary instruction that defines a wgmma input while an earlier group is
+// pending makes ptxas serialize every wgmma of the kernel (C7513); this form adds none.
 #define HP_WGMMA_E4M3_IMM(N, R, DA, DB, S)                                \
   asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 " \
                "{" HP_WG_REGS_##R "}, " DA ", " DB ", " S ", 1, 1;\n"     \
@@ -161,11 +161,8 @@ namespace wg {
 // no trip through shared memory, since its m64nN fragment is this A fragment with k = the accumulator's columns.
 template <int N>
 __device__ __forceinline__ void mma_f16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
-  static_assert(N == 64 || N == 128, "instantiated N: 64, 128");
-  if constexpr (N == 64)
-    HP_WGMMA_F16_RS(64, 32, "%32", "%33", "%34", "%35", "%36");
-  else
-    HP_WGMMA_F16_RS(128, 64, "%64", "%65", "%66", "%67", "%68");
+  static_assert(N == 128, "instantiated N: 128 (decode's P V over 128 head dims)");
+  HP_WGMMA_F16_RS(128, 64, "%64", "%65", "%66", "%67", "%68");
 }
 
 }  // namespace wg
