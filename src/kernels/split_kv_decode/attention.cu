@@ -1494,6 +1494,30 @@ __device__ __forceinline__ float wg_exp2(float x) {
   return y;
 }
 
+// The warpgroup body's lazy softmax rescaling threshold (log2 units; see attention_wg): P <= 2^8 in f16.
+constexpr float kRescaleLog2 = 8.f;
+
+// Max / sum of 16 values as a balanced tree (4 dependent steps instead of a 16-step chain).
+__device__ __forceinline__ float wg_max16(const float (&v)[16]) {
+  float a[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) a[k] = fmaxf(v[2 * k], v[2 * k + 1]);
+#pragma unroll
+  for (int w = 4; w >= 1; w >>= 1)
+#pragma unroll
+    for (int k = 0; k < w; ++k) a[k] = fmaxf(a[k], a[k + w]);
+  return a[0];
+}
+__device__ __forceinline__ float wg_sum16(const float (&v)[16]) {
+  float a[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) a[k] = v[2 * k] + v[2 * k + 1];
+#pragma unroll
+  for (int w = 4; w >= 1; w >>= 1)
+#pragma unroll
+    for (int k = 0; k < w; ++k) a[k] += a[k + w];
+  return a[0];
+}
 template <class CF>
 __device__ __forceinline__ void attention_wg(const Params& P) {
   constexpr int STAGES = CF::STAGES, MROWS = CF::MROWS;
@@ -1591,28 +1615,43 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
   const bool whole_pages = P.page_size >= kTile;
   auto q_area = [&](int d) -> uint8_t* { return stages + ((d - d_begin) % STAGES) * CF::STAGE_BYTES + CF::Q_OFF; };
   constexpr int RC = kD / 16, TPP = CF::THREADS / RC;
-  auto load_tile = [&](int stage, const Desc& d, int tile, bool first, int qd) {
+  // The page of tile `tile` of d (whole pages: one page per tile; -1 past the length). Read one issue ahead of the
+  // copies that use it (WgLoader), so no copy waits for a block-table round trip.
+  auto tile_page = [&](const Desc& d, int tile) -> int {
+    if (!whole_pages || tile * kTile >= min(d.kvlen, kv_cap)) return -1;
+    return __ldg(P.block_table + (size_t)d.r * P.max_pages + ((tile * kTile) >> P.page_shift));
+  };
+  auto load_tile = [&](int stage, const Desc& d, int tile, bool first, int qd, int page_once) {
     uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     uint8_t* sV = sK + CF::KV_BYTES;
     const int lim = min(d.kvlen, kv_cap);
     const int ch = tid & (RC - 1), t0 = tid >> 3;
     const int* bt = P.block_table + (size_t)d.r * P.max_pages;
-    int page_once = -1;
-    if (whole_pages && tile * kTile < lim) page_once = __ldg(bt + ((tile * kTile) >> P.page_shift));
+    if (whole_pages && (tile + 1) * kTile <= lim && page_once >= 0 && page_once < P.num_pages) {
+      // a full tile inside one page: one base address, this thread's token rows t0 + 16 i at a fixed stride
+      const size_t slot0 = (size_t)page_once * P.page_size + ((tile * kTile) & (P.page_size - 1)) + t0;
+      const size_t off0 = P.kv_row(slot0, d.h) * kD + ch * 16, step = (size_t)TPP * P.H * kD;
+      const int dcol = (ch ^ (t0 & 7)) * 16;  // (t0 + 16 i) & 7 == t0 & 7
 #pragma unroll
-    for (int i = 0; i < kTile / TPP; ++i) {
-      const int tl = t0 + TPP * i;
-      const int tok = tile * kTile + tl;
-      bool ok = tok < lim;
-      int page = page_once;
-      if (!whole_pages && ok) page = __ldg(bt + (tok >> P.page_shift));
-      ok = ok && page >= 0 && page < P.num_pages;
-      const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
-      const size_t off = ok ? P.kv_row(slot, d.h) * kD + ch * 16 : 0;
-      const int dcol = (ch ^ (tl & 7)) * 16;
-      cp_async16(sK + tl * kD + dcol, kbase + off, ok);
-      cp_async16(sV + tl * kD + dcol, vbase + off, ok);
-    }
+      for (int i = 0; i < kTile / TPP; ++i) {
+        cp_async16(sK + (t0 + TPP * i) * kD + dcol, kbase + off0 + i * step, true);
+        cp_async16(sV + (t0 + TPP * i) * kD + dcol, vbase + off0 + i * step, true);
+      }
+    } else
+#pragma unroll
+      for (int i = 0; i < kTile / TPP; ++i) {
+        const int tl = t0 + TPP * i;
+        const int tok = tile * kTile + tl;
+        bool ok = tok < lim;
+        int page = page_once;
+        if (!whole_pages && ok) page = __ldg(bt + (tok >> P.page_shift));
+        ok = ok && page >= 0 && page < P.num_pages;
+        const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
+        const size_t off = ok ? P.kv_row(slot, d.h) * kD + ch * 16 : 0;
+        const int dcol = (ch ^ (tl & 7)) * 16;
+        cp_async16(sK + tl * kD + dcol, kbase + off, ok);
+        cp_async16(sV + tl * kD + dcol, vbase + off, ok);
+      }
     if (first) {
       uint8_t* sQ = q_area(qd);
       float* sQs = reinterpret_cast<float*>(sQ + (CF::QS_OFF - CF::Q_OFF));
@@ -1632,7 +1671,33 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
     }
   };
 
-  TileLoader ld(fetch, load_tile, d_begin, d_end);
+  // The transposed layout's TileLoader, plus the next tile's page read at each issue (used at the next one).
+  struct WgLoader {
+    decltype(fetch)& fetch;
+    decltype(load_tile)& load;
+    decltype(tile_page)& page_of;
+    const int d_end;
+    int d;
+    Desc dd;
+    int t, page;
+    bool ok = true;
+    __device__ __forceinline__ void issue(int stage) {
+      if (ok) {
+        load(stage, dd, t, t == dd.tb, d, page);
+        if (++t >= dd.te) {
+          if (++d < d_end) {
+            dd = fetch(d);
+            t = dd.tb;
+          } else
+            ok = false;
+        }
+        if (ok) page = page_of(dd, t);
+      }
+      cp_commit();
+    }
+  };
+  const Desc d0 = fetch(d_begin);
+  WgLoader ld{fetch, load_tile, tile_page, d_end, d_begin, d0, d0.tb, tile_page(d0, d0.tb)};
 #pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) ld.issue(s);
 
@@ -1673,7 +1738,6 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
     hp::wg::wait<0>();  // the previous tile's PV ran across the barrier, where the warps wait for each other
     hp::wg::pin(o);
     keep_pa();
-    ld.issue((it + STAGES - 1) % STAGES);
 
     const int stage = it % STAGES;
     const uint8_t* sK = stages + stage * CF::STAGE_BYTES;
@@ -1703,6 +1767,9 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
       for (int ks = 1; ks < kD / 32; ++ks) hp::wg::mma_e4m3<64, 1>(sacc, dq + 2 * ks, dk + 2 * ks);
       hp::wg::commit();
     }
+    // the copies of tile it + STAGES - 1 into the stage tile it - 1 used (its QK and V conversion are done), issued
+    // after the QK so that their address arithmetic runs beside it
+    ld.issue((it + STAGES - 1) % STAGES);
     wg_convert_vt(sV, sVt, tid);
     hp::wg::fence_proxy_async();
     hp::wg::wait<0>();
@@ -1721,42 +1788,37 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
           for (int n = 0; n < 8; ++n) sacc[4 * n + 2] = sacc[4 * n + 3] = 0.f;
           continue;
         }
-        float mx = -INFINITY;
-        if ((ct + 1) * kTile <= lim_[h]) {  // the row sees the whole tile: no mask
-#pragma unroll
-          for (int n = 0; n < 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int j = 4 * n + 2 * h + e;
-              sacc[j] *= sc[h];
-              mx = fmaxf(mx, sacc[j]);
-            }
-        } else {
-#pragma unroll
-          for (int n = 0; n < 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int j = 4 * n + 2 * h + e;
-              const float v = tok0 + 8 * n + e < lim_[h] ? sacc[j] * sc[h] : -INFINITY;
-              sacc[j] = v;
-              mx = fmaxf(mx, v);
-            }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(m_[h], mx);
-        const float muse = (mnew == -INFINITY) ? 0.f : mnew;
-        alpha[h] = wg_exp2(m_[h] - muse);
-        m_[h] = mnew;
-        float sum = 0.f;
+        // full tile: max and exponent on the raw scores (sc >= 0: max(s sc) = sc max(s); p = 2^(s sc - m) is one
+        // FFMA and the MUFU); a partial tile is scaled and masked first. Trees, not chains: 4 dependent steps, not 16.
+        const bool full = (ct + 1) * kTile <= lim_[h];
+        float v[16];
 #pragma unroll
         for (int n = 0; n < 8; ++n)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int j = 4 * n + 2 * h + e;
-            sacc[j] = wg_exp2(sacc[j] - muse);
-            sum += sacc[j];
+            const float x = sacc[4 * n + 2 * h + e];
+            v[2 * n + e] = full ? x : (tok0 + 8 * n + e < lim_[h] ? x * sc[h] : -INFINITY);
           }
+        float mx = wg_max16(v);
+        if (full) mx *= sc[h];
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // Lazy rescaling: the row's reference max moves only when its running max grows past it by more than
+        // kRescaleLog2 (log2 units), so most tiles keep alpha = 1 and skip the 64-register O rescale. Exact: P =
+        // 2^(s - ref) <= 2^8 is as precise in f16 as at the true max, and the row sum and the LSE use the same
+        // reference.
+        const float mx_all = fmaxf(m_[h], mx);
+        const float mref = (mx_all > m_[h] + kRescaleLog2) ? mx_all : m_[h];
+        const float muse = (mref == -INFINITY) ? 0.f : mref;
+        alpha[h] = wg_exp2(m_[h] - muse);
+        m_[h] = mref;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) v[k] = wg_exp2(full ? fmaf(v[k], sc[h], -muse) : v[k] - muse);
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) sacc[4 * n + 2 * h + e] = v[2 * n + e];
+        const float sum = wg_sum16(v);
         l_[h] = l_[h] * alpha[h] + sum;  // per-thread partial sum (its 16 tokens), reduced at the end
       }
       if (alpha[0] != 1.f || alpha[1] != 1.f) {
