@@ -62,6 +62,28 @@ def _cmd_reproduce(args) -> int:
     return reproduce(profile=args.profile, only=args.only, device=args.device, dry_run=args.dry_run)
 
 
+def _cmd_sass(args) -> int:
+    from hotpaths.harness import sass
+    from hotpaths.kernels import _build
+
+    if args.op not in _build.all_ops():
+        print(f"op: expected one of {', '.join(_build.all_ops())}, got {args.op!r}", file=sys.stderr)
+        return 2
+    try:
+        m = sass.kernel_mix(args.op, args.kernel, loop=args.loop)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(m))
+        return 0
+    where = f"main loop {m['range'][0]}..{m['range'][1]}" if m["range"] else "whole function"
+    print(f"{m['function']}\n{where}: {m['instructions']} instructions (static)")
+    print("  by group:  " + ", ".join(f"{g} {n}" for g, n in m["groups"].items()))
+    print("  by family: " + ", ".join(f"{f} {n}" for f, n in list(m["families"].items())[:24]))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hotpaths", description=(
         "Reference and SM90 kernels for MoE serving hot paths: re-run the notebooks, inspect the device, run one "
@@ -89,6 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="one JSON object")
     e.add_argument("--no-measure", action="store_true", help="skip the ceiling measurements")
     e.set_defaults(func=_cmd_env)
+
+    s = sub.add_parser("sass", help="static SASS instruction mix of one built kernel (no GPU needed)",
+                       description="Builds the op's library if needed, disassembles it with cuobjdump and prints "
+                       "the instruction mix of the kernel matching --kernel (a regex on the mangled name), or of "
+                       "its main loop (the loop with the most tensor-core instructions): static counts, each "
+                       "instruction of the range once.")
+    s.add_argument("op", help="the op whose library holds the kernel (e.g. split_kv_decode)")
+    s.add_argument("--kernel", required=True, help="regex on the mangled kernel name, e.g. 'TraitsWgILi3ELi2'")
+    s.add_argument("--loop", action="store_true", help="the main loop only")
+    s.add_argument("--json", action="store_true", help="one JSON object")
+    s.set_defaults(func=_cmd_sass)
 
     # Op subcommands: each op's benchmark module registers its own (hotpaths.bench.<op>.register); imported by
     # name so the generic harness has no import edge to any op.
