@@ -110,10 +110,8 @@ def find_cuobjdump() -> str | None:
                     return str(cand)
     except ImportError:
         pass
-    for cand in (Path("/usr/local/cuda/bin/cuobjdump"),):
-        if cand.is_file():
-            return str(cand)
-    return None
+    toolkit = Path("/usr/local/cuda/bin/cuobjdump")
+    return str(toolkit) if toolkit.is_file() else None
 
 
 def disassemble(lib: str | Path, *, tool: str | None = None, timeout: float = 120.0) -> str:
