@@ -458,7 +458,8 @@ def test_cli_q_len_and_dtype_lists_and_hpc_rows():
 
 def test_auto_variant_choice_above_eight_rows():
     """variant="auto" with more than 8 query rows per pair (q_len x GQA ratio: MTP at 8:1): v3m (one row group of up
-    to 16 rows, 2 CTAs per SM) where its grid keeps the longest pair within AUTO_MTP_MAX_CHUNKS (16) chunks, v2 at
+    to 16 rows, 2 CTAs per SM) where its grid keeps the longest pair within AUTO_MTP_MAX_CHUNKS (16) chunks (v3w in
+    its place where a CTA of that grid holds AUTO_MTP_WG_MIN_DESCS (3) descriptors or more: 32x0.125K+32x4K), v2 at
     9-16 rows above that (one or two long requests among short ones); above 16 rows (8:1 at q_len 3-4) the
     warpgroup-MMA kernel whatever the chunk estimate: v3wc3 where its 3-per-SM grid gives every CTA one descriptor and
     v3w's 2-per-SM grid does not (2x32K+30x4K, 1x64K+7x4K, 1x64K+31x4K of the nine), else v3w; 8 rows (q_len 1 at
@@ -469,7 +470,7 @@ def test_auto_variant_choice_above_eight_rows():
     from hotpaths.kernels import split_kv_decode as K
     from hotpaths.reference import split_kv_decode as R
 
-    want = {"64x0.5K": ("v3m", 5), "64x4K": ("v3m", 5), "32x4K": ("v3m", 9), "32x0.125K+32x4K": ("v3m", 9),
+    want = {"64x0.5K": ("v3m", 5), "64x4K": ("v3m", 5), "32x4K": ("v3m", 9), "32x0.125K+32x4K": ("v3w", 9),
             "2x32K+30x4K": ("v2", 44), "1x64K+31x4K": ("v2", 87), "1x128K+31x4K": ("v2", 129),
             "1x16K+15x64": ("v2", 129), "1x64K+7x4K": ("v2", 172), "1x64K+15x4K": ("v2", 129)}
     fine = ("2x32K+30x4K", "1x64K+7x4K", "1x64K+31x4K")
@@ -490,7 +491,15 @@ def test_auto_variant_choice_above_eight_rows():
         assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="bf16", num_sms=132, rows=32) == K.AUTO_FALLBACK
     assert K.AUTO_MTP in K.MTP_CONFIGS and set(K.MTP_CONFIGS) <= set(K.V3_CONFIGS)
     assert {K.AUTO_MTP_WG, K.AUTO_MTP_WG_FINE} == set(K.WG_CONFIGS) <= set(K.MTP_CONFIGS)
-    assert K.AUTO_MTP_ALWAYS_ROWS == 16 and K.AUTO_MTP_MAX_CHUNKS == 16
+    assert K.AUTO_MTP_ALWAYS_ROWS == 16 and K.AUTO_MTP_MAX_CHUNKS == 16 and K.AUTO_MTP_WG_MIN_DESCS == 3
+    # 9-16 rows: v3w in v3m's place once a CTA of the 2-per-SM grid holds 3+ descriptors (short pairs among long)
+    for case, descs in (("32x0.125K+32x4K", 4), ("64x4K", 1), ("64x0.5K", 1), ("32x4K", 1)):
+        tl = [-(-int(x) // K.TILE) for x in expand_lengths(parse_cases(case))]
+        assert K._max_descs_per_cta(tl, 1, 264, 2) == descs, case
+    mixed = torch.tensor([2 * K.TILE] * 8 + [24 * K.TILE] * 8, dtype=torch.int32)  # 208 tiles, budget 2
+    tl = [-(-int(x) // K.TILE) for x in mixed.tolist()]
+    assert K._max_descs_per_cta(tl, 1, 264, 2) == 1  # two-tile pairs fill one bin each: v3m stays
+    assert K._auto_choice(mixed, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=16)[0] == "v3m"
     # the bound is inclusive and applies at 9-16 rows only (8 rows keep AUTO_MAX_CHUNKS)
     # (264 CTAs, budget 2 tiles: longest = ceil(29 / 2) + 1 = 16, ceil(32 / 2) + 1 = 17)
     at16 = torch.tensor([29 * K.TILE] + [8 * K.TILE] * 15, dtype=torch.int32)

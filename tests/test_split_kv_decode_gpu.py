@@ -653,7 +653,7 @@ def test_new_configs_on_the_nine_cases(case, q_len):
                 assert p.variant == ("v3b" if q_len == 1 else "v2"), p.variant
             elif v == "auto" and q_len > 1:  # 8:1: 16 rows at q_len 2, 24-32 above
                 want = K.choose_variant(inp["kv_lens"], num_kv_heads=1, kv_dtype="fp8", rows=8 * q_len)
-                assert p.variant == want and (want in K.WG_CONFIGS if q_len > 2 else want in ("v3m", "v2")), \
+                assert p.variant == want and (want in K.WG_CONFIGS if q_len > 2 else want in ("v3m", "v3w", "v2")), \
                     p.variant
             out = torch.full(inp["q"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
             K.run(p, inp["q"], inp["k_cache"], inp["v_cache"], inp["block_table"], inp["kv_lens"],

@@ -148,6 +148,11 @@ AUTO_MTP_ALWAYS_ROWS = 16
 # against v3m's 32.4 / 33.1, while v3m kept 64x0.5K (14.0 vs 15.6), 64x4K (34.6 vs 35.4) and 32x0.125K+32x4K (level)
 # at 5-9 chunks.
 AUTO_MTP_MAX_CHUNKS = 16
+# At 9-16 rows, where v3m would run, the warpgroup-MMA kernel instead when some CTA of the 2-per-SM grid gets at least
+# AUTO_MTP_WG_MIN_DESCS descriptors (many short pairs beside long ones). On the H200, one run, FP8 8:1 q_len 2, each
+# with fuse-all: 32x0.125K+32x4K (4 descriptors on the busiest CTA) v3w 25.3 / v3m 27.0 us (HPC-Ops 25.3), against
+# 64x4K (1) 36.4 / 34.5 and 64x0.5K (1) 14.0 / 14.1, where v3m stays.
+AUTO_MTP_WG_MIN_DESCS = 3
 AUTO_MTP_WG = "v3w"
 AUTO_MTP_WG_FINE = "v3wc3"
 DEFAULT_VARIANT = AUTO
@@ -252,7 +257,8 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     when the longest (head, request) is cut into at most AUTO_MAX_CHUNKS chunks at that grid's per-CTA budget
     (max(ceil(tiles / CTAs), min_tiles), plus one for a bin boundary), else AUTO_FALLBACK (v2). rows = GQA ratio x
     q_len (query rows per pair): above 8, AUTO_MTP (v3m, 2 CTAs per SM) takes AUTO_FINE's place, with the chunk
-    estimate at its own grid and AUTO_MTP_MAX_CHUNKS as the bound; above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP_WG (v3w, 2
+    estimate at its own grid and AUTO_MTP_MAX_CHUNKS as the bound (AUTO_MTP_WG in its place when some CTA of that
+    grid gets AUTO_MTP_WG_MIN_DESCS descriptors or more); above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP_WG (v3w, 2
     CTAs per SM) whatever the estimate, or AUTO_MTP_WG_FINE (v3wc3, 3 per SM) when its grid gives every CTA at most
     one descriptor and v3w's does not (_max_descs_per_cta). BF16 KV in dynamic mode
     with the default grid: AUTO_BF16 (v3b) at rows <= 8 (the estimate at its grid), AUTO_FALLBACK above.
@@ -284,7 +290,11 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
             return AUTO_MTP_WG_FINE, _longest_chunks(tiles, H, 3 * sms, min_tiles)
         return AUTO_MTP_WG, longest
     limit = AUTO_MTP_MAX_CHUNKS if rows > 8 else AUTO_MAX_CHUNKS
-    return (fine if longest <= limit else AUTO_FALLBACK), longest
+    if longest > limit:
+        return AUTO_FALLBACK, longest
+    if rows > 8 and _max_descs_per_cta(tiles, int(num_kv_heads), 2 * int(num_sms), min_tiles) >= AUTO_MTP_WG_MIN_DESCS:
+        return AUTO_MTP_WG, longest  # same 2-per-SM grid as v3m: the chunk estimate holds
+    return fine, longest
 
 
 def ctas_per_sm(variant: str) -> int:
