@@ -777,30 +777,43 @@ __device__ __forceinline__ void ws_take_partials(const GemmArgs& a, const WsWork
     for (int k = (int)blockIdx.x + 1; k < c; ++k) a.splitk[k] = 0;
 }
 
-// One stage of wgmma for warpgroup-half descriptor da against the token rows db: 4 k32 steps of m64nNk32 with N the
-// narrowest instantiated width (16, 32, 64, BM) holding the item's `rows` (a uniform choice per item), so a tile that
-// is mostly empty (an expert's last, partial tile) costs the tensor cores and the B reads only its occupied rows.
-// The m64nN accumulator layout puts columns < N in registers < N / 2 for every N, so the narrower instruction
-// writes a prefix of d; the registers past it keep an earlier item's values and only reach columns never stored.
-// The first k32 overwrites d (scale-d 0): d is this stage's partial.
+// One stage of wgmma for warpgroup-half descriptor da against the token rows db: 4 k32 steps of m64nNk32. Tiles of
+// BM >= 64 rows run N = BM; 16- and 32-row tiles (decode batches, where an expert's tile is often mostly empty) take
+// the narrowest instantiated width (16 or BM) holding the item's `rows` (a uniform choice per item), so such a tile
+// costs the tensor cores and the B reads only its occupied rows. The m64nN accumulator layout puts columns < N in
+// registers < N / 2 for every N, so the narrower instruction writes a prefix of d; the registers past it keep an
+// earlier item's values and only reach columns never stored. The first k32 overwrites d (scale-d 0): d is this
+// stage's partial. With a run-time N the fence, commit and wait sit inside each branch: around the branches, ptxas
+// cannot prove the wgmma warp-uniform and serializes every wgmma of the kernel (C7520); at BM >= 64 the same form
+// runs out of registers for the wgmma pipeline (C7511). The narrowing above 32 rows did not pay (H200, per-tensor
+// and block-wise, docs/ops/fused_moe.md): N = BM there is the form without either warning.
+template <class T>
+constexpr bool kWsNarrowN = T::BM <= 32;
 template <class T, int N>
 __device__ __forceinline__ void ws_mma_n(float (&d)[T::R], uint64_t da, uint64_t db) {
   auto& dn = *reinterpret_cast<float (*)[N / 2]>(&d[0]);
+  if constexpr (kWsNarrowN<T>) hp::wg::fence();
 #pragma unroll
   for (int k = 0; k < kWgBK / 32; ++k) hp::wg::mma_e4m3<N>(dn, da + 2 * k, db + 2 * k, k);
+  if constexpr (kWsNarrowN<T>) {
+    hp::wg::commit();
+    hp::wg::wait<0>();
+  }
 }
+// The stage's products into d (fenced, committed and waited for, either way).
 template <class T>
 __device__ __forceinline__ void ws_mma_stage(float (&d)[T::R], uint64_t da, uint64_t db, int rows) {
-  if constexpr (T::BM >= 128) {
-    if (rows > 64) return ws_mma_n<T, 128>(d, da, db);
+  if constexpr (!kWsNarrowN<T>) {
+    hp::wg::fence();
+    ws_mma_n<T, T::BM>(d, da, db);
+    hp::wg::commit();
+    hp::wg::wait<0>();
+  } else {
+    if constexpr (T::BM >= 32) {
+      if (rows > 16) return ws_mma_n<T, 32>(d, da, db);
+    }
+    ws_mma_n<T, 16>(d, da, db);
   }
-  if constexpr (T::BM >= 64) {
-    if (rows > 32) return ws_mma_n<T, 64>(d, da, db);
-  }
-  if constexpr (T::BM >= 32) {
-    if (rows > 16) return ws_mma_n<T, 32>(d, da, db);
-  }
-  ws_mma_n<T, 16>(d, da, db);
 }
 
 // Consumer warpgroup h (threads 0-255): every stage of the ring in order, half h of each item.
@@ -865,10 +878,7 @@ __device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& pl
       wsc = r0 < a.w_rows ? a.w_scale[((size_t)cur.e * row_groups + r0 / 128) * kt_count + kt] : 0.f;
     }
     // Both formats: this stage's products into a fresh partial, then into acc in fp32 (see the file comment).
-    hp::wg::fence();
     ws_mma_stage<T>(p, da, db, cur.rows);
-    hp::wg::commit();
-    hp::wg::wait<0>();
     hp::wg::pin(p);
     if constexpr (T::BLOCK) {
       const float* xs = reinterpret_cast<const float*>(st + T::A_BYTES + T::B_BYTES);
