@@ -192,17 +192,23 @@ def test_ncu_regex_names_the_timed_instantiation():
     assert D.attention_traits("v3bc3", fp8=False) == (False, True, 2, 3, 1)
     assert D.attention_traits("v3bs3", fp8=False, rows=16) == (False, False, 2, 2, 1)
     assert D.attention_traits("v3b") == D.attention_traits("v3bs3") == D.attention_traits("v3")
-    # v3w / v3wc3: the warpgroup-MMA kernel (TraitsWg<STAGES, CPS>, groups of 64 rows) for every FP8 row count, the row
-    # layout for BF16
+    # v3w / v3wc3: the warpgroup-MMA kernel (TraitsWg<STAGES, CPS, FP8>, groups of 64 rows) for every FP8 row count;
+    # BF16: v3w's own instantiation (2 stages, 2 per SM), the row layout under v3wc3
+    wgname = lambda st, cps, f8: f"{ns}attention_kernelINS_8TraitsWgILi{st}ELi{cps}ELb{f8}EEEEvNS_6ParamsE"  # noqa: E731
     for v, st, cps in (("v3w", 3, 2), ("v3wc3", 2, 3)):
         for rows in (8, 16, 32, 64):
             assert D.attention_traits(v, rows=rows) == (True, True, st, cps, 8)
-        assert D.attention_traits(v, fp8=False) == (False, False, 2, 2, 1)
-        wg = f"{ns}attention_kernelINS_8TraitsWgILi{st}ELi{cps}EEEEEvNS_6ParamsE"
+        wg = wgname(st, cps, 1)
         assert re.search(D.attention_kernel_regex(v, rows=32), wg)
         assert not any(re.search(D.attention_kernel_regex(v, rows=32), n) for n in names.values())
         assert not re.search(D.attention_kernel_regex("v3m", rows=32), wg)
-    assert not re.search(D.attention_kernel_regex("v3w"), f"{ns}attention_kernelINS_8TraitsWgILi2ELi3EEEEEvNS_6ParamsE")
+        assert not re.search(D.attention_kernel_regex(v, rows=32), wgname(2, 2, 0))
+    assert not re.search(D.attention_kernel_regex("v3w"), wgname(2, 3, 1))
+    for rows in (8, 16, 32):
+        assert D.attention_traits("v3w", fp8=False, rows=rows) == (False, True, 2, 2, 8)
+    assert D.attention_traits("v3wc3", fp8=False) == (False, False, 2, 2, 1)
+    assert re.search(D.attention_kernel_regex("v3w", fp8=False, rows=32), wgname(2, 2, 0))
+    assert not re.search(D.attention_kernel_regex("v3w", fp8=False, rows=32), wgname(3, 2, 1))
     assert D.attention_traits("v3bc3") == D.attention_traits("v3s3c3")
     rx = D.attention_kernel_regex("v3bs3", fp8=False)
     mangled = lambda a, b, c, d: f"{ns}attention_kernelINS_6TraitsILb{a}ELb{b}ELi{c}ELi{d}ELi1EEEEEvNS_6ParamsE"  # noqa: E731
@@ -393,8 +399,7 @@ def test_auto_variant_choice_on_the_published_cases():
         assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="bf16", num_sms=132) == "v3b", case
         assert K.choose_variant(lens, num_kv_heads=1, kv_dtype=torch.bfloat16, num_sms=132) == "v3b", case
         for kw in (dict(kv_dtype=None), dict(kv_dtype="fp8", mode="static_count"), dict(kv_dtype="fp8", num_ctas=264),
-                   dict(kv_dtype="bf16", mode="static_chunk"), dict(kv_dtype="bf16", num_ctas=264),
-                   dict(kv_dtype="bf16", rows=16)):
+                   dict(kv_dtype="bf16", mode="static_chunk"), dict(kv_dtype="bf16", num_ctas=264)):
             assert K.choose_variant(lens, num_kv_heads=1, num_sms=132, **kw) == K.AUTO_FALLBACK, (case, kw)
     # BF16's fuse-all estimate at v3b's grid (2 per SM, 264 CTAs): 64x0.5K 4 + 1, 64x4K 4 + 1 and
     # 32x0.125K+32x4K 8 + 1 fuse; 1x128K+31x4K (128 + 1) keeps the combine
@@ -488,7 +493,9 @@ def test_auto_variant_choice_above_eight_rows():
                                     ) == K.AUTO_FALLBACK  # dynamic mode only
         got8 = K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=8)
         assert got8 == K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132) != "v3m", case
-        assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="bf16", num_sms=132, rows=32) == K.AUTO_FALLBACK
+        for rows in (16, 32):  # BF16 above 8 rows: v3w (its bf16 form), the estimate at its 2-per-SM grid
+            assert K._auto_choice(lens, num_kv_heads=1, kv_dtype="bf16", num_sms=132, rows=rows) == (
+                "v3w", K._longest_chunks([-(-int(x) // K.TILE) for x in lens.tolist()], 1, 264, 2)), case
     assert K.AUTO_MTP in K.MTP_CONFIGS and set(K.MTP_CONFIGS) <= set(K.V3_CONFIGS)
     assert {K.AUTO_MTP_WG, K.AUTO_MTP_WG_FINE} == set(K.WG_CONFIGS) <= set(K.MTP_CONFIGS)
     assert K.AUTO_MTP_ALWAYS_ROWS == 16 and K.AUTO_MTP_MAX_CHUNKS == 16 and K.AUTO_MTP_WG_MIN_DESCS == 3
@@ -539,9 +546,9 @@ def test_max_descs_per_cta_matches_the_host_map():
 
 
 def test_mtp_summary_and_rows_arguments():
-    """mtp_summary: per q_len the geomean / minimum of our rows' same-run vs_hpc_ops (with the case of the minimum)
-    and of XQA's time over ours, rows without numbers left out; mtp_rows refuses a q_len outside 1..4 before
-    measuring anything."""
+    """mtp_summary: per (dtype, q_len) the geomean / minimum of our rows' same-run vs_hpc_ops (with the case of the
+    minimum) and of XQA's time over ours, rows without numbers left out; mtp_rows refuses a q_len outside 1..4 or an
+    unknown dtype before measuring anything."""
     import math
 
     rows = [dict(case="a", q_len=1, impl="dynamic", median_us=10.0, vs_hpc_ops=1.2),
@@ -555,5 +562,15 @@ def test_mtp_summary_and_rows_arguments():
     assert math.isclose(s1["geomean_vs_hpc_ops"], math.sqrt(1.2 * 0.9)) and s1["min_vs_hpc_ops"] == 0.9
     assert s1["min_case_hpc_ops"] == "b" and math.isclose(s1["geomean_vs_xqa"], 3.0) and s1["min_case_xqa"] == "a"
     assert s3["q_len"] == 3 and s3["geomean_vs_hpc_ops"] is None and s3["geomean_vs_xqa"] is None
+    assert s1["dtype"] is None
+    # with a dtype column: one group per (dtype, q_len), dtypes never pooled
+    rows2 = [dict(r, dtype="fp8_kv") for r in rows] + [dict(case="a", q_len=1, impl="dynamic", median_us=8.0,
+                                                             vs_hpc_ops=2.0, dtype="bf16_kv")]
+    got = D.mtp_summary(rows2)
+    assert [(g["dtype"], g["q_len"]) for g in got] == [("bf16_kv", 1), ("fp8_kv", 1), ("fp8_kv", 3)]
+    assert got[0]["geomean_vs_hpc_ops"] == 2.0 and got[0]["cases"] == 1
+    assert math.isclose(got[1]["geomean_vs_hpc_ops"], math.sqrt(1.2 * 0.9))
     with pytest.raises(ValueError, match="q_lens"):
         D.mtp_rows(["64x4K"], q_lens=(1, 5))
+    with pytest.raises(ValueError, match="kv_dtypes"):
+        D.mtp_rows(["64x4K"], kv_dtypes=("fp16",))

@@ -448,11 +448,12 @@ def test_library_queries_match_host():
     for v, cfg in K.CONFIGS.items():
         assert lib.hp_decode_smem_bytes(cfg, 1) > 0 and lib.hp_decode_smem_bytes(cfg, 0) > 0, v
     assert lib.hp_decode_smem_bytes(len(K.CONFIGS), 1) == -1 and lib.hp_decode_ctas_per_sm(-1) == -1
-    # which layout runs: BF16 transposed only for its configurations at <= 8 rows; FP8 transposed but for v2
+    # which layout runs: BF16 transposed only for its configurations at <= 8 rows, and v3w's warpgroup body at any
+    # row count; FP8 transposed but for v2
     for v in K.VARIANTS:
         assert K.runs_transposed(v, fp8=True) == (v != "v2"), v
-        assert K.runs_transposed(v, fp8=False) == (v in BF16_VARIANTS), v
-        assert not K.runs_transposed(v, fp8=False, rows=16), v
+        assert K.runs_transposed(v, fp8=False) == (v in BF16_VARIANTS or v == "v3w"), v
+        assert K.runs_transposed(v, fp8=False, rows=16) == (v == "v3w"), v
     # the BF16 configurations that keep their merge buffer in a stage use less than two separate-buffer stages need
     assert lib.hp_decode_smem_bytes(K.CONFIGS["v3bs3"], 0) < lib.hp_decode_smem_bytes(K.CONFIGS["v3b"], 0) + 40000
     assert lib.hp_decode_transposed(len(K.CONFIGS), 1, 8) == -1
@@ -610,20 +611,23 @@ V3W_CASES = [(1, 8, 64), (2, 8, 32), (3, 8, 64), (4, 8, 128), (3, 16, 16), (4, 1
 
 @pytest.mark.parametrize("fuse_max", [0, 8])
 @pytest.mark.parametrize("q_len,q_heads,page_size", V3W_CASES)
-@pytest.mark.parametrize("variant", ["v3w", "v3wc3"])
-def test_v3w_matches_emulation_and_v3m(variant, q_len, q_heads, page_size, fuse_max):
-    """v3w / v3wc3 (one warpgroup: the group's rows as wgmma's M side, S = Q K^T on the e4m3 wgmma, O += P V on the
-    f16 wgmma from a converted V^T tile) match the emulation of their own task map and v3m's output on the same inputs,
-    with the combine (fuse_max 0) and with the fused merge of 2..8-chunk pairs; kv_len 0 gives exact zeros, no NaN
-    reaches the poisoned output, and the arrival counters are back at zero."""
+@pytest.mark.parametrize("kv_dtype,variant,other", [("fp8", "v3w", "v3m"), ("fp8", "v3wc3", "v3m"),
+                                                    ("bf16", "v3w", "v2")])
+def test_v3w_matches_emulation_and_v3m(kv_dtype, variant, other, q_len, q_heads, page_size, fuse_max):
+    """v3w / v3wc3 (one warpgroup: the group's rows as wgmma's M side; FP8: S = Q K^T on the e4m3 wgmma, O += P V on
+    the f16 wgmma from a converted V^T tile; BF16 under v3w: both on the bf16 wgmma, V read in place as an MN-major
+    operand) match the emulation of their own task map and another kernel's output on the same inputs (v3m; BF16:
+    v2), with the combine (fuse_max 0) and with the fused merge of 2..8-chunk pairs; kv_len 0 gives exact zeros, no
+    NaN reaches the poisoned output, and the arrival counters are back at zero."""
     K, _ = _mods()
     lens = [4096] * 5 + [130000, 0, 1, 700, 65, 4097, 200]
-    inp = _inputs(lens, "fp8", q_heads=q_heads, page_size=page_size, q_len=q_len, seed=57 + q_len + q_heads)
+    seed = (57 if kv_dtype == "fp8" else 91) + q_len + q_heads
+    inp = _inputs(lens, kv_dtype, q_heads=q_heads, page_size=page_size, q_len=q_len, seed=seed)
     p, out = _run(inp, variant=variant, fuse_max=fuse_max)
-    _, outm = _run(inp, variant="v3m", fuse_max=fuse_max)
+    _, out2 = _run(inp, variant=other, fuse_max=fuse_max if other != "v2" else 0)  # v2: the row layout, no fusion
     assert not torch.isnan(out.float()).any()
-    assert_close(out, _emulate(inp, p), op=OP, path="fp8_vs_emulation")
-    assert_close(out, outm, op=OP, path="fp8_vs_emulation")
+    assert_close(out, _emulate(inp, p), op=OP, path=f"{kv_dtype}_vs_emulation")
+    assert_close(out, out2, op=OP, path=f"{kv_dtype}_vs_emulation")
     rows = slice(lens.index(0) * q_len, (lens.index(0) + 1) * q_len)
     assert torch.equal(out[rows].float(), torch.zeros_like(out[rows].float()))
     if p.counters is not None:
@@ -637,20 +641,20 @@ NINE_CASES = "64x0.5K;64x4K;32x0.125K+32x4K;2x32K+30x4K;1x64K+15x4K;1x128K+31x4K
 @pytest.mark.parametrize("case", NINE_CASES.split(";"))
 def test_new_configs_on_the_nine_cases(case, q_len):
     """The benchmark's nine batches at q_len 1-4: auto (FP8: v3m at 9-16 rows where the chunk estimate allows it,
-    the warpgroup-MMA kernel above 16, v3wc3 where auto's descriptor rule says so; BF16: v3b at 8 rows, v2 above),
-    v3m, v3w and v3wc3 within the tolerance of the exact reference on the same quantized inputs."""
+    the warpgroup-MMA kernel above 16, v3wc3 where auto's descriptor rule says so; BF16: v3b at 8 rows, v3w above),
+    v3m, v3w and v3wc3 (BF16: v3w) within the tolerance of the exact reference on the same quantized inputs."""
     K, R = _mods()
     from hotpaths.harness.shapes import expand_lengths, parse_cases
 
     lens = expand_lengths(parse_cases(case))
-    for kv_dtype, variants in (("fp8", ("auto", "v3m", "v3w", "v3wc3")), ("bf16", ("auto",))):
+    for kv_dtype, variants in (("fp8", ("auto", "v3m", "v3w", "v3wc3")), ("bf16", ("auto", "v3w"))):
         inp = _inputs(lens, kv_dtype, q_len=q_len, seed=31)
         ref = R.split_kv_decode_ref(**inp)
         for v in variants:
             p = K.plan(inp["kv_lens"], num_kv_heads=1, q_heads=8, q_len=q_len, variant=v,
                        kv_dtype=inp["k_cache"].dtype)
             if v == "auto" and kv_dtype == "bf16":
-                assert p.variant == ("v3b" if q_len == 1 else "v2"), p.variant
+                assert p.variant == ("v3b" if q_len == 1 else "v3w"), p.variant
             elif v == "auto" and q_len > 1:  # 8:1: 16 rows at q_len 2, 24-32 above
                 want = K.choose_variant(inp["kv_lens"], num_kv_heads=1, kv_dtype="fp8", rows=8 * q_len)
                 assert p.variant == want and (want in K.WG_CONFIGS if q_len > 2 else want in ("v3m", "v3w", "v2")), \

@@ -89,3 +89,29 @@ def test_v3w_check_catches_a_wrong_map(monkeypatch, broken):
                                                                  ((tid >> 3) & 3 | (tid >> 5) << 2 | 16, tid & 7)])
     with pytest.raises(AssertionError):
         F.check_v3w_maps()
+
+
+def test_v3w_bf16_layout_consistent():
+    """The BF16 warpgroup kernel's loader covers a 64-row tile's 16 KB once, conflict-free per quarter warp, and the
+    QK's K-major reads and the PV's MN-major read (leading byte offset = the 64-dim half stride, stride byte offset =
+    one 1024-byte atom, 2 KB per k16 step) find each element where the loader wrote it."""
+    facts = F.check_v3w_bf16_layout()
+    assert facts == {"units": 1024, "tile_bytes": 16384, "lbo": 8192, "sbo": 1024, "kstep": 2048}
+    assert F.wg_bf16_unit_offset(0, 8) == 8192 and F.wg_bf16_unit_offset(9, 1) == 9 * 128 + 0 * 16
+
+
+@pytest.mark.parametrize("broken", ["lbo_sbo_swapped", "kstep", "no_swizzle", "thread_map"])
+def test_v3w_bf16_check_catches_a_wrong_layout(monkeypatch, broken):
+    """Each part of the BF16 layout broken on purpose makes check_v3w_bf16_layout fail: the descriptor's two offsets
+    swapped (the reading for K-major operands), a k16 step of one atom, unswizzled rows, lanes on rows 8 apart."""
+    kw = {}
+    if broken == "lbo_sbo_swapped":
+        kw = dict(lbo=1024, sbo=8192)
+    elif broken == "kstep":
+        kw = dict(kstep=1024)
+    elif broken == "no_swizzle":
+        monkeypatch.setattr(F, "wg_bf16_unit_offset", lambda t, ch: (ch >> 3) * F.BF16_HALF + t * 128 + (ch & 7) * 16)
+    else:  # a quarter warp down one unit of rows 8 apart (all with row % 8 == i): one bank group, 8-way conflict
+        monkeypatch.setattr(F, "wg_bf16_thread_rows", lambda tid: [(8 * (tid & 7) + i, tid >> 3) for i in range(8)])
+    with pytest.raises(AssertionError):
+        F.check_v3w_bf16_layout(**kw)

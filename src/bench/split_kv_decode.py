@@ -555,9 +555,10 @@ NCU_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_susta
 _V3_NT1 = {"v3s3c3": (3, 3), "v3s5": (5, 2), "v3s2c4": (2, 4), "v3bc3": (3, 3)}
 _BF16_TR = {"v3b": (2, 2), "v3bs3": (3, 2), "v3bc3": (2, 3)}  # BF16 KV, <= 8 rows: (STAGES, CPS)
 _V3_MTP_NT4 = {"v3m": (2, 2)}
-# FP8, any row count: attention_kernel<TraitsWg<STAGES, CPS, PIPE>> (one warpgroup, groups of 64 rows: NT = 8 n-tiles
-# of 8)
+# FP8, any row count: attention_kernel<TraitsWg<STAGES, CPS, FP8>> (one warpgroup, groups of 64 rows: NT = 8 n-tiles
+# of 8); BF16 KV under v3w only (2 stages of 48 KB at its 2 CTAs per SM)
 _WG = {"v3w": (3, 2), "v3wc3": (2, 3)}  # (STAGES, CPS)
+_WG_BF16 = {"v3w": (2, 2)}
 
 
 def attention_traits(variant: str, *, fp8: bool = True, rows: int = 8) -> tuple:
@@ -566,7 +567,10 @@ def attention_traits(variant: str, *, fp8: bool = True, rows: int = 8) -> tuple:
     (resolve "auto" first)."""
     if variant not in K.VARIANTS:
         raise ValueError(f"variant: expected one of {K.VARIANTS}, got {variant!r}")
-    if not fp8:  # BF16 KV: the transposed layout for its own configurations at <= 8 rows, else the row layout
+    if not fp8:  # BF16 KV: the transposed layout for its own configurations at <= 8 rows, v3w's warpgroup body, else
+        # the row layout
+        if variant in _WG_BF16:
+            return (False, True, *_WG_BF16[variant], 8)
         if variant in _BF16_TR and rows <= 8:
             return (False, True, *_BF16_TR[variant], 1)
         return (False, False, 2, 2, 1)
@@ -590,8 +594,8 @@ def attention_kernel_regex(variant: str, *, fp8: bool = True, rows: int = 8) -> 
     namespaces, "> >") and ncu's regex dialect is not documented to take ``(?:)`` or ``\\s``; a profile with the
     demangled pattern matched no kernel on the H200. Raises ValueError for an unknown variant."""
     f8, tr, st, cps, nt = attention_traits(variant, fp8=fp8, rows=rows)
-    if fp8 and variant in _WG:  # its own traits type (TraitsWg<STAGES, CPS>)
-        return f"attention_kernelI.*TraitsWgILi{st}ELi{cps}E"
+    if variant in (_WG if fp8 else _WG_BF16):  # its own traits type (TraitsWg<STAGES, CPS, FP8>)
+        return f"attention_kernelI.*TraitsWgILi{st}ELi{cps}ELb{int(f8)}EE"
     return f"attention_kernelI.*TraitsILb{int(f8)}ELb{int(tr)}ELi{st}ELi{cps}ELi{nt}EE"
 
 
@@ -652,34 +656,49 @@ def ncu_rows(cases=NCU_CASES, *, kv_dtype="fp8", kernel_regex: str | None = None
 
 
 MTP_IMPLS = ("dynamic", "hpc_ops_dynamic", "hpc_ops_static", "flashinfer_xqa")  # table decode_mtp_same_run
+# BF16 KV rows of that table: ours and HPC-Ops (XQA's BF16 draft-token path is not in the table: its q_len > 1 kernel is
+# JIT-built on first use, minutes on the GPU machine)
+MTP_IMPLS_BF16 = ("dynamic", "hpc_ops_dynamic", "hpc_ops_static")
 MTP_Q_LENS = (1, 2, 3, 4)
+MTP_KV_DTYPES = ("fp8", "bf16")
 
 
-def mtp_rows(cases=ISSUE_CASES, *, q_lens=MTP_Q_LENS, impls=MTP_IMPLS, **kw) -> list[dict]:
-    """Rows of table ``decode_mtp_same_run``: decode_rows over ``cases`` for FP8 KV at each q_len of ``q_lens`` (the
-    draft tokens of speculative decoding), every impl in the same process, no assign row. ``kw`` goes to decode_rows
-    (heads, page size, ceilings, iters, ...). Raises what decode_rows raises, ValueError for a q_len outside 1..4."""
+def mtp_rows(cases=ISSUE_CASES, *, q_lens=MTP_Q_LENS, kv_dtypes=MTP_KV_DTYPES, impls=MTP_IMPLS,
+             impls_bf16=MTP_IMPLS_BF16, **kw) -> list[dict]:
+    """Rows of table ``decode_mtp_same_run``: decode_rows over ``cases`` for each KV dtype of ``kv_dtypes`` ("fp8"
+    with ``impls``, "bf16" with ``impls_bf16``) at each q_len of ``q_lens`` (the draft tokens of speculative
+    decoding), every impl in the same process, no assign row. ``kw`` goes to decode_rows (heads, page size,
+    ceilings, iters, ...). Raises what decode_rows raises, ValueError for a q_len outside 1..4 or a dtype other than
+    fp8 / bf16 (before measuring anything)."""
     bad = [q for q in q_lens if not 1 <= int(q) <= 4]
     if bad:
         raise ValueError(f"q_lens: expected values in 1..4, got {bad}")
+    bad = [d for d in kv_dtypes if d not in ("fp8", "bf16")]
+    if bad:
+        raise ValueError(f"kv_dtypes: expected 'fp8' and / or 'bf16', got {bad}")
     rows = []
-    for q in q_lens:
-        rows += decode_rows(cases, kv_dtypes=("fp8",), impls=impls, q_len=int(q), assign=False, **kw)
+    for d in kv_dtypes:
+        for q in q_lens:
+            rows += decode_rows(cases, kv_dtypes=(d,), impls=impls if d == "fp8" else impls_bf16, q_len=int(q),
+                                assign=False, **kw)
     return rows
 
 
 def mtp_summary(rows) -> list[dict]:
-    """Per q_len, over our ``dynamic`` rows of a decode_mtp_same_run table (rows: list of dicts or a DataFrame):
-    the geometric mean and minimum of ``vs_hpc_ops`` (the faster HPC-Ops path's time / ours, same run) with the case
-    of the minimum, and the same for XQA (its ``flashinfer_xqa`` time / ours). Rows without a number are left out;
-    a q_len with none gives None. Returns one dict per q_len, ascending."""
+    """Per (KV dtype, q_len), over our ``dynamic`` rows of a decode_mtp_same_run table (rows: list of dicts or a
+    DataFrame; rows without a ``dtype`` count as one dtype, None): the geometric mean and minimum of ``vs_hpc_ops``
+    (the faster HPC-Ops path's time / ours, same run) with the case of the minimum, and the same for XQA (its
+    ``flashinfer_xqa`` time / ours). Rows without a number are left out; a group with none gives None. Returns one
+    dict per group (keys dtype, q_len, ...), by dtype then q_len."""
     import math
 
     import pandas as pd
 
     df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    if "dtype" not in df:
+        df["dtype"] = None
     out = []
-    for q, g in df.groupby("q_len", sort=True):
+    for (dt, q), g in df.groupby([df["dtype"].fillna(""), "q_len"], sort=True):
         ours = g[g["impl"] == "dynamic"].set_index("case")
         xqa = g[g["impl"] == "flashinfer_xqa"].set_index("case")["median_us"]
 
@@ -692,8 +711,8 @@ def mtp_summary(rows) -> list[dict]:
 
         hg, hm, hc = stats(ours["vs_hpc_ops"])
         xg, xm, xc = stats(pd.to_numeric(xqa, errors="coerce").reindex(ours.index) / ours["median_us"])
-        out.append(dict(q_len=int(q), cases=len(ours), geomean_vs_hpc_ops=hg, min_vs_hpc_ops=hm, min_case_hpc_ops=hc,
-                        geomean_vs_xqa=xg, min_vs_xqa=xm, min_case_xqa=xc))
+        out.append(dict(dtype=dt or None, q_len=int(q), cases=len(ours), geomean_vs_hpc_ops=hg, min_vs_hpc_ops=hm,
+                        min_case_hpc_ops=hc, geomean_vs_xqa=xg, min_vs_xqa=xm, min_case_xqa=xc))
     return out
 
 

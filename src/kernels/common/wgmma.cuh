@@ -2,8 +2,8 @@
 // K-major tile in the 128-byte-swizzle layout, the fence / commit / wait trio, the generic-to-async proxy fence
 // that makes cp.async writes visible to wgmma, a register pin for asynchronously written accumulators, the
 // accumulator register lists every wgmma wrapper builds its operands from (HP_WG_REGS_<R> / HP_WG_OPS_<R>), and the
-// FP8 (e4m3 x e4m3 -> fp32) m64nNk32 instructions, and the f16 m64nNk16 with A from registers (decode attention's
-// P V product).
+// FP8 (e4m3 x e4m3 -> fp32) m64nNk32 instructions, the bf16 m64n64k16 from shared memory, and the f16 / bf16
+// m64n128k16 with A from registers (decode attention's P V product; the bf16 one with B MN-major).
 //
 // The swizzled layout every producer must write (cp.async by hand, or TMA with CU_TENSOR_MAP_SWIZZLE_128B): rows
 // of 128 bytes, the 16-byte chunk c of row r stored at chunk c ^ (r % 8), each tile based on a 1024-byte boundary
@@ -25,6 +25,17 @@ namespace wg {
 __device__ __forceinline__ uint64_t desc_sw128(const void* p) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+// Descriptor of an MN-major (N-contiguous), 128B-swizzled 16-bit tile at shared address p (1024-byte aligned, or +
+// k offsets of whole 8-row groups): rows of 128 bytes = 64 consecutive N elements of one K index, stored as above
+// (chunk c of row r at c ^ (r % 8)); 8 K rows make one 1024-byte atom, and consecutive atoms along K are 1024 bytes
+// apart (stride byte offset). An N extent past 64 continues in a second such tile `mn_block_bytes` further (leading
+// byte offset). The wgmma reads it with its transpose-B immediate set (16-bit types only).
+__device__ __forceinline__ uint64_t desc_sw128_mn(const void* p, int mn_block_bytes) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((mn_block_bytes >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
@@ -112,6 +123,13 @@ __device__ __forceinline__ int acc_col(int lane, int j) {
                "{" HP_WG_REGS_##R "}, " DA ", " DB ", " S ", 1, 1;\n"     \
                : HP_WG_OPS_##R                                            \
                : "l"(desc_a), "l"(desc_b), "n"(SCALE_D))
+// D[64 x N] (+)= A[64 x 16] . B[N x 16]^T, bf16, both K-major in shared memory, scale-d the immediate SCALE_D in
+// scope (S: its operand number); the two transpose immediates 0.
+#define HP_WGMMA_BF16_IMM(N, R, DA, DB, S)                                        \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 "         \
+               "{" HP_WG_REGS_##R "}, " DA ", " DB ", " S ", 1, 1, 0, 0;\n"       \
+               : HP_WG_OPS_##R                                                    \
+               : "l"(desc_a), "l"(desc_b), "n"(SCALE_D))
 // clang-format on
 
 namespace hp {
@@ -138,6 +156,14 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[N / 2], uint64_t desc_a, uin
   static_assert(SCALE_D == 0 || SCALE_D == 1, "scale-d: 0 or 1");
   HP_WGMMA_E4M3_IMM(64, 32, "%32", "%33", "%34");
 }
+// D[64 x 64] (fp32) (+)= A[64 x 16] . B[64 x 16]^T, bf16 from K-major shared-memory tiles, scale_d a compile-time 0
+// (D = A . B) or 1 (D += A . B).
+template <int N, int SCALE_D>
+__device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(N == 64, "instantiated N: 64");
+  static_assert(SCALE_D == 0 || SCALE_D == 1, "scale-d: 0 or 1");
+  HP_WGMMA_BF16_IMM(64, 32, "%32", "%33", "%34");
+}
 
 }  // namespace wg
 }  // namespace hp
@@ -152,6 +178,13 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[N / 2], uint64_t desc_a, uin
                "{" HP_WG_REGS_##R "}, {" A0 "," A1 "," A2 "," A3 "}, " DB ", 1, 1, 1, 0;\n" \
                : HP_WG_OPS_##R                                                             \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
+// The same for bf16 operands with B MN-major (transpose-B immediate 1): B[16 x N] stored N-contiguous, as a row-major
+// V tile [tokens][dims] is for O += P V.
+#define HP_WGMMA_BF16_RS_TB(N, R, A0, A1, A2, A3, DB)                                       \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 "                  \
+               "{" HP_WG_REGS_##R "}, {" A0 "," A1 "," A2 "," A3 "}, " DB ", 1, 1, 1, 1;\n" \
+               : HP_WG_OPS_##R                                                             \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
 // clang-format on
 
 namespace hp {
@@ -163,6 +196,13 @@ template <int N>
 __device__ __forceinline__ void mma_f16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
   static_assert(N == 128, "instantiated N: 128 (decode's P V over 128 head dims)");
   HP_WGMMA_F16_RS(128, 64, "%64", "%65", "%66", "%67", "%68");
+}
+// D[64 x N] += A[64 x 16] . B[16 x N], bf16, A from registers (the same fragment as mma_f16_rs) and B MN-major in
+// shared memory (desc_sw128_mn): decode's O += P V with V read in place.
+template <int N>
+__device__ __forceinline__ void mma_bf16_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  static_assert(N == 128, "instantiated N: 128 (decode's P V over 128 head dims)");
+  HP_WGMMA_BF16_RS_TB(128, 64, "%64", "%65", "%66", "%67", "%68");
 }
 
 }  // namespace wg

@@ -25,8 +25,8 @@ removed: docs/ops/split_kv_decode.md.) "auto" (the default) picks per plan: v3s2
 4 CTAs per SM of 2 stages) for FP8 KV in dynamic mode when its longest (head, request) stays within AUTO_MAX_CHUNKS
 chunks, else v2 (choose_variant); with 9-16 query rows per pair (q_len x GQA ratio) v3m takes v3s2c4's place, and
 above AUTO_MTP_ALWAYS_ROWS rows the warpgroup-MMA kernel runs whatever the chunk estimate: "v3w" (3 stages, 2 CTAs
-per SM), or "v3wc3" (2 stages, 3 per SM) where its finer grid gives every CTA one chunk and v3w's does not.
-plan(variant=None) reads the
+per SM), or "v3wc3" (2 stages, 3 per SM) where its finer grid gives every CTA one chunk and v3w's does not; BF16 KV
+runs v3b up to 8 rows and v3w (its BF16 form: bf16 wgmma, V read in place) above. plan(variant=None) reads the
 environment variable HOTPATHS_DECODE_VARIANT (default DEFAULT_VARIANT).
 
 Early work before the PDL wait (plan(early=...), default on; $HOTPATHS_DECODE_EARLY=0 turns it off): update()
@@ -74,14 +74,14 @@ VARIANTS = ("v2", "v3", "v3s3c3", "v3s5", "v3s2c4", "v3m", "v3b", "v3bs3", "v3bc
 # 32 rows per pass over the KV: 8:1 GQA at q_len 2-4 reads each K/V tile once; the 32-row kernel at 2 stages, 2 CTAs
 # per SM); 6..8 the transposed layout for BF16 KV with {stages, CTAs per SM} 2/2, 3/2, 2/3 (the last two keep their merge
 # buffer in the stage just computed, which is what makes them fit: attention.cu Traits::MERGE_IN_STAGE); 9, 10
-# "v3w", "v3wc3": the warpgroup-MMA kernel (FP8 KV, any row count, groups of 64 rows as wgmma's M side; 3 stages at 2
-# CTAs per SM, 2 at 3), BF16 KV runs the row layout under them.
+# "v3w", "v3wc3": the warpgroup-MMA kernel (any row count, groups of 64 rows as wgmma's M side; FP8 KV 3 stages at 2
+# CTAs per SM, 2 at 3; BF16 KV runs it under v3w at 2 stages, 2 per SM, and the row layout under v3wc3).
 CONFIGS = {"v2": 0, "v3": 1, "v3s3c3": 2, "v3s5": 3, "v3s2c4": 4, "v3m": 5, "v3b": 6, "v3bs3": 7, "v3bc3": 8,
            "v3w": 9, "v3wc3": 10}
 ROW_CONFIGS = {k: v for k, v in CONFIGS.items() if v == 0}  # the row layout (v2)
 V3_CONFIGS = {k: v for k, v in CONFIGS.items() if k not in ROW_CONFIGS}  # the transposed (v3) configurations
 MTP_CONFIGS = ("v3m", "v3w", "v3wc3")
-WG_CONFIGS = ("v3w", "v3wc3")  # the warpgroup-MMA kernel (attention.cu attention_wg)
+WG_CONFIGS = ("v3w", "v3wc3")  # the warpgroup-MMA kernel (attention.cu attention_wg; BF16 KV: v3w only)
 # The configurations whose BF16 kernel is the transposed layout (at most 8 query rows per group; more run the row
 # layout): the fused merge and fuse-all then work for BF16 KV too.
 BF16_TRANSPOSED_CONFIGS = ("v3b", "v3bs3", "v3bc3")
@@ -140,7 +140,13 @@ AUTO_FINE = "v3s2c4"
 AUTO_MTP = "v3m"
 AUTO_FALLBACK = "v2"
 AUTO_BF16 = "v3b"
-AUTO_BF16_CTAS_PER_SM = 2  # v3b's grid (CONFIGS note above): the chunk estimate of its fuse-all rule
+AUTO_BF16_CTAS_PER_SM = 2  # v3b's and v3w's grid (CONFIGS note above): the chunk estimate of the fuse-all rule
+# BF16 KV with more than 8 query rows per pair (8:1 at q_len 2-4): the warpgroup-MMA kernel (v3w; bf16 wgmma, V read
+# in place as an MN-major operand), with fuse-all by the same chunk rule. On the H200, one run, nine cases, HPC-Ops
+# time / ours (the faster of its two paths), geomean at q_len 2 / 3 / 4: v3w 1.034 / 1.089 / 1.063 against the row
+# layout v2 (auto before) 0.949 / 0.669 / 0.655 (64x4K q_len 4: 49.8 vs 91.7 us, HPC-Ops 49.7); at 8 rows v3w and
+# v3b are level (1.040 / 1.041), so v3b stays there (docs/ops/split_kv_decode.md, "v3w for BF16 KV").
+AUTO_BF16_MTP = "v3w"
 AUTO_MAX_CHUNKS = 128
 AUTO_MTP_ALWAYS_ROWS = 16
 # At 9-16 rows (8:1 at q_len 2) v3m only while its longest pair stays within AUTO_MTP_MAX_CHUNKS chunks: on the H200,
@@ -261,14 +267,14 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     grid gets AUTO_MTP_WG_MIN_DESCS descriptors or more); above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP_WG (v3w, 2
     CTAs per SM) whatever the estimate, or AUTO_MTP_WG_FINE (v3wc3, 3 per SM) when its grid gives every CTA at most
     one descriptor and v3w's does not (_max_descs_per_cta). BF16 KV in dynamic mode
-    with the default grid: AUTO_BF16 (v3b) at rows <= 8 (the estimate at its grid), AUTO_FALLBACK above.
+    with the default grid: AUTO_BF16 (v3b) at rows <= 8, AUTO_BF16_MTP (v3w) above (the estimate at their grid).
 
     Shape/Dtype: kv_lens [batch] int32 (any device: read on the host, one sync, only when dynamic / default grid /
     a known dtype; kv_dtype None = unknown, which also gives the fallback without reading anything). num_sms
     defaults to the device's SM count (132 without a GPU). Returns (variant, the estimated chunk count of the
     longest pair at the chosen variant's budget, or None when nothing was read)."""
     fp8 = _kv_is_fp8(kv_dtype)
-    if fp8 is None or mode != "dynamic" or num_ctas is not None or (not fp8 and rows > 8):
+    if fp8 is None or mode != "dynamic" or num_ctas is not None:
         return AUTO_FALLBACK, None
     tiles = [_cdiv(max(int(x), 0), TILE) for x in kv_lens.tolist()]
     total = sum(tiles) * int(num_kv_heads)
@@ -279,9 +285,12 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
         num_sms = (torch.cuda.get_device_properties(kv_lens.device).multi_processor_count
                    if kv_lens.device.type == "cuda" else 132)
     # the variant and the CTAs per SM of its grid (the chunk estimate's budget)
-    fine, cps = ((AUTO_BF16, AUTO_BF16_CTAS_PER_SM) if not fp8 else (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4))
+    if not fp8:  # BF16: v3b up to 8 rows, the warpgroup body above, whatever the estimate (it only sets fuse-all)
+        fine, cps = (AUTO_BF16, AUTO_BF16_CTAS_PER_SM) if rows <= 8 else (AUTO_BF16_MTP, AUTO_BF16_CTAS_PER_SM)
+    else:
+        fine, cps = (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4)
     longest = _longest_chunks(tiles, int(num_kv_heads), cps * int(num_sms), min_tiles)
-    if not fp8:  # BF16: the transposed layout whatever the estimate (it only sets fuse-all)
+    if not fp8:
         return fine, longest
     if rows > AUTO_MTP_ALWAYS_ROWS:
         H, sms = int(num_kv_heads), int(num_sms)

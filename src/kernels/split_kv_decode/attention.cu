@@ -15,10 +15,11 @@
 //     8:1 a row group has 8 rows, so the m16 side of the row layout is half padding; v3 computes S^T = K Q^T on the
 //     FP8 MMA (m16n8k32 e4m3, no conversion of K or Q) and O^T += V^T P^T, turning P^T into PV's B operand with two
 //     movmatrix.trans. Optional fused merge (fuse_max) and fuse-all (no combine launch).
-//   - warpgroup-MMA body (TraitsWg; "v3w", "v3wc3", FP8, what auto runs above 16 rows: MTP): the group's up to 64
-//     rows as wgmma's M side, S = Q K^T on the e4m3 wgmma from shared memory, O += P V on the f16 wgmma with P from
-//     registers and V converted once per tile into a K-major f16 V^T tile; one state per row (no merge of warps).
-//     The transposed layout's task map, loader, fused merge and partials (attention_wg below).
+//   - warpgroup-MMA body (TraitsWg; "v3w", "v3wc3", what auto runs above 16 rows (FP8) and above 8 (BF16): MTP):
+//     the group's up to 64 rows as wgmma's M side, S = Q K^T on the e4m3 (bf16) wgmma from shared memory, O += P V
+//     on the f16 (bf16) wgmma with P from registers and V converted once per tile into a K-major f16 V^T tile (BF16:
+//     V read in place as an MN-major operand); one state per row (no merge of warps). The transposed layout's task
+//     map, loader, fused merge and partials (attention_wg below).
 // Launch: grid (C, G) with C persistent CTAs (bin b = blockIdx.x, from the assign workspace, task_map.cuh) or, in
 //   the static modes, (H * batch * splits, G) with one descriptor per CTA computed from blockIdx; G row groups
 //   (rows beyond one group re-read the KV once per extra group, mostly from L2 as the groups run together).
@@ -137,24 +138,32 @@ struct Traits {
 };
 
 // "v3w": the warpgroup-MMA body (attention_wg): one warpgroup of 4 warps, one group of up to 64 query rows as wgmma's M
-// side (rows past R are padding), S = Q K^T on the e4m3 wgmma from shared memory and O += P V on the f16 wgmma with P
-// from registers and V converted once per tile into a transposed f16 tile. Stage: K, V (8 KB each), the Q rows of a
-// descriptor starting in it (64 x 128 B) and their scales, every part 1024-byte aligned (the swizzle atoms); then the
-// converted V^T tile (16 KB) and the descriptor cache.
-template <int STAGES_, int CPS_>
+// side (rows past R are padding). FP8 KV: S = Q K^T on the e4m3 wgmma from shared memory and O += P V on the f16
+// wgmma with P from registers and V converted once per tile into a transposed f16 tile. Stage: K, V (8 KB each), the
+// Q rows of a descriptor starting in it (64 x 128 B) and their scales, every part 1024-byte aligned (the swizzle
+// atoms); then the converted V^T tile (16 KB) and the descriptor cache. BF16 KV: S on the bf16 wgmma (8 k16 steps)
+// and O += P V on the bf16 wgmma with B = V read in place, MN-major (wgmma transposes 16-bit B operands itself), so
+// there is no conversion and no V^T tile; every 256-byte row (K, V, Q) is stored as two 128-byte halves (dims 0-63,
+// 64-127), each half a [64 rows][128 B] swizzled tile of its own (HALF bytes apart), the layout both the K-major and
+// the MN-major descriptors read. Stage: K, V (16 KB each), Q (64 x 256 B): 48 KB, so two stages at two CTAs per SM.
+template <int STAGES_, int CPS_, bool FP8_ = true>
 struct TraitsWg {
   static constexpr bool WG = true;  // (the transposed layout's task map, partials, fused merge and combine)
+  static constexpr bool FP8 = FP8_;
   static constexpr int STAGES = STAGES_;
   static constexpr int CPS = CPS_;
   static constexpr int THREADS = 128;
-  static constexpr int MROWS = 64;  // wgmma's M
-  static constexpr int KV_BYTES = kTile * kD;
-  static constexpr int Q_OFF = 2 * KV_BYTES, QS_OFF = Q_OFF + MROWS * kD;
-  static constexpr int STAGE_BYTES = (QS_OFF + MROWS * 4 + 1023) / 1024 * 1024;
-  static constexpr int VT_BYTES = kD * kTile * 2;  // V^T: 128 dim rows of 64 f16 tokens
+  static constexpr int MROWS = 64;                    // wgmma's M
+  static constexpr int ES = FP8 ? 1 : 2;              // bytes per element
+  static constexpr int HALF = FP8 ? 0 : kTile * 128;  // BF16: byte offset of the dims-64-127 half of a tile
+  static constexpr int KV_BYTES = kTile * kD * ES;
+  static constexpr int Q_OFF = 2 * KV_BYTES, QS_OFF = Q_OFF + MROWS * kD * ES;
+  static constexpr int STAGE_BYTES = (QS_OFF + (FP8 ? MROWS * 4 : 0) + 1023) / 1024 * 1024;
+  static constexpr int VT_BYTES = FP8 ? kD * kTile * 2 : 0;  // V^T: 128 dim rows of 64 f16 tokens
   static constexpr int DESC_BYTES = kDescCache * 8 * 4;
   static constexpr int SMEM = STAGES * STAGE_BYTES + VT_BYTES + DESC_BYTES + 1024;  // + 1024: base rounded up
   static_assert(STAGES >= 2, "the pipeline waits for STAGES - 2 groups");
+  static_assert(FP8 || MROWS * 128 == HALF, "BF16: Q halves as far apart as K / V halves");
   static_assert(CPS * (SMEM + kCtaSmemOverhead) <= kSmemPerSm, "CPS CTAs of this configuration do not fit an SM");
 };
 
@@ -1216,6 +1225,42 @@ __device__ __forceinline__ void tr_fused_merge(const Params& P, const Desc& cdd,
   }
 }
 
+// Shared-memory byte offset of 16 B unit ch of K / V row tl: rows of ROWB bytes with unit ch at ch ^ (tl & 7) (the
+// 128-byte swizzle; BF16 rows of 256 B keep bit 3 of ch), or, with HALF > 0 (the warpgroup body's BF16 tiles), the
+// row's two 128-byte halves in two [rows][128 B] swizzled tiles HALF bytes apart.
+template <int ROWB, int HALF>
+__device__ __forceinline__ int kv_unit_offset(int tl, int ch) {
+  if constexpr (HALF > 0)
+    return (ch >> 3) * HALF + tl * 128 + (((ch & 7) ^ (tl & 7)) * 16);
+  else
+    return tl * ROWB + ((ch ^ (tl & 7)) * 16);
+}
+
+// The K and V rows of tokens t0 + TPP i (i < kTile / TPP) of `tile`, 16 B unit ch of each, into sK / sV at
+// kv_unit_offset; ES = bytes per element. Whole pages: every row is in page `page` (read by the caller once per
+// tile); shorter pages: one block-table read per token. Rows past `lim` or on a page outside the cache are
+// zero-filled. The transposed layout's loader and the warpgroup body's general path (partial tiles, short pages)
+// share it.
+template <int TPP, int ROWB, int ES, int HALF = 0>
+__device__ __forceinline__ void copy_tile_rows(const Params& P, int h, int tile, int lim, int page, bool whole_pages,
+                                               const int* bt, int ch, int t0, const uint8_t* kbase,
+                                               const uint8_t* vbase, uint8_t* sK, uint8_t* sV) {
+#pragma unroll
+  for (int i = 0; i < kTile / TPP; ++i) {
+    const int tl = t0 + TPP * i;
+    const int tok = tile * kTile + tl;
+    bool ok = tok < lim;
+    int pg = page;
+    if (!whole_pages && ok) pg = __ldg(bt + (tok >> P.page_shift));
+    ok = ok && pg >= 0 && pg < P.num_pages;
+    const size_t slot = (size_t)pg * P.page_size + (tok & (P.page_size - 1));
+    const size_t off = ok ? P.kv_row(slot, h) * kD * ES + ch * 16 : 0;
+    const int dst = kv_unit_offset<ROWB, HALF>(tl, ch);
+    cp_async16(sK + dst, kbase + off, ok);
+    cp_async16(sV + dst, vbase + off, ok);
+  }
+}
+
 template <class CF>
 __device__ __forceinline__ void attention_transposed(const Params& P) {
   constexpr int NT = CF::NT, STAGES = CF::STAGES, MROWS = CF::MROWS;
@@ -1325,20 +1370,7 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
     const int* bt = P.block_table + (size_t)d.r * P.max_pages;
     int page_once = -1;
     if (whole_pages && tile * kTile < lim) page_once = __ldg(bt + ((tile * kTile) >> P.page_shift));
-#pragma unroll
-    for (int i = 0; i < kTile / TPP; ++i) {
-      const int tl = t0 + TPP * i;
-      const int tok = tile * kTile + tl;
-      bool ok = tok < lim;
-      int page = page_once;
-      if (!whole_pages && ok) page = __ldg(bt + (tok >> P.page_shift));
-      ok = ok && page >= 0 && page < P.num_pages;
-      const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
-      const size_t off = ok ? P.kv_row(slot, d.h) * kD * CF::ES + ch * 16 : 0;
-      const int dcol = (ch ^ (tl & 7)) * 16;
-      cp_async16(sK + tl * CF::ROWB + dcol, kbase + off, ok);
-      cp_async16(sV + tl * CF::ROWB + dcol, vbase + off, ok);
-    }
+    copy_tile_rows<TPP, CF::ROWB, CF::ES>(P, d.h, tile, lim, page_once, whole_pages, bt, ch, t0, kbase, vbase, sK, sV);
     if (first) {
       // Q rides with the descriptor's first tile; QSMEM: in the Q area of stage (descriptor index % STAGES)
       uint8_t* sQ = CF::QSMEM ? q_area(qd) : sV + CF::KV_BYTES;
@@ -1433,8 +1465,8 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
 }
 
 // ================================================================================================================
-// Warpgroup-MMA body (TraitsWg, variant "v3w"; FP8 KV): the same task map, loader, partial layout, fused merge and
-// combine as the transposed layout, with the products on wgmma.
+// Warpgroup-MMA body (TraitsWg, variants "v3w" / "v3wc3"; FP8 KV, and BF16 under v3w): the same task map, loader,
+// partial layout, fused merge and combine as the transposed layout, with the products on wgmma.
 //
 // Why: at 17-64 query rows per (request, KV head) (GQA 8:1 at q_len 3-4, 16:1 at q_len 2-4) the mma.sync layouts put
 // every row's online-softmax chain into one warp per 16-token slice (v3m: 658 instructions per warp and tile, 4x the
@@ -1449,6 +1481,11 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
 //    converted once per CTA into a K-major f16 V^T tile (exact e4m3 -> f16), overlapping the QK wgmma.
 //  Numerics are the transposed layout's: fp32 scores scaled after the product, P rounded to f16, V exact in f16,
 //  fp32 accumulation (the same emulation).
+//  BF16 KV (TraitsWg<2, 2, false>): S on the bf16 wgmma m64n64k16 (8 k16 steps, 4 per 64-dim half of the rows) and
+//  O += P V on the bf16 m64n128k16 with P rounded to bf16 from registers and B = V read where the loader wrote it,
+//  as an MN-major operand (the transpose-B immediate that 16-bit wgmma takes; desc_sw128_mn: the two 64-dim halves
+//  of V are the N blocks, 16 tokens = two 1024-byte atoms per k16 step): no conversion, no V^T tile, and no barrier
+//  between the QK and the PV. The emulation is the row layout's BF16 one (P in bf16).
 
 // V tile (FP8, token rows, unit u of token t at u ^ (t & 7)) -> V^T (f16, 128 dim rows of 64 tokens = 128 B, unit b =
 // tokens 8b..8b+7 of dim row d at b ^ (d & 7)). Thread: dims 4q..4q+3 (q = lane) of token blocks 2w and 2w + 1 (w =
@@ -1545,8 +1582,9 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
 
   const int kv_cap = P.max_pages * P.page_size;
   int d_begin = 0, d_end = 0;
-  // The start-up, fuse-all zero rows and K/V loader below repeat attention_transposed's on purpose: shared helpers
-  // changed that body's code generation and cost it 0.6% (docs/ops/split_kv_decode.md); change both together.
+  // The start-up, fuse-all zero rows and the loader's tile / Q set-up below repeat attention_transposed's on purpose:
+  // shared helpers changed that body's code generation and cost it 0.6% (docs/ops/split_kv_decode.md); change both
+  // together. The per-token copy loop alone is shared (copy_tile_rows: measured level).
   if (P.mode == kDynamic) {  // the transposed layout's start-up chain (attention_transposed)
     __shared__ int s_len[kLenCache];
     const TaskMap<const int> tm = P.task_map();
@@ -1614,7 +1652,9 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
   const uint8_t* qbase = reinterpret_cast<const uint8_t*>(P.q);
   const bool whole_pages = P.page_size >= kTile;
   auto q_area = [&](int d) -> uint8_t* { return stages + ((d - d_begin) % STAGES) * CF::STAGE_BYTES + CF::Q_OFF; };
-  constexpr int RC = kD / 16, TPP = CF::THREADS / RC;
+  constexpr int ES = CF::ES, HALF = CF::HALF;
+  constexpr int RC = kD * ES / 16, RC_SHIFT = RC == 8 ? 3 : 4, TPP = CF::THREADS / RC;
+  static_assert(RC == 1 << RC_SHIFT, "shift / mask addressing of a row's units");
   // The page of tile `tile` of d (whole pages: one page per tile; -1 past the length). Read one issue ahead of the
   // copies that use it (WgLoader), so no copy waits for a block-table round trip.
   auto tile_page = [&](const Desc& d, int tile) -> int {
@@ -1625,46 +1665,34 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
     uint8_t* sK = stages + stage * CF::STAGE_BYTES;
     uint8_t* sV = sK + CF::KV_BYTES;
     const int lim = min(d.kvlen, kv_cap);
-    const int ch = tid & (RC - 1), t0 = tid >> 3;
+    const int ch = tid & (RC - 1), t0 = tid >> RC_SHIFT;
     const int* bt = P.block_table + (size_t)d.r * P.max_pages;
     if (whole_pages && (tile + 1) * kTile <= lim && page_once >= 0 && page_once < P.num_pages) {
-      // a full tile inside one page: one base address, this thread's token rows t0 + 16 i at a fixed stride
+      // a full tile inside one page: one base address, this thread's token rows t0 + TPP i at a fixed stride
       const size_t slot0 = (size_t)page_once * P.page_size + ((tile * kTile) & (P.page_size - 1)) + t0;
-      const size_t off0 = P.kv_row(slot0, d.h) * kD + ch * 16, step = (size_t)TPP * P.H * kD;
-      const int dcol = (ch ^ (t0 & 7)) * 16;  // (t0 + 16 i) & 7 == t0 & 7
+      const size_t off0 = P.kv_row(slot0, d.h) * kD * ES + ch * 16, step = (size_t)TPP * P.H * kD * ES;
+      const int dst0 = kv_unit_offset<kD, HALF>(t0, ch);  // (t0 + TPP i) & 7 == t0 & 7 (TPP = 16 or 8)
+      constexpr int RSTEP = TPP * (HALF > 0 ? 128 : kD);  // bytes between the thread's rows
 #pragma unroll
       for (int i = 0; i < kTile / TPP; ++i) {
-        cp_async16(sK + (t0 + TPP * i) * kD + dcol, kbase + off0 + i * step, true);
-        cp_async16(sV + (t0 + TPP * i) * kD + dcol, vbase + off0 + i * step, true);
+        cp_async16(sK + dst0 + i * RSTEP, kbase + off0 + i * step, true);
+        cp_async16(sV + dst0 + i * RSTEP, vbase + off0 + i * step, true);
       }
     } else
-#pragma unroll
-      for (int i = 0; i < kTile / TPP; ++i) {
-        const int tl = t0 + TPP * i;
-        const int tok = tile * kTile + tl;
-        bool ok = tok < lim;
-        int page = page_once;
-        if (!whole_pages && ok) page = __ldg(bt + (tok >> P.page_shift));
-        ok = ok && page >= 0 && page < P.num_pages;
-        const size_t slot = (size_t)page * P.page_size + (tok & (P.page_size - 1));
-        const size_t off = ok ? P.kv_row(slot, d.h) * kD + ch * 16 : 0;
-        const int dcol = (ch ^ (tl & 7)) * 16;
-        cp_async16(sK + tl * kD + dcol, kbase + off, ok);
-        cp_async16(sV + tl * kD + dcol, vbase + off, ok);
-      }
+      copy_tile_rows<TPP, kD, ES, HALF>(P, d.h, tile, lim, page_once, whole_pages, bt, ch, t0, kbase, vbase, sK, sV);
     if (first) {
       uint8_t* sQ = q_area(qd);
       float* sQs = reinterpret_cast<float*>(sQ + (CF::QS_OFF - CF::Q_OFF));
       for (int c = tid; c < MROWS * RC; c += CF::THREADS) {
-        const int row = c >> 3, u = c & (RC - 1);
+        const int row = c >> RC_SHIFT, u = c & (RC - 1);
         const int gr = group_row(row), rr = rg * MROWS + gr;
         const bool ok = gr >= 0 && rr < P.R;
         const int qi = ok ? rr / P.ratio : 0, hl = ok ? rr % P.ratio : 0;
         const size_t qrow = (size_t)d.r * P.q_len + qi;
-        const size_t off = ok ? (qrow * P.q_heads + d.h * P.ratio + hl) * kD + u * 16 : 0;
-        cp_async16(sQ + row * kD + ((u ^ (row & 7)) * 16), qbase + off, ok);
+        const size_t off = ok ? (qrow * P.q_heads + d.h * P.ratio + hl) * kD * ES + u * 16 : 0;
+        cp_async16(sQ + kv_unit_offset<kD, HALF>(row, u), qbase + off, ok);  // Q: 64 rows, the K tile's layout
       }
-      if (tid < MROWS) {
+      if (CF::FP8 && tid < MROWS) {
         const int gr = group_row(tid);
         load_q_scale(P, d, gr >= 0 ? rg * MROWS + gr : P.R, sQs + tid);  // P.R: a padding row's scale is 0
       }
@@ -1701,8 +1729,8 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
 #pragma unroll 1
   for (int s = 0; s < STAGES - 1; ++s) ld.issue(s);
 
-  const float kscale = __ldg(P.k_scale);
-  const float vscale = __ldg(P.v_scale);
+  const float kscale = CF::FP8 ? __ldg(P.k_scale) : 1.f;
+  const float vscale = CF::FP8 ? __ldg(P.v_scale) : 1.f;
   // the thread's M rows 16w + g (index 0) and 16w + g + 8 (index 1), as rows of the group (-1: padding); a warp
   // with no row below R is idle in the softmax and the epilogue (warp-uniform)
   const int grow[2] = {group_row(16 * warp + g), group_row(16 * warp + g + 8)};
@@ -1751,7 +1779,7 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
         const int rr = rg * MROWS + grow[h];
         const bool ok = grow[h] >= 0 && rr < P.R;
         const int qi = ok ? rr / P.ratio : 0;
-        sc[h] = P.sm_scale * kLog2e * sQs[16 * warp + g + 8 * h] * kscale;
+        sc[h] = P.sm_scale * kLog2e * (CF::FP8 ? sQs[16 * warp + g + 8 * h] * kscale : 1.f);
         lim_[h] = ok ? min(cdd.kvlen - (P.q_len - 1 - qi), min(cdd.kvlen, kv_cap)) : 0;
         m_[h] = -INFINITY;
         l_[h] = 0.f;
@@ -1759,22 +1787,34 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
     }
 
     // ---- S = Q K^T (async), the V^T conversion beside it ----
-    {  // k32 step ks: + 32 ks bytes inside the swizzled rows (descriptor + 2 ks)
+    if constexpr (CF::FP8) {  // k32 step ks: + 32 ks bytes inside the swizzled rows (descriptor + 2 ks)
       const uint64_t dq = hp::wg::desc_sw128(sQd), dk = hp::wg::desc_sw128(sK);
       hp::wg::fence();
       hp::wg::mma_e4m3<64, 0>(sacc, dq, dk);
 #pragma unroll
       for (int ks = 1; ks < kD / 32; ++ks) hp::wg::mma_e4m3<64, 1>(sacc, dq + 2 * ks, dk + 2 * ks);
       hp::wg::commit();
+    } else {  // k16 step ks: half ks / 4 of the rows, + 32 (ks % 4) bytes inside it
+      const uint64_t dq0 = hp::wg::desc_sw128(sQd), dk0 = hp::wg::desc_sw128(sK);
+      const uint64_t dq1 = hp::wg::desc_sw128(sQd + HALF), dk1 = hp::wg::desc_sw128(sK + HALF);
+      hp::wg::fence();
+      hp::wg::mma_bf16<64, 0>(sacc, dq0, dk0);
+#pragma unroll
+      for (int ks = 1; ks < 4; ++ks) hp::wg::mma_bf16<64, 1>(sacc, dq0 + 2 * ks, dk0 + 2 * ks);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) hp::wg::mma_bf16<64, 1>(sacc, dq1 + 2 * ks, dk1 + 2 * ks);
+      hp::wg::commit();
     }
-    // the copies of tile it + STAGES - 1 into the stage tile it - 1 used (its QK and V conversion are done), issued
-    // after the QK so that their address arithmetic runs beside it
+    // the copies of tile it + STAGES - 1 into the stage tile it - 1 used (its QK, V conversion and PV are done),
+    // issued after the QK so that their address arithmetic runs beside it
     ld.issue((it + STAGES - 1) % STAGES);
-    wg_convert_vt(sV, sVt, tid);
-    hp::wg::fence_proxy_async();
+    if constexpr (CF::FP8) {
+      wg_convert_vt(sV, sVt, tid);
+      hp::wg::fence_proxy_async();
+    }
     hp::wg::wait<0>();
     hp::wg::pin(sacc);
-    __syncthreads();  // V^T complete
+    if constexpr (CF::FP8) __syncthreads();  // V^T complete (BF16: the PV reads V where the loader wrote it)
 
     // ---- online softmax per row (log2 domain), P as PV's A fragments ----
     if (live) {
@@ -1828,7 +1868,7 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)  // k16 step kk = tokens 16kk.. = the accumulator's n8 tiles 2kk, 2kk + 1
 #pragma unroll
-        for (int i = 0; i < 4; ++i) pa[kk][i] = pack_p<true>(sacc[8 * kk + 2 * i], sacc[8 * kk + 2 * i + 1]);
+        for (int i = 0; i < 4; ++i) pa[kk][i] = pack_p<CF::FP8>(sacc[8 * kk + 2 * i], sacc[8 * kk + 2 * i + 1]);
     } else {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
@@ -1839,9 +1879,15 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
     // ---- O += P V (waited for after the next loop-top barrier, or at the descriptor's end) ----
     hp::wg::pin(o);
     hp::wg::fence();
-    const uint64_t dvt = hp::wg::desc_sw128(sVt);
+    if constexpr (CF::FP8) {
+      const uint64_t dvt = hp::wg::desc_sw128(sVt);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) hp::wg::mma_f16_rs<128>(o, pa[kk], dvt + 2 * kk);
+      for (int kk = 0; kk < 4; ++kk) hp::wg::mma_f16_rs<128>(o, pa[kk], dvt + 2 * kk);
+    } else {  // V MN-major: the two 64-dim halves HALF bytes apart, k16 step kk = 16 token rows = 2 KB further
+      const uint64_t dv = hp::wg::desc_sw128_mn(sV, HALF);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) hp::wg::mma_bf16_rs_tb<128>(o, pa[kk], dv + (2048 >> 4) * kk);
+    }
     hp::wg::commit();
 
     // ---- advance; epilogue at the end of a descriptor ----
@@ -2191,8 +2237,9 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 //     m16n8k16 MMAs: half the MMAs of the row layout at 8 rows, 32 O^T accumulators instead of 64) with {stages,
 //     CTAs per SM} 2/2, 3/2, 2/3 (the last two with the merge buffer in a stage: see Traits). FP8 KV runs "v3"
 //     (6, 7) or "v3s3c3" (8) under them. BF16 with more than 8 rows per group runs the row layout (its m16 is full).
-//   9, 10 "v3w", "v3wc3" (FP8; MTP above 16 rows): the warpgroup-MMA body (attention_wg, TraitsWg) for every row
-//     count (groups of 64 rows), {stages, CTAs per SM} 3/2 and 2/3.
+//   9, 10 "v3w", "v3wc3" (MTP): the warpgroup-MMA body (attention_wg, TraitsWg) for every row count (groups of 64
+//     rows), FP8 {stages, CTAs per SM} 3/2 and 2/3; BF16 under "v3w" only, 2/2 (48 KB stages: 3 CTAs per SM do not
+//     fit two of them).
 // BF16 KV runs the row layout under every other configuration.
 // spills-ok(TraitsILb1ELb1ELi2ELi4ELi1EE): transposed, 2 stages / 4 CTAs per SM caps the kernel at 128 registers and it spills 4
 // bytes; it is the configuration `auto` picks for batches without a dominant request, and the fastest there as
@@ -2201,15 +2248,13 @@ Params make_params(const void* q, const float* q_scale, const void* k, const voi
 // descriptors, leave ~16 words over the 255-register cap (stack 64 B, after Q, the row scales and the causal limits
 // moved to shared memory and the epilogues to 16-row passes); the alternative, two 16-row groups, reads every K/V
 // tile twice. Measured on the H200, spill included, it is the fastest at q_len 2-4 (docs/ops/split_kv_decode.md).
-// spills-ok(TraitsWgILi2ELi3EE): "v3wc3", 3 CTAs per SM cap the warpgroup-MMA kernel at 168 registers and it spills 4
-// bytes; auto picks it where its finer grid gives every CTA a single chunk and v3w's does not, where it was the
-// faster of the two as measured, spill included (docs/ops/split_kv_decode.md, "MTP on warpgroup MMA").
 constexpr int kNumConfigs = 11;
 constexpr int kCfgMtp = 5;
 constexpr int kCfgWg = 9;
 constexpr int kCfgWgc3 = 10;
 using Wg = TraitsWg<3, 2>;
 using Wgc3 = TraitsWg<2, 3>;
+using WgBf16 = TraitsWg<2, 2, false>;  // v3w with BF16 KV: 48 KB stages, two of them at v3w's 2 CTAs per SM
 using MtpNt4 = Transposed<2, 2, 4>;
 using TrBf16 = TransposedBf16<2, 2>;
 using TrBf16s3 = TransposedBf16<3, 2>;
@@ -2221,6 +2266,7 @@ constexpr int kConfigCps[kNumConfigs] = {
 static_assert(RowFp8::CPS == RowBf16::CPS, "the row layout sizes its grid the same for both dtypes");
 static_assert(Transposed<4, 2>::CPS == MtpNt4::CPS && Transposed<4, 2, 2>::CPS == MtpNt4::CPS,
               "v3m's grid (2 per SM) fits every kernel it runs (R <= 8, 9-16, 17-64)");
+static_assert(WgBf16::CPS == Wg::CPS, "v3w's grid is the same for both KV dtypes");
 static_assert(TrBf16::CPS == Transposed<4, 2>::CPS && TrBf16s3::CPS == Transposed<4, 2>::CPS &&
                   TrBf16c3::CPS == Transposed<3, 3>::CPS,
               "a BF16 configuration's FP8 kernel is sized for the same grid");
@@ -2234,9 +2280,11 @@ constexpr bool is_row_config(int config) {
 constexpr bool is_bf16_transposed_config(int config) {
   return config >= 6 && config <= 8;
 }
-// Whether `config` runs the transposed layout for this KV dtype and R query rows per (request, KV head).
+// Whether `config` runs the transposed layout (or the warpgroup body, which shares its task map, partials and fused
+// merge) for this KV dtype and R query rows per (request, KV head). BF16: the transposed configurations up to 8 rows,
+// v3w at any row count; v3wc3 (whose 3 CTAs per SM leave no room for 48 KB BF16 stages) the row layout.
 constexpr bool runs_transposed(int config, bool kv_fp8, int R) {
-  return !is_row_config(config) && (kv_fp8 || (is_bf16_transposed_config(config) && R <= 8));
+  return !is_row_config(config) && (kv_fp8 || (is_bf16_transposed_config(config) && R <= 8) || config == kCfgWg);
 }
 
 template <class T>
@@ -2277,6 +2325,8 @@ extern "C" int hp_decode_smem_bytes(int config, int kv_fp8) {
         return TrBf16s3::SMEM;
       case 8:
         return TrBf16c3::SMEM;
+      case kCfgWg:
+        return WgBf16::SMEM;
       default:
         return RowBf16::SMEM;
     }
@@ -2342,6 +2392,10 @@ extern "C" int hp_decode_attention(const void* q, const float* q_scale, const vo
   if (fuse_max >= kFuseAll && mode != kDynamic) return (int)cudaErrorInvalidValue;  // zero rows: dynamic map only
   P.counters = counters;
   P.fuse_max = fuse_max;
+  if (!kv_fp8 && config == kCfgWg) {  // BF16 on the warpgroup body: groups of 64 rows
+    const dim3 grid(mode == kDynamic ? C : batch * H * splits, (P.R + WgBf16::MROWS - 1) / WgBf16::MROWS);
+    return launch_attention<WgBf16>(grid, pdl, s, P);
+  }
   if (!kv_fp8) {  // BF16, R <= 8: one row group
     const dim3 grid(mode == kDynamic ? C : batch * H * splits, 1);
     switch (config) {

@@ -1,6 +1,7 @@
 """Index model of the v3 attention kernel's MMA fragments (attention.cu, attention_transposed), checked on the CPU;
 check_v3_bf16_maps() does the same for the transposed layout on BF16 KV (v3b, v3bs3, v3bc3), check_v3w_maps() for the
-warpgroup-MMA kernel's converted V^T tile and row map (v3w, v3wc3).
+warpgroup-MMA kernel's converted V^T tile and row map (v3w, v3wc3), check_v3w_bf16_layout() for that kernel's BF16
+tiles and the K-major / MN-major descriptors that read them.
 
 The v3 kernel computes S^T = K Q^T with mma.m16n8k32 (e4m3) and O^T += V^T P^T with mma.m16n8k16 (f16), turning
 S^T's accumulator into PV's B operand with movmatrix.trans. Each function below returns, for one warp, which
@@ -278,3 +279,65 @@ def check_v3w_maps() -> dict:
     m_rows = [16 * (r >> 3) + (r & 7) for r in range(32)]
     assert sorted(m_rows) == [m for m in range(64) if (m & 15) < 8], "half-row map"
     return {"converted_elements": len(vt), "loads_per_thread": 16, "stores_per_thread": 8, "m_rows_live": 32}
+
+
+# The BF16 form of the warpgroup-MMA kernel (v3w with BF16 KV, attention.cu TraitsWg<2, 2, false>). Its loader writes
+# 16 B unit ch (dims 8 ch .. 8 ch + 7) of K / V / Q row t at kv_unit_offset(t, ch): the row's two 64-dim halves in two
+# [64 rows][128 B] swizzled tiles BF16_HALF bytes apart. The QK reads K and Q through K-major descriptors (one per half,
+# k16 step = +32 B), the PV reads V through one MN-major descriptor (leading byte offset = the half stride between the
+# two 64-dim N blocks, stride byte offset = 1024 B between 8-token atoms, k16 step = +2048 B).
+BF16_HALF = 64 * 128
+WG_MN_LBO, WG_MN_SBO, WG_MN_KSTEP = BF16_HALF, 1024, 2048
+
+
+def wg_bf16_unit_offset(t: int, ch: int) -> int:
+    """Byte offset of unit ch (0..15) of row t (0..63) in a BF16 tile of the warpgroup kernel (kv_unit_offset with
+    HALF = BF16_HALF)."""
+    return (ch >> 3) * BF16_HALF + t * 128 + (((ch & 7) ^ (t & 7)) * 16)
+
+
+def wg_bf16_thread_rows(tid: int) -> list[tuple[int, int]]:
+    """(row, unit) pairs thread tid (0..127) copies of a 64-row BF16 tile, as the one-base loader: unit tid & 15 of
+    rows tid >> 4 + 8 i."""
+    return [((tid >> 4) + 8 * i, tid & 15) for i in range(8)]
+
+
+def swizzled_addr(base: int, row: int, col: int) -> int:
+    """The 128-byte-swizzle address of 16-bit element col (0..63) of 128-byte row `row`, rows 128 B apart from a
+    1024-byte-aligned base: 16 B chunk c at c ^ (row % 8)."""
+    return base + row * 128 + ((((col >> 3) ^ (row & 7)) & 7) << 4) + 2 * (col & 7)
+
+
+def check_v3w_bf16_layout(lbo: int = WG_MN_LBO, sbo: int = WG_MN_SBO, kstep: int = WG_MN_KSTEP) -> dict:
+    """Assert what the BF16 warpgroup kernel's operands rely on: the loader's 128 threads write each 16 B unit of a
+    64-row tile exactly once, each quarter warp on 8 distinct bank groups; the K-major reads of the QK (half k // 64,
+    128 B rows, + 32 B per k16 step) and the MN-major read of the PV (N block n // 64 at lbo, 8-token atom k // 8 at
+    sbo, k16 step kk at kstep) find every element where the loader put it. Returns a few facts. Raises
+    AssertionError."""
+    written = {}
+    for tid in range(128):
+        for t, ch in wg_bf16_thread_rows(tid):
+            off = wg_bf16_unit_offset(t, ch)
+            assert off % 16 == 0 and off not in written, ("unit written twice", tid, t, ch)
+            written[off] = (t, ch)
+    assert sorted(written) == list(range(0, 2 * BF16_HALF, 16)), "the tile's 16 KB covered"
+    for i in range(8):  # one-base loader: instruction i of every warp, 8 lanes per 128-byte wavefront
+        for w in range(4):
+            for quarter in range(4):
+                groups = {(wg_bf16_unit_offset(*wg_bf16_thread_rows(32 * w + lane)[i]) >> 4) & 7
+                          for lane in range(8 * quarter, 8 * quarter + 8)}
+                assert len(groups) == 8, ("loader store conflict", i, w, quarter)
+
+    def loaded(t, d):  # where the loader put element d (0..127) of row t
+        return wg_bf16_unit_offset(t, d >> 3) + 2 * (d & 7)
+
+    for t in range(64):  # QK: A / B K-major, k16 step ks reads dims 16 ks .. of every row from half ks // 4
+        for d in range(128):
+            ks = d // 16
+            assert swizzled_addr((ks // 4) * BF16_HALF, t, 16 * (ks % 4) + d % 16) == loaded(t, d), ("QK", t, d)
+    for kk in range(4):  # PV: B[k = token 16 kk + k', n = dim] MN-major from base + kk kstep
+        for k in range(16):
+            for n in range(128):
+                base = kk * kstep + (n >> 6) * lbo + (k >> 3) * sbo
+                assert swizzled_addr(base, k & 7, n & 63) == loaded(16 * kk + k, n), ("PV", kk, k, n)
+    return {"units": len(written), "tile_bytes": 2 * BF16_HALF, "lbo": lbo, "sbo": sbo, "kstep": kstep}
