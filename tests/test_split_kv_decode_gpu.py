@@ -634,6 +634,22 @@ def test_v3w_matches_emulation_and_v3m(kv_dtype, variant, other, q_len, q_heads,
         assert int(p.counters.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("q_len,q_heads,kv_heads,page_size", [(2, 16, 2, 64), (4, 16, 2, 16), (3, 64, 8, 64)])
+@pytest.mark.parametrize("kv_dtype,other", [("fp8", "v3m"), ("bf16", "v2")])
+def test_v3w_several_kv_heads(kv_dtype, other, q_len, q_heads, kv_heads, page_size):
+    """v3w with more than one KV head (the cache rows of a token interleave the heads, so the loader's row stride is
+    kv_heads x head_dim): matches its emulation and another kernel on the same inputs, FP8 and BF16, with the fused
+    merge of 2..8-chunk pairs and the combine for the longer ones."""
+    lens = [3000, 0, 65, 4097, 700, 1]
+    inp = _inputs(lens, kv_dtype, q_heads=q_heads, kv_heads=kv_heads, page_size=page_size, q_len=q_len,
+                  seed=7 + q_len + kv_heads)
+    p, out = _run(inp, variant="v3w", fuse_max=8)
+    _, out2 = _run(inp, variant=other)
+    assert not torch.isnan(out.float()).any()
+    assert_close(out, _emulate(inp, p), op=OP, path=f"{kv_dtype}_vs_emulation")
+    assert_close(out, out2, op=OP, path=f"{kv_dtype}_vs_emulation")
+
+
 NINE_CASES = "64x0.5K;64x4K;32x0.125K+32x4K;2x32K+30x4K;1x64K+15x4K;1x128K+31x4K;1x16K+15x64;1x64K+7x4K;1x64K+31x4K"
 
 
