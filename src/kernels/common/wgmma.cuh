@@ -17,26 +17,28 @@
 namespace hp {
 namespace wg {
 
-// Descriptor of a K-major, 128B-swizzled tile at shared address p (1024-byte aligned, or p = aligned base + k
-// offset inside the row): start address >> 4 (bits 0-13), leading byte offset 16 B (bits 16-29; not used by a
-// swizzled K-major operand, set to 1 by convention), stride byte offset 1024 B between 8-row groups (bits
-// 32-45), base offset 0 (bits 49-51: the atoms are 1024-byte aligned), layout type 1 = 128-byte swizzle (bits
-// 62-63).
-__device__ __forceinline__ uint64_t desc_sw128(const void* p) {
+// A 128B-swizzled tile's descriptor at shared address p (1024-byte aligned, or + offsets inside it): start address
+// >> 4 (bits 0-13), leading byte offset >> 4 (bits 16-29), stride byte offset 1024 B between 8-row groups (bits
+// 32-45), base offset 0 (bits 49-51: the atoms are 1024-byte aligned), layout type 1 = 128-byte swizzle (bits 62-63).
+__device__ __forceinline__ uint64_t desc_sw128_lbo(const void* p, int lbo_bytes) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
-// Descriptor of an MN-major (N-contiguous), 128B-swizzled 16-bit tile at shared address p (1024-byte aligned, or +
-// k offsets of whole 8-row groups): rows of 128 bytes = 64 consecutive N elements of one K index, stored as above
-// (chunk c of row r at c ^ (r % 8)); 8 K rows make one 1024-byte atom, and consecutive atoms along K are 1024 bytes
-// apart (stride byte offset). An N extent past 64 continues in a second such tile `mn_block_bytes` further (leading
-// byte offset). The wgmma reads it with its transpose-B immediate set (16-bit types only).
+// Descriptor of a K-major, 128B-swizzled tile: the leading byte offset is not used by a swizzled K-major operand and
+// is set to 16 B (1) by convention.
+__device__ __forceinline__ uint64_t desc_sw128(const void* p) {
+  return desc_sw128_lbo(p, 16);
+}
+
+// Descriptor of an MN-major (N-contiguous), 128B-swizzled 16-bit tile: rows of 128 bytes = 64 consecutive N elements
+// of one K index, stored as above (chunk c of row r at c ^ (r % 8)); 8 K rows make one 1024-byte atom, and
+// consecutive atoms along K are 1024 bytes apart (stride byte offset). An N extent past 64 continues in a second such
+// tile `mn_block_bytes` further (leading byte offset). The wgmma reads it with its transpose-B immediate set (16-bit
+// types only).
 __device__ __forceinline__ uint64_t desc_sw128_mn(const void* p, int mn_block_bytes) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((mn_block_bytes >> 4) & 0x3FFF) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+  return desc_sw128_lbo(p, mn_block_bytes);
 }
 
 // Orders this warpgroup's earlier register / shared-memory accesses before the wgmma that follow (required before

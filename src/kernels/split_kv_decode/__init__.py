@@ -284,14 +284,12 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
         torch = _torch()
         num_sms = (torch.cuda.get_device_properties(kv_lens.device).multi_processor_count
                    if kv_lens.device.type == "cuda" else 132)
-    # the variant and the CTAs per SM of its grid (the chunk estimate's budget)
     if not fp8:  # BF16: v3b up to 8 rows, the warpgroup body above, whatever the estimate (it only sets fuse-all)
-        fine, cps = (AUTO_BF16, AUTO_BF16_CTAS_PER_SM) if rows <= 8 else (AUTO_BF16_MTP, AUTO_BF16_CTAS_PER_SM)
-    else:
-        fine, cps = (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4)
+        longest = _longest_chunks(tiles, int(num_kv_heads), AUTO_BF16_CTAS_PER_SM * int(num_sms), min_tiles)
+        return (AUTO_BF16 if rows <= 8 else AUTO_BF16_MTP), longest
+    # the variant and the CTAs per SM of its grid (the chunk estimate's budget)
+    fine, cps = (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4)
     longest = _longest_chunks(tiles, int(num_kv_heads), cps * int(num_sms), min_tiles)
-    if not fp8:
-        return fine, longest
     if rows > AUTO_MTP_ALWAYS_ROWS:
         H, sms = int(num_kv_heads), int(num_sms)
         if (_max_descs_per_cta(tiles, H, 3 * sms, min_tiles) <= 1
@@ -486,7 +484,8 @@ def plan(kv_lens, *, num_kv_heads: int, q_heads: int, head_dim: int = 128, max_b
         rows_auto = (q_heads // num_kv_heads) * q_len if num_kv_heads >= 1 and q_heads >= 1 else 8
         variant, longest = _auto_choice(kv_lens, num_kv_heads=num_kv_heads, kv_dtype=kv_dtype, mode=mode,
                                         num_ctas=num_ctas, min_tiles=min_tiles, rows=rows_auto)
-        if (fuse_max is None and variant in (AUTO_FINE, AUTO_MTP, AUTO_MTP_WG, AUTO_MTP_WG_FINE, AUTO_BF16)
+        if (fuse_max is None and variant in (AUTO_FINE, AUTO_MTP, AUTO_MTP_WG, AUTO_MTP_WG_FINE, AUTO_BF16,
+                                             AUTO_BF16_MTP)
                 and longest <= AUTO_FUSE_ALL_MAX_CHUNKS):
             fuse_max = FUSE_ALL
     if head_dim not in HEAD_DIMS:
