@@ -69,24 +69,24 @@ def test_bf16_check_catches_a_wrong_map(monkeypatch, broken):
 
 
 def test_v3w_maps_consistent():
-    """The warpgroup-MMA kernel's V conversion writes every element of the FP8 V tile exactly once into the K-major
-    128-byte-swizzled V^T tile the f16 wgmma reads, with conflict-free loads and stores, and its half-row map puts the
-    32 live rows on the first 8 rows of each warp's 16."""
+    """The warpgroup-MMA kernel's V conversion writes every element of the FP8 V tile exactly once into the f16 tile
+    at the BF16 tile's place (the MN-major layout the PV reads), with conflict-free loads and stores, and its
+    half-row map puts the 32 live rows on the first 8 rows of each warp's 16."""
     facts = F.check_v3w_maps()
-    assert facts["converted_elements"] == 8192
-    assert F.vt_thread_blocks(0) == [(0, 0), (0, 1)] and F.vt_thread_blocks(127) == [(31, 6), (31, 7)]
+    assert facts["converted_elements"] == 8192 and facts["loads_per_thread"] == 4
+    assert F.vn_thread_units(0) == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    assert F.vn_thread_units(127) == [(63, 4), (63, 5), (63, 6), (63, 7)]
 
 
-@pytest.mark.parametrize("broken", ["no_rotation", "no_swizzle", "thread_map"])
+@pytest.mark.parametrize("broken", ["no_swizzle", "halves_adjacent", "thread_map"])
 def test_v3w_check_catches_a_wrong_map(monkeypatch, broken):
     """Each v3w map broken on purpose makes check_v3w_maps fail."""
-    if broken == "no_rotation":  # dims stored in order: a quarter warp's stores hit 2 bank groups (4-way conflict)
-        monkeypatch.setattr(F, "vt_rotation", lambda q: 0)
-    elif broken == "no_swizzle":  # V^T rows unswizzled: not the layout the wgmma descriptor reads
-        monkeypatch.setattr(F, "vt_unit", lambda d, b: b)
-    else:  # lanes over token blocks instead of dim quads: the loads of one instruction share banks
-        monkeypatch.setattr(F, "vt_thread_blocks", lambda tid: [((tid >> 3) & 3 | (tid >> 5) << 2, (tid & 7)),
-                                                                 ((tid >> 3) & 3 | (tid >> 5) << 2 | 16, tid & 7)])
+    if broken == "no_swizzle":  # f16 rows unswizzled: not the layout the MN-major descriptor reads
+        monkeypatch.setattr(F, "vn_store_offset", lambda t, c: (c >> 3) * 8192 + t * 128 + (c & 7) * 16)
+    elif broken == "halves_adjacent":  # 256-byte f16 rows: the two 64-dim halves are not 8 KB apart
+        monkeypatch.setattr(F, "vn_store_offset", lambda t, c: t * 256 + ((c ^ (t & 7)) * 16))
+    else:  # a quarter warp on the 8 units of one token: its stores hit 4 bank groups
+        monkeypatch.setattr(F, "vn_thread_units", lambda tid: [(tid >> 1, 4 * (tid & 1) + j) for j in range(4)])
     with pytest.raises(AssertionError):
         F.check_v3w_maps()
 

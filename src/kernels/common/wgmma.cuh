@@ -3,7 +3,7 @@
 // that makes cp.async writes visible to wgmma, a register pin for asynchronously written accumulators, the
 // accumulator register lists every wgmma wrapper builds its operands from (HP_WG_REGS_<R> / HP_WG_OPS_<R>), and the
 // FP8 (e4m3 x e4m3 -> fp32) m64nNk32 instructions, the bf16 m64n64k16 from shared memory, and the f16 / bf16
-// m64n128k16 with A from registers (decode attention's P V product; the bf16 one with B MN-major).
+// m64n128k16 with A from registers and B MN-major (decode attention's P V product).
 //
 // The swizzled layout every producer must write (cp.async by hand, or TMA with CU_TENSOR_MAP_SWIZZLE_128B): rows
 // of 128 bytes, the 16-byte chunk c of row r stored at chunk c ^ (r % 8), each tile based on a 1024-byte boundary
@@ -170,20 +170,14 @@ __device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t desc_a, uin
 }  // namespace wg
 }  // namespace hp
 
-// D[64 x N] (fp32, R = N / 2 per thread) += A[64 x 16] . B[N x 16]^T, f16 operands: A from registers (a[0..3] in
-// scope: the m16n8k16 A fragment of the warp's 16 rows, a0 = (row g, k 2t..2t+1), a1 = (row g + 8, same k), a2 / a3 =
-// the same rows at k 8 + 2t..), B K-major in shared memory (desc_b in scope); A0..A3 / DB: their operand numbers.
-// The accumulator always adds (D starts from its registers; zero them for D = A . B).
+// D[64 x N] (fp32, R = N / 2 per thread) += A[64 x 16] . B[16 x N], 16-bit operands (T = f16 or bf16): A from
+// registers (a[0..3] in scope: the m16n8k16 A fragment of the warp's 16 rows, a0 = (row g, k 2t..2t+1), a1 = (row
+// g + 8, same k), a2 / a3 = the same rows at k 8 + 2t..), B MN-major in shared memory (desc_b in scope; transpose-B
+// immediate 1: B[16 x N] stored N-contiguous, as a row-major V tile [tokens][dims] is for O += P V); A0..A3 / DB:
+// their operand numbers. The accumulator always adds (D starts from its registers; zero them for D = A . B).
 // clang-format off
-#define HP_WGMMA_F16_RS(N, R, A0, A1, A2, A3, DB)                                           \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.f16.f16 "                   \
-               "{" HP_WG_REGS_##R "}, {" A0 "," A1 "," A2 "," A3 "}, " DB ", 1, 1, 1, 0;\n" \
-               : HP_WG_OPS_##R                                                             \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
-// The same for bf16 operands with B MN-major (transpose-B immediate 1): B[16 x N] stored N-contiguous, as a row-major
-// V tile [tokens][dims] is for O += P V.
-#define HP_WGMMA_BF16_RS_TB(N, R, A0, A1, A2, A3, DB)                                       \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 "                  \
+#define HP_WGMMA_RS_TB(T, N, R, A0, A1, A2, A3, DB)                                         \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #T "." #T " "             \
                "{" HP_WG_REGS_##R "}, {" A0 "," A1 "," A2 "," A3 "}, " DB ", 1, 1, 1, 1;\n" \
                : HP_WG_OPS_##R                                                             \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
@@ -192,19 +186,19 @@ __device__ __forceinline__ void mma_bf16(float (&d)[N / 2], uint64_t desc_a, uin
 namespace hp {
 namespace wg {
 
-// D[64 x N] += A[64 x 16] . B[N x 16]^T, f16, A from registers: an earlier wgmma's accumulator rounded to f16 needs
-// no trip through shared memory, since its m64nN fragment is this A fragment with k = the accumulator's columns.
-template <int N>
-__device__ __forceinline__ void mma_f16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
-  static_assert(N == 128, "instantiated N: 128 (decode's P V over 128 head dims)");
-  HP_WGMMA_F16_RS(128, 64, "%64", "%65", "%66", "%67", "%68");
-}
-// D[64 x N] += A[64 x 16] . B[16 x N], bf16, A from registers (the same fragment as mma_f16_rs) and B MN-major in
-// shared memory (desc_sw128_mn): decode's O += P V with V read in place.
+// D[64 x N] += A[64 x 16] . B[16 x N], bf16, A from registers and B MN-major in shared memory (desc_sw128_mn):
+// decode's O += P V with V read in place. An earlier wgmma's accumulator rounded to 16 bits needs no trip through
+// shared memory, since its m64nN fragment is this A fragment with k = the accumulator's columns.
 template <int N>
 __device__ __forceinline__ void mma_bf16_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
   static_assert(N == 128, "instantiated N: 128 (decode's P V over 128 head dims)");
-  HP_WGMMA_BF16_RS_TB(128, 64, "%64", "%65", "%66", "%67", "%68");
+  HP_WGMMA_RS_TB(bf16, 128, 64, "%64", "%65", "%66", "%67", "%68");
+}
+// As mma_bf16_rs_tb for f16 operands (decode's FP8 V converted to f16 in its token-major order).
+template <int N>
+__device__ __forceinline__ void mma_f16_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  static_assert(N == 128, "instantiated N: 128 (decode's P V over 128 head dims)");
+  HP_WGMMA_RS_TB(f16, 128, 64, "%64", "%65", "%66", "%67", "%68");
 }
 
 }  // namespace wg

@@ -17,9 +17,9 @@
 //     movmatrix.trans. Optional fused merge (fuse_max) and fuse-all (no combine launch).
 //   - warpgroup-MMA body (TraitsWg; "v3w", "v3wc3", what auto runs above 16 rows (FP8) and above 8 (BF16): MTP):
 //     the group's up to 64 rows as wgmma's M side, S = Q K^T on the e4m3 (bf16) wgmma from shared memory, O += P V
-//     on the f16 (bf16) wgmma with P from registers and V converted once per tile into a K-major f16 V^T tile (BF16:
-//     V read in place as an MN-major operand); one state per row (no merge of warps). The transposed layout's task
-//     map, loader, fused merge and partials (attention_wg below).
+//     on the f16 (bf16) wgmma with P from registers and V read as an MN-major operand (FP8: converted once per tile
+//     to f16 in its token-major order; BF16: read where the loader wrote it); one state per row (no merge of warps).
+//     The transposed layout's task map, loader, fused merge and partials (attention_wg below).
 // Launch: grid (C, G) with C persistent CTAs (bin b = blockIdx.x, from the assign workspace, task_map.cuh) or, in
 //   the static modes, (H * batch * splits, G) with one descriptor per CTA computed from blockIdx; G row groups
 //   (rows beyond one group re-read the KV once per extra group, mostly from L2 as the groups run together).
@@ -139,13 +139,14 @@ struct Traits {
 
 // "v3w": the warpgroup-MMA body (attention_wg): one warpgroup of 4 warps, one group of up to 64 query rows as wgmma's M
 // side (rows past R are padding). FP8 KV: S = Q K^T on the e4m3 wgmma from shared memory and O += P V on the f16
-// wgmma with P from registers and V converted once per tile into a transposed f16 tile. Stage: K, V (8 KB each), the
-// Q rows of a descriptor starting in it (64 x 128 B) and their scales, every part 1024-byte aligned (the swizzle
-// atoms); then the converted V^T tile (16 KB) and the descriptor cache. BF16 KV: S on the bf16 wgmma (8 k16 steps)
-// and O += P V on the bf16 wgmma with B = V read in place, MN-major (wgmma transposes 16-bit B operands itself), so
-// there is no conversion and no V^T tile; every 256-byte row (K, V, Q) is stored as two 128-byte halves (dims 0-63,
-// 64-127), each half a [64 rows][128 B] swizzled tile of its own (HALF bytes apart), the layout both the K-major and
-// the MN-major descriptors read. Stage: K, V (16 KB each), Q (64 x 256 B): 48 KB, so two stages at two CTAs per SM.
+// wgmma with P from registers and V converted once per tile to f16 in the BF16 tile layout below (16-bit wgmma reads
+// an MN-major B; e4m3 wgmma does not, so the FP8 V must become 16-bit anyway). Stage: K, V (8 KB each), the Q rows
+// of a descriptor starting in it (64 x 128 B) and their scales, every part 1024-byte aligned (the swizzle atoms);
+// then the converted f16 V tile (16 KB) and the descriptor cache. BF16 KV: S on the bf16 wgmma (8 k16 steps) and
+// O += P V on the bf16 wgmma with B = V read in place, MN-major (wgmma transposes 16-bit B operands itself), so
+// there is no conversion; every 256-byte row (K, V, Q) is stored as two 128-byte halves (dims 0-63, 64-127), each
+// half a [64 rows][128 B] swizzled tile of its own (HALF bytes apart), the layout both the K-major and the MN-major
+// descriptors read. Stage: K, V (16 KB each), Q (64 x 256 B): 48 KB, so two stages at two CTAs per SM.
 template <int STAGES_, int CPS_, bool FP8_ = true>
 struct TraitsWg {
   static constexpr bool WG = true;  // (the transposed layout's task map, partials, fused merge and combine)
@@ -159,9 +160,9 @@ struct TraitsWg {
   static constexpr int KV_BYTES = kTile * kD * ES;
   static constexpr int Q_OFF = 2 * KV_BYTES, QS_OFF = Q_OFF + MROWS * kD * ES;
   static constexpr int STAGE_BYTES = (QS_OFF + (FP8 ? MROWS * 4 : 0) + 1023) / 1024 * 1024;
-  static constexpr int VT_BYTES = FP8 ? kD * kTile * 2 : 0;  // V^T: 128 dim rows of 64 f16 tokens
+  static constexpr int VN_BYTES = FP8 ? kD * kTile * 2 : 0;  // FP8: the V tile converted to f16 (two 8 KB halves)
   static constexpr int DESC_BYTES = kDescCache * 8 * 4;
-  static constexpr int SMEM = STAGES * STAGE_BYTES + VT_BYTES + DESC_BYTES + 1024;  // + 1024: base rounded up
+  static constexpr int SMEM = STAGES * STAGE_BYTES + VN_BYTES + DESC_BYTES + 1024;  // + 1024: base rounded up
   static_assert(STAGES >= 2, "the pipeline waits for STAGES - 2 groups");
   static_assert(FP8 || MROWS * 128 == HALF, "BF16: Q halves as far apart as K / V halves");
   static_assert(CPS * (SMEM + kCtaSmemOverhead) <= kSmemPerSm, "CPS CTAs of this configuration do not fit an SM");
@@ -1477,48 +1478,37 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
 //  - S[64 x 64 tokens] = Q K^T: wgmma m64n64k32 e4m3, A = the descriptor's Q rows and B = the K tile, both K-major
 //    128-byte-swizzled in shared memory exactly as the loader writes them (16 B unit u of row t at u ^ (t & 7)).
 //  - O[64 x 128] += P V: wgmma m64n128k16 f16, A = P from registers (the S accumulator rounded to f16 is already
-//    the A fragment), B = V^T: FP8 wgmma reads only K-major operands and V is stored token-major, so each V tile is
-//    converted once per CTA into a K-major f16 V^T tile (exact e4m3 -> f16), overlapping the QK wgmma.
+//    the A fragment), B = V MN-major: FP8 wgmma reads only K-major operands and V is stored token-major, so each V
+//    tile is converted once per CTA to f16 (exact e4m3 -> f16) in the same token-major order, overlapping the QK
+//    wgmma, and the 16-bit wgmma reads it through an MN-major descriptor (as BF16 reads V in place). Converting into
+//    a K-major V^T tile instead (a transpose in registers before the stores) cost 2-5% more per layer
+//    (docs/ops/split_kv_decode.md, "v3w: FP8 V converted in token order").
 //  Numerics are the transposed layout's: fp32 scores scaled after the product, P rounded to f16, V exact in f16,
 //  fp32 accumulation (the same emulation).
 //  BF16 KV (TraitsWg<2, 2, false>): S on the bf16 wgmma m64n64k16 (8 k16 steps, 4 per 64-dim half of the rows) and
 //  O += P V on the bf16 m64n128k16 with P rounded to bf16 from registers and B = V read where the loader wrote it,
 //  as an MN-major operand (the transpose-B immediate that 16-bit wgmma takes; desc_sw128_mn: the two 64-dim halves
-//  of V are the N blocks, 16 tokens = two 1024-byte atoms per k16 step): no conversion, no V^T tile, and no barrier
+//  of V are the N blocks, 16 tokens = two 1024-byte atoms per k16 step): no conversion, no f16 V tile, and no barrier
 //  between the QK and the PV. The emulation is the row layout's BF16 one (P in bf16).
 
-// V tile (FP8, token rows, unit u of token t at u ^ (t & 7)) -> V^T (f16, 128 dim rows of 64 tokens = 128 B, unit b =
-// tokens 8b..8b+7 of dim row d at b ^ (d & 7)). Thread: dims 4q..4q+3 (q = lane) of token blocks 2w and 2w + 1 (w =
-// warp): 8 x 4 B loads per block (one instruction reads a whole 128 B row: conflict-free), bytes paired by prmt,
-// 16 conversions, 4 x 16 B stores. The four dims are rotated by r = (q >> 1) & 3 before the stores so a quarter warp
-// (q = 8k..8k+7) writes dim rows with 8 distinct d & 7, hence 8 distinct 16 B bank groups.
-__device__ __forceinline__ void wg_convert_vt(const uint8_t* sV, uint8_t* sVt, int tid) {
-  const int q = tid & 31, w = tid >> 5;
-  const int r = (q >> 1) & 3;
-  const uint32_t rot = (uint32_t)(r & 3) | ((uint32_t)((r + 1) & 3) << 4) | ((uint32_t)((r + 2) & 3) << 8) |
-                       ((uint32_t)((r + 3) & 3) << 12);  // byte e of the result = dim 4q + ((e + r) & 3)
+// V tile (FP8, token rows of 128 B, unit u of token t at u ^ (t & 7)) -> f16 in the same token-major order, the BF16
+// tile layout: each token's 256 B as two 128-byte halves (dims 0-63, 64-127) kTile * 128 bytes apart, 16 B unit c of
+// a half at c ^ (t & 7), which the PV reads as an MN-major operand (desc_sw128_mn), so nothing is transposed. Thread:
+// token t = (tid & 7) + 8 ((tid >> 3) & 7), FP8 units u = 4 (tid >> 6) .. + 3; a quarter warp reads unit u of 8
+// consecutive tokens and writes f16 units 2u, 2u + 1 of them: 8 distinct 16 B bank groups either way.
+__device__ __forceinline__ void wg_convert_vn(const uint8_t* sV, uint8_t* sVn, int tid) {
+  const int t = (tid & 7) + 8 * ((tid >> 3) & 7), sw = t & 7, u0 = 4 * (tid >> 6);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int b = 2 * w + i;
-    uint32_t x[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)  // token 8b + j, whose (t & 7) == j
-      x[j] = __byte_perm(
-          *reinterpret_cast<const uint32_t*>(sV + (8 * b + j) * kD + (((q >> 2) ^ j) * 16) + (q & 3) * 4), 0u, rot);
-    uint32_t o[4][4];  // o[e][p]: dim slot e, tokens 8b + 2p, 8b + 2p + 1
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const uint32_t lo = __byte_perm(x[2 * p], x[2 * p + 1], 0x5140), hi = __byte_perm(x[2 * p], x[2 * p + 1], 0x7362);
-      o[0][p] = e4m3x2_to_f16x2(lo);
-      o[1][p] = e4m3x2_hi_to_f16x2(lo);
-      o[2][p] = e4m3x2_to_f16x2(hi);
-      o[3][p] = e4m3x2_hi_to_f16x2(hi);
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int d = 4 * q + ((e + r) & 3);
-      *reinterpret_cast<uint4*>(sVt + d * 128 + ((b ^ (d & 7)) * 16)) = make_uint4(o[e][0], o[e][1], o[e][2], o[e][3]);
-    }
+  for (int j = 0; j < 4; ++j) {
+    const int u = u0 + j;
+    const uint4 x = *reinterpret_cast<const uint4*>(sV + t * kD + ((u ^ sw) * 16));
+    const uint4 lo =
+        make_uint4(e4m3x2_to_f16x2(x.x), e4m3x2_hi_to_f16x2(x.x), e4m3x2_to_f16x2(x.y), e4m3x2_hi_to_f16x2(x.y));
+    const uint4 hi =
+        make_uint4(e4m3x2_to_f16x2(x.z), e4m3x2_hi_to_f16x2(x.z), e4m3x2_to_f16x2(x.w), e4m3x2_hi_to_f16x2(x.w));
+    const int c0 = 2 * u, c1 = 2 * u + 1;  // dims 8c..8c + 7
+    *reinterpret_cast<uint4*>(sVn + (c0 >> 3) * (kTile * 128) + t * 128 + (((c0 & 7) ^ sw) * 16)) = lo;
+    *reinterpret_cast<uint4*>(sVn + (c1 >> 3) * (kTile * 128) + t * 128 + (((c1 & 7) ^ sw) * 16)) = hi;
   }
 }
 
@@ -1561,8 +1551,8 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
   extern __shared__ uint8_t wg_smem[];
   const uint32_t raw = (uint32_t)__cvta_generic_to_shared(wg_smem);
   uint8_t* stages = wg_smem + ((1024u - (raw & 1023u)) & 1023u);  // swizzle atoms: 1024-byte aligned
-  uint8_t* sVt = stages + STAGES * CF::STAGE_BYTES;
-  int* dcache = reinterpret_cast<int*>(sVt + CF::VT_BYTES);
+  uint8_t* sVn = stages + STAGES * CF::STAGE_BYTES;               // FP8: the converted V tile
+  int* dcache = reinterpret_cast<int*>(sVn + CF::VN_BYTES);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tig = lane & 3;
@@ -1786,7 +1776,7 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
       }
     }
 
-    // ---- S = Q K^T (async), the V^T conversion beside it ----
+    // ---- S = Q K^T (async), the V conversion beside it ----
     if constexpr (CF::FP8) {  // k32 step ks: + 32 ks bytes inside the swizzled rows (descriptor + 2 ks)
       const uint64_t dq = hp::wg::desc_sw128(sQd), dk = hp::wg::desc_sw128(sK);
       hp::wg::fence();
@@ -1809,12 +1799,12 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
     // issued after the QK so that their address arithmetic runs beside it
     ld.issue((it + STAGES - 1) % STAGES);
     if constexpr (CF::FP8) {
-      wg_convert_vt(sV, sVt, tid);
+      wg_convert_vn(sV, sVn, tid);
       hp::wg::fence_proxy_async();
     }
     hp::wg::wait<0>();
     hp::wg::pin(sacc);
-    if constexpr (CF::FP8) __syncthreads();  // V^T complete (BF16: the PV reads V where the loader wrote it)
+    if constexpr (CF::FP8) __syncthreads();  // the f16 V tile complete (BF16: the PV reads V where the loader wrote it)
 
     // ---- online softmax per row (log2 domain), P as PV's A fragments ----
     if (live) {
@@ -1880,9 +1870,9 @@ __device__ __forceinline__ void attention_wg(const Params& P) {
     hp::wg::pin(o);
     hp::wg::fence();
     if constexpr (CF::FP8) {
-      const uint64_t dvt = hp::wg::desc_sw128(sVt);
+      const uint64_t dv = hp::wg::desc_sw128_mn(sVn, kTile * 128);  // as BF16's PV below, on the converted tile
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) hp::wg::mma_f16_rs<128>(o, pa[kk], dvt + 2 * kk);
+      for (int kk = 0; kk < 4; ++kk) hp::wg::mma_f16_rs_tb<128>(o, pa[kk], dv + (2048 >> 4) * kk);
     } else {  // V MN-major: the two 64-dim halves HALF bytes apart, k16 step kk = 16 token rows = 2 KB further
       const uint64_t dv = hp::wg::desc_sw128_mn(sV, HALF);
 #pragma unroll

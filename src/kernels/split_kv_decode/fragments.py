@@ -215,22 +215,21 @@ def check_v3_bf16_maps() -> dict:
             "mma_per_warp_tile_pv": 8, "merge_store_ways": worst}
 
 
-# ---- v3w / v3wc3 (attention.cu, attention_wg): V^T converted once per tile for the f16 wgmma; the half-row map ----
+# ---- v3w / v3wc3 (attention.cu, attention_wg): FP8 V converted once per tile to f16 in its token-major order (the
+# BF16 tile layout below, read by the PV as an MN-major operand); the half-row map ----
 
 
-def vt_thread_blocks(tid: int) -> list[tuple[int, int]]:
-    """(dim quad q, token block b) pairs thread tid (0..127) converts in wg_convert_vt: q = lane, b = 2 warp + i."""
-    return [(tid & 31, 2 * (tid >> 5) + i) for i in range(2)]
+def vn_thread_units(tid: int) -> list[tuple[int, int]]:
+    """(token t, FP8 16 B unit u) pairs thread tid (0..127) converts in wg_convert_vn: t = (tid & 7) + 8 ((tid >> 3)
+    & 7), u = 4 (tid >> 6) + j for j = 0..3 (unit u holds dims 16u..16u+15)."""
+    t = (tid & 7) + 8 * ((tid >> 3) & 7)
+    return [(t, 4 * (tid >> 6) + j) for j in range(4)]
 
 
-def vt_rotation(q: int) -> int:
-    """Rotation r of dim quad q's four dims before the stores (wg_convert_vt): store e writes dim 4q + (e + r) % 4."""
-    return (q >> 1) & 3
-
-
-def vt_unit(d: int, b: int) -> int:
-    """Swizzled 16 B unit of token block b (tokens 8b..8b+7) in V^T dim row d: the 128-byte swizzle wgmma reads."""
-    return b ^ (d & 7)
+def vn_store_offset(t: int, c: int) -> int:
+    """Byte offset wg_convert_vn stores f16 unit c (dims 8c..8c+7) of token t at: half c >> 3 (kTile * 128 bytes
+    apart), unit c & 7 of the half at (c & 7) ^ (t & 7)."""
+    return (c >> 3) * (64 * 128) + t * 128 + (((c & 7) ^ (t & 7)) * 16)
 
 
 def fp8_v_addr(t: int, d: int) -> int:
@@ -240,45 +239,35 @@ def fp8_v_addr(t: int, d: int) -> int:
 
 def check_v3w_maps() -> dict:
     """Assert what the warpgroup-MMA kernel's V conversion and row map rely on: every (token, dim) of the FP8 V tile
-    lands exactly once in the K-major swizzled V^T tile at dim row d, token column t (2 bytes each), each of the 8
-    loads of a block is one whole 128 B row read by the warp's 32 lanes on 32 distinct banks, each quarter warp's
-    16 B stores cover 8 distinct bank groups, and the half-row map (rows <= 32: row 8w + i at M row 16w + i) is a
-    bijection onto the M rows with (m & 15) < 8. Returns a few facts for display. Raises AssertionError."""
-    vt = {}
+    is read by one 16 B load of its unit and lands exactly once in the f16 tile, at the place of the BF16 tile layout
+    (wg_bf16_unit_offset, whose MN-major PV read check_v3w_bf16_layout checks: the FP8 PV uses the same descriptor);
+    each quarter warp's 16 B loads and stores cover 8 distinct bank groups; and the half-row map (rows <= 32: row
+    8w + i at M row 16w + i) is a bijection onto the M rows with (m & 15) < 8. Returns a few facts for display.
+    Raises AssertionError."""
+    f16 = {}
     for tid in range(128):
-        for q, b in vt_thread_blocks(tid):
-            r = vt_rotation(q)
-            for e in range(4):
-                d = 4 * q + (e + r) % 4
-                for k in range(8):
-                    t = 8 * b + k
-                    addr = d * 128 + vt_unit(d, b) * 16 + 2 * k
-                    assert addr not in vt, ("V^T element written twice", tid, e, k)
-                    vt[addr] = (t, d)
-    assert len(vt) == 64 * 128, "every (token, dim) converted"
-    for addr, (t, d) in vt.items():  # the K-major swizzled layout wgmma reads: token t at unit (t >> 3) ^ (d & 7)
-        assert addr == d * 128 + (((t >> 3) ^ (d & 7)) << 4) + 2 * (t & 7), ("V^T layout", t, d)
+        for t, u in vn_thread_units(tid):
+            load = t * 128 + ((u ^ (t & 7)) << 4)  # the thread's 16 B load: dims 16u..16u+15 of token t
+            for k in range(16):
+                d = 16 * u + k
+                assert fp8_v_addr(t, d) == load + k, ("the load does not hold the dim", tid, t, d)
+                addr = vn_store_offset(t, 2 * u + k // 8) + 2 * (k % 8)
+                assert addr not in f16, ("f16 element written twice", tid, t, d)
+                f16[addr] = (t, d)
+    assert len(f16) == 64 * 128, "every (token, dim) converted"
+    for addr, (t, d) in f16.items():
+        assert addr == wg_bf16_unit_offset(t, d >> 3) + 2 * (d & 7), ("not the BF16 tile layout", t, d)
     for w in range(4):
-        for i in range(2):
-            for j in range(8):  # load j of the block: token 8b + j, 4 bytes (dims 4q..4q+3) per lane
-                banks = set()
-                for lane in range(32):
-                    q, b = vt_thread_blocks(32 * w + lane)[i]
-                    a0 = fp8_v_addr(8 * b + j, 4 * q)
-                    assert fp8_v_addr(8 * b + j, 4 * q + 3) == a0 + 3, "a lane's 4 dims are one word"
-                    banks.add((a0 >> 2) & 31)
-                assert len(banks) == 32, ("conversion load conflict", w, i, j)
-            for e in range(4):
-                for quarter in range(4):
-                    groups = set()
-                    for lane in range(8 * quarter, 8 * quarter + 8):
-                        q, b = vt_thread_blocks(32 * w + lane)[i]
-                        d = 4 * q + (e + vt_rotation(q)) % 4
-                        groups.add(((d * 128 + vt_unit(d, b) * 16) >> 4) & 7)
-                    assert len(groups) == 8, ("conversion store conflict", w, i, e, quarter)
+        for j in range(4):
+            for quarter in range(4):
+                lanes = [vn_thread_units(32 * w + lane)[j] for lane in range(8 * quarter, 8 * quarter + 8)]
+                assert len({(u ^ (t & 7)) & 7 for t, u in lanes}) == 8, ("conversion load conflict", w, j, quarter)
+                for c in range(2):
+                    groups = {(vn_store_offset(t, 2 * u + c) >> 4) & 7 for t, u in lanes}
+                    assert len(groups) == 8, ("conversion store conflict", w, j, quarter, c)
     m_rows = [16 * (r >> 3) + (r & 7) for r in range(32)]
     assert sorted(m_rows) == [m for m in range(64) if (m & 15) < 8], "half-row map"
-    return {"converted_elements": len(vt), "loads_per_thread": 16, "stores_per_thread": 8, "m_rows_live": 32}
+    return {"converted_elements": len(f16), "loads_per_thread": 4, "stores_per_thread": 8, "m_rows_live": 32}
 
 
 # The BF16 form of the warpgroup-MMA kernel (v3w with BF16 KV, attention.cu TraitsWg<2, 2, false>). Its loader writes
