@@ -1493,22 +1493,22 @@ __device__ __forceinline__ void attention_transposed(const Params& P) {
 
 // V tile (FP8, token rows of 128 B, unit u of token t at u ^ (t & 7)) -> f16 in the same token-major order, the BF16
 // tile layout: each token's 256 B as two 128-byte halves (dims 0-63, 64-127) kTile * 128 bytes apart, 16 B unit c of
-// a half at c ^ (t & 7), which the PV reads as an MN-major operand (desc_sw128_mn), so nothing is transposed. Thread:
-// token t = (tid & 7) + 8 ((tid >> 3) & 7), FP8 units u = 4 (tid >> 6) .. + 3; a quarter warp reads unit u of 8
-// consecutive tokens and writes f16 units 2u, 2u + 1 of them: 8 distinct 16 B bank groups either way.
+// a half at c ^ (t & 7) (kv_unit_offset, as the BF16 loader writes it), which the PV reads as an MN-major operand
+// (desc_sw128_mn), so nothing is transposed. Thread: token t = (tid & 7) + 8 ((tid >> 3) & 7), FP8 units u =
+// 4 (tid >> 6) .. + 3; a quarter warp reads unit u of 8 consecutive tokens and writes f16 units 2u, 2u + 1 of them:
+// 8 distinct 16 B bank groups either way.
 __device__ __forceinline__ void wg_convert_vn(const uint8_t* sV, uint8_t* sVn, int tid) {
-  const int t = (tid & 7) + 8 * ((tid >> 3) & 7), sw = t & 7, u0 = 4 * (tid >> 6);
+  const int t = (tid & 7) + 8 * ((tid >> 3) & 7), u0 = 4 * (tid >> 6);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int u = u0 + j;
-    const uint4 x = *reinterpret_cast<const uint4*>(sV + t * kD + ((u ^ sw) * 16));
+    const uint4 x = *reinterpret_cast<const uint4*>(sV + kv_unit_offset<kD, 0>(t, u));
     const uint4 lo =
         make_uint4(e4m3x2_to_f16x2(x.x), e4m3x2_hi_to_f16x2(x.x), e4m3x2_to_f16x2(x.y), e4m3x2_hi_to_f16x2(x.y));
     const uint4 hi =
         make_uint4(e4m3x2_to_f16x2(x.z), e4m3x2_hi_to_f16x2(x.z), e4m3x2_to_f16x2(x.w), e4m3x2_hi_to_f16x2(x.w));
-    const int c0 = 2 * u, c1 = 2 * u + 1;  // dims 8c..8c + 7
-    *reinterpret_cast<uint4*>(sVn + (c0 >> 3) * (kTile * 128) + t * 128 + (((c0 & 7) ^ sw) * 16)) = lo;
-    *reinterpret_cast<uint4*>(sVn + (c1 >> 3) * (kTile * 128) + t * 128 + (((c1 & 7) ^ sw) * 16)) = hi;
+    *reinterpret_cast<uint4*>(sVn + kv_unit_offset<kD, kTile * 128>(t, 2 * u)) = lo;  // dims 16u..16u + 7
+    *reinterpret_cast<uint4*>(sVn + kv_unit_offset<kD, kTile * 128>(t, 2 * u + 1)) = hi;
   }
 }
 
