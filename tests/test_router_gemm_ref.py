@@ -299,8 +299,10 @@ def test_tolerance_rows_cover_measured_error_and_are_not_vacuous():
             continue
         got = meas[key]
         assert got["rel_l2"] <= rel and got["max_abs"] <= mx, (key, got)
-        # a row far above the measurement is a guess, not a derivation; the *_vs_emulation rows are derived from
-        # the H200 kernel's tensor-core accumulation (rel 4.4e-6, see hotpaths.harness.tolerances), which the CPU
-        # emulation-vs-emulation measurement here cannot see, so they get a wider band
-        factor = 50 if key[1].endswith("_vs_emulation") else 20
+        # a row far above the measurement is a guess, not a derivation; the *_vs_emulation rows and bf16x3_vs_exact
+        # are derived from the H200 kernel's tensor-core accumulation (rel 4.4e-6 and 2.0e-6, see
+        # hotpaths.harness.tolerances), which the CPU measurement here cannot see (its bf16x3 error is the CPU
+        # BLAS's FP32 summation, 1.5e-7 to 2.8e-7 depending on the machine), so they get a wider band
+        gpu_derived = key[1].endswith("_vs_emulation") or key[1] == "bf16x3_vs_exact"
+        factor = 50 if gpu_derived else 20
         assert got["rel_l2"] >= rel / factor, (key, got)
