@@ -514,12 +514,31 @@ def test_auto_variant_choice_above_eight_rows():
     assert K._auto_choice(at16, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=16) == ("v3m", 16)
     assert K._auto_choice(at17, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=16) == ("v2", 17)
     assert K._auto_choice(at17, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=8)[0] == "v3s2c4"
-    # KV heads count as pairs: 64:8 at q_len 4 (32 rows per KV head) over 8 heads
-    lens = torch.tensor(expand_lengths(parse_cases("2x32K+30x4K")), dtype=torch.int32)
-    tiles = [-(-int(x) // K.TILE) for x in lens.tolist()]
-    fine8 = K._max_descs_per_cta(tiles, 8, 396, 2) <= 1 < K._max_descs_per_cta(tiles, 8, 264, 2)
-    assert K.choose_variant(lens, num_kv_heads=8, kv_dtype="fp8", num_sms=132, rows=32) == (
-        "v3wc3" if fine8 else "v3w")
+    # KV heads count as pairs: 64:8 (8 rows per KV head and query token) puts 8 pairs per request into the map.
+    # Wide plans (a 2-per-SM budget of >= AUTO_WIDE_BUDGET tiles): v3wc3 above 16 rows; at 9-16 rows v2, or v3wc3
+    # with >= AUTO_WIDE_FINE_DESCS descriptors on a CTA; the narrow ones keep the rules above
+    assert (K.AUTO_WIDE_BUDGET, K.AUTO_WIDE_FINE_DESCS) == (32, 8)
+    want64 = {"64x0.5K": (16, "v3m", "v3w"), "64x4K": (125, "v2", "v3wc3"), "32x0.125K+32x4K": (64, "v3wc3", "v3wc3"),
+              "2x32K+30x4K": (90, "v2", "v3wc3"), "1x64K+15x4K": (61, "v2", "v3wc3"),
+              "1x128K+31x4K": (123, "v2", "v3wc3"), "1x16K+15x64": (9, "v2", "v3w"),
+              "1x64K+7x4K": (45, "v2", "v3wc3"), "1x64K+31x4K": (92, "v2", "v3wc3")}
+    for case, (budget, v16, v32) in want64.items():
+        lens = torch.tensor(expand_lengths(parse_cases(case)), dtype=torch.int32)
+        tiles = [-(-int(x) // K.TILE) for x in lens.tolist()]
+        assert max(-(-sum(tiles) * 8 // 264), 2) == budget, case
+        assert K.choose_variant(lens, num_kv_heads=8, kv_dtype="fp8", num_sms=132, rows=16) == v16, case
+        for rows in (24, 32):
+            got = K._auto_choice(lens, num_kv_heads=8, kv_dtype="fp8", num_sms=132, rows=rows)
+            assert got[0] == v32, case
+            if v32 == "v3wc3":  # the estimate fuse-all reads is at v3wc3's own 3-per-SM grid
+                assert got[1] == K._longest_chunks(tiles, 8, 396, 2), case
+        assert K.choose_variant(lens, num_kv_heads=8, kv_dtype="fp8", num_sms=132, rows=8) == "v3s2c4", case
+        assert K.choose_variant(lens, num_kv_heads=8, kv_dtype="bf16", num_sms=132, rows=32) == "v3w", case
+    # the budget bound is inclusive: 264 pairs of 32 tiles (budget 32: wide) against 264 of 31 (budget 31: the
+    # descriptor rule, one descriptor per CTA of v3w's grid and two on v3wc3's: v3w)
+    for t, v in ((32, "v3wc3"), (31, "v3w")):
+        lens = torch.tensor([t * K.TILE] * 264, dtype=torch.int32)
+        assert K.choose_variant(lens, num_kv_heads=1, kv_dtype="fp8", num_sms=132, rows=32) == v, t
     assert set(K.ROW_CONFIGS) == {"v2"} and not set(K.ROW_CONFIGS) & set(K.V3_CONFIGS)
     assert set(K.CONFIGS) == set(K.VARIANTS) and len(set(K.CONFIGS.values())) == len(K.CONFIGS)
     assert "v2" not in K.ONLINE_COMBINE and {"v3m", "v3s2c4"} <= set(K.ONLINE_COMBINE)

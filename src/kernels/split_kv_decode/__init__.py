@@ -161,6 +161,18 @@ AUTO_MTP_MAX_CHUNKS = 16
 AUTO_MTP_WG_MIN_DESCS = 3
 AUTO_MTP_WG = "v3w"
 AUTO_MTP_WG_FINE = "v3wc3"
+# Wide plans: above 8 rows, when the per-CTA budget of the 2-per-SM grid is at least AUTO_WIDE_BUDGET tiles (many
+# KV heads: 64:8 puts 8 pairs per request into the map, a budget of 45-124 tiles on the 64:8 cases against <= 16 for
+# every 8:1 case), the descriptor rules above no longer say what is fast: each CTA streams long enough that the
+# kernels' streaming rates decide. Above AUTO_MTP_ALWAYS_ROWS rows: v3wc3 (its 3-per-SM grid keeps more loads in
+# flight than v3w's). At 9-16 rows: v2 (the row layout, 16 rows per pass), or v3wc3 where a CTA of the 2-per-SM grid
+# holds AUTO_WIDE_FINE_DESCS or more descriptors (short pairs among long ones). On the H200, one run, FP8 64:8, v3w
+# (auto before) / the new pick, us: q_len 2 64x4K 198.0 / 167.6 (v2), 32x0.125K+32x4K 166.5 / 126.3 (v3wc3),
+# 2x32K+30x4K 147.6 / 125.1, 1x64K+31x4K 158.3 / 127.0; q_len 4 64x4K 205.6 / 183.9, 32x0.125K+32x4K 190.8 / 145.7,
+# 1x128K+31x4K 217.5 / 199.1, 1x64K+15x4K 118.4 / 108.4 (2x32K+30x4K 153.9 / 159.4 is the one loss; 64x0.5K, budget
+# 15.5, keeps v3w: 37.7 vs v3wc3's 42.1). No 8:1 plan of the nine reaches the budget (docs/ops/split_kv_decode.md).
+AUTO_WIDE_BUDGET = 32
+AUTO_WIDE_FINE_DESCS = 8
 DEFAULT_VARIANT = AUTO
 VARIANT_ENV = "HOTPATHS_DECODE_VARIANT"
 EARLY_ENV = "HOTPATHS_DECODE_EARLY"  # "0": plan(early=None) gives the old launches (resolve_early)
@@ -266,7 +278,9 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     estimate at its own grid and AUTO_MTP_MAX_CHUNKS as the bound (AUTO_MTP_WG in its place when some CTA of that
     grid gets AUTO_MTP_WG_MIN_DESCS descriptors or more); above AUTO_MTP_ALWAYS_ROWS, AUTO_MTP_WG (v3w, 2
     CTAs per SM) whatever the estimate, or AUTO_MTP_WG_FINE (v3wc3, 3 per SM) when its grid gives every CTA at most
-    one descriptor and v3w's does not (_max_descs_per_cta). BF16 KV in dynamic mode
+    one descriptor and v3w's does not (_max_descs_per_cta); above 8 rows on wide plans (a per-CTA budget of at
+    least AUTO_WIDE_BUDGET tiles at the 2-per-SM grid) v3wc3 above AUTO_MTP_ALWAYS_ROWS rows, else v2 or (with
+    AUTO_WIDE_FINE_DESCS descriptors on a CTA) v3wc3. BF16 KV in dynamic mode
     with the default grid: AUTO_BF16 (v3b) at rows <= 8, AUTO_BF16_MTP (v3w) above (the estimate at their grid).
 
     Shape/Dtype: kv_lens [batch] int32 (any device: read on the host, one sync, only when dynamic / default grid /
@@ -290,8 +304,12 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     # the variant and the CTAs per SM of its grid (the chunk estimate's budget)
     fine, cps = (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4)
     longest = _longest_chunks(tiles, int(num_kv_heads), cps * int(num_sms), min_tiles)
+    H, sms = int(num_kv_heads), int(num_sms)
+    if rows > 8 and max(_cdiv(total, 2 * sms), int(min_tiles)) >= AUTO_WIDE_BUDGET:  # wide plans (see the constant)
+        if rows > AUTO_MTP_ALWAYS_ROWS or _max_descs_per_cta(tiles, H, 2 * sms, min_tiles) >= AUTO_WIDE_FINE_DESCS:
+            return AUTO_MTP_WG_FINE, _longest_chunks(tiles, H, 3 * sms, min_tiles)
+        return AUTO_FALLBACK, _longest_chunks(tiles, H, 2 * sms, min_tiles)
     if rows > AUTO_MTP_ALWAYS_ROWS:
-        H, sms = int(num_kv_heads), int(num_sms)
         if (_max_descs_per_cta(tiles, H, 3 * sms, min_tiles) <= 1
                 and _max_descs_per_cta(tiles, H, 2 * sms, min_tiles) > 1):
             return AUTO_MTP_WG_FINE, _longest_chunks(tiles, H, 3 * sms, min_tiles)
