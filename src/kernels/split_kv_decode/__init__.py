@@ -302,10 +302,10 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
         longest = _longest_chunks(tiles, int(num_kv_heads), AUTO_BF16_CTAS_PER_SM * int(num_sms), min_tiles)
         return (AUTO_BF16 if rows <= 8 else AUTO_BF16_MTP), longest
     # the variant and the CTAs per SM of its grid (the chunk estimate's budget)
-    fine, cps = (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4)
-    longest = _longest_chunks(tiles, int(num_kv_heads), cps * int(num_sms), min_tiles)
     H, sms = int(num_kv_heads), int(num_sms)
-    if rows > 8 and max(_cdiv(total, 2 * sms), int(min_tiles)) >= AUTO_WIDE_BUDGET:  # wide plans (see the constant)
+    fine, cps = (AUTO_MTP, 2) if rows > 8 else (AUTO_FINE, 4)
+    longest = _longest_chunks(tiles, H, cps * sms, min_tiles)
+    if rows > 8 and _budget(total, 2 * sms, min_tiles) >= AUTO_WIDE_BUDGET:  # wide plans (see the constant)
         if rows > AUTO_MTP_ALWAYS_ROWS or _max_descs_per_cta(tiles, H, 2 * sms, min_tiles) >= AUTO_WIDE_FINE_DESCS:
             return AUTO_MTP_WG_FINE, _longest_chunks(tiles, H, 3 * sms, min_tiles)
         return AUTO_FALLBACK, _longest_chunks(tiles, H, 2 * sms, min_tiles)
@@ -317,7 +317,7 @@ def _auto_choice(kv_lens, *, num_kv_heads: int, kv_dtype=None, mode: str = "dyna
     limit = AUTO_MTP_MAX_CHUNKS if rows > 8 else AUTO_MAX_CHUNKS
     if longest > limit:
         return AUTO_FALLBACK, longest
-    if rows > 8 and _max_descs_per_cta(tiles, int(num_kv_heads), 2 * int(num_sms), min_tiles) >= AUTO_MTP_WG_MIN_DESCS:
+    if rows > 8 and _max_descs_per_cta(tiles, H, 2 * sms, min_tiles) >= AUTO_MTP_WG_MIN_DESCS:
         return AUTO_MTP_WG, longest  # same 2-per-SM grid as v3m: the chunk estimate holds
     return fine, longest
 
@@ -332,14 +332,19 @@ def ctas_per_sm(variant: str) -> int:
     return int(_load().hp_decode_ctas_per_sm(CONFIGS[variant]))
 
 
+def _budget(total: int, num_ctas: int, min_tiles: int) -> int:
+    """Tiles per CTA of a dynamic map of num_ctas bins over `total` tiles: max(ceil(total / C), min_tiles), the
+    per-CTA budget of hotpaths.reference.split_kv_decode.build_task_map."""
+    return max(_cdiv(int(total), int(num_ctas)), int(min_tiles))
+
+
 def _longest_chunks(tiles: list[int], num_kv_heads: int, num_ctas: int, min_tiles: int) -> int:
     """Chunks of the longest (head, request) in a dynamic map of C = num_ctas bins: its tiles over the per-CTA budget
     max(ceil(total / C), min_tiles), plus one for a bin boundary (an upper bound, exact for the plan's rules)."""
     total = sum(tiles) * num_kv_heads
     if total == 0:
         return 0
-    budget = max(_cdiv(total, num_ctas), int(min_tiles))
-    return _cdiv(max(tiles), budget) + 1
+    return _cdiv(max(tiles), _budget(total, num_ctas, min_tiles)) + 1
 
 
 def _max_descs_per_cta(tiles: list[int], num_kv_heads: int, num_ctas: int, min_tiles: int) -> int:
@@ -350,7 +355,7 @@ def _max_descs_per_cta(tiles: list[int], num_kv_heads: int, num_ctas: int, min_t
     total = int(t.sum())
     if total == 0:
         return 0
-    budget = max(_cdiv(total, int(num_ctas)), int(min_tiles))
+    budget = _budget(total, num_ctas, min_tiles)
     start = (np.cumsum(t) - t)[t > 0]
     t = t[t > 0]
     per_bin = np.zeros(_cdiv(total, budget) + 1, dtype=np.int64)
