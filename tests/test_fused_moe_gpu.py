@@ -548,7 +548,8 @@ def _small_ints(shape, seed, lo=-2, hi=3):
 
 @pytest.mark.parametrize("gemm", GEMMS)
 @pytest.mark.parametrize("h", [256, 192])
-@pytest.mark.parametrize("block_m,t", [(16, 13), (32, 32), (64, 61), (128, 128), (128, 100), (64, 70)])
+@pytest.mark.parametrize("block_m,t", [(16, 13), (32, 32), (64, 61), (128, 128), (128, 100), (64, 70), (128, 40),
+                                       (128, 170)])
 def test_gemm_tile_on_exact_integers(moe, gemm, h, block_m, t):
     """One expert (two tiles when t > block_m), top-1: every token of the tile is sorted position = token. Operands
     are small integers (exact in e4m3 with unit scales), so each GEMM's fp32 sums are exact: the down GEMM's ybuf
