@@ -56,14 +56,15 @@ _GEMM_SUFFIX = {"mma": "", "mma_tma": "_tma", "wgmma": "_wg", "wgmma_ws": "_ws"}
 GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
 # "auto" takes the warp-specialized TMA-fed wgmma kernel (wgmma_ws) below this many expected pairs per local expert
 # (expected_local_pairs / E: under expert parallelism plan(experts_total=...) counts the ~1/EP of the pairs that land
-# on the rank), the cp.async wgmma kernel from it. Measured on the H200 (Hy3, per-tensor, us, wgmma / wgmma_ws, both
-# at the tile the expected rows give): TP8 (E = 192) batch 256 (10.7 pairs per expert) 250.2 / 156.1, 1024 (42.7)
-# 331.7 / 246.6, 4096 (171) 790.2 / 776.4 (block-wise 931.0 / 972.6); TP1/EP8 (E = 24 of 192) batch 64 (2.7) 150.8 /
-# 133.4, 256 (10.7) 181.5 / 154.2, 1024 (42.7) 212.9 / 209.4, 2048 (85) 265.5 / 319.0 (block-wise 334.1 / 450.3).
-# So the crossover lies between 42.7 and 85; 64 sits between them (no measured point in 43-85). The producer warp
-# keeps weight boxes in flight across work units, which pays while the weight stream is the cost; with many rows per
-# tile the tile math is, and the cp.async kernel's two full consumer warpgroups win. (The plan is built before the
-# scale format is known, so one threshold serves both.)
+# on the rank), the cp.async wgmma kernel from it. Measured on the H200 (Hy3, layer us, wgmma / wgmma_ws, both at the
+# tile the expected rows give; wgmma_ws with its producer warps, expert_wgmma.cu WsTraits::PRODUCERS): per-tensor TP8
+# (E = 192) batch 1024 (42.7 pairs per expert, 64-row tiles) 273.5 / 218.0, 1536 (64) 339.2 / 321.0, 2048 (85) 356.6
+# / 354.4, 4096 (171) 649.0 / 663.6; TP1/EP8 (E = 24 of 192) 1024 (42.7) 198.9 / 182.4, 2048 (85) 257.4 / 243.4;
+# block-wise TP8 1024 294.8 / 245.2, 2048 389.8 / 408.9, 4096 735.9 / 760.9, TP1/EP8 2048 286.8 / 304.7. So the
+# crossover lies above 85 per-tensor and between 43 and 85 block-wise; a plan is built before the scale format is
+# known, so one threshold serves both, set for block-wise. The producer warps keep weight boxes and token rows in
+# flight across work units, which pays while the streams are the cost; with many rows per tile the tile math is,
+# and the cp.async kernel's two full consumer warpgroups win.
 WS_MAX_ROWS = 64.0
 WS_SPLIT_FLAGS = 512  # kWsMaxCtas of expert_wgmma.cu: the flags at the head of MoEPlan.ws_split_workspace()
 MAX_EXPERTS = 512            # the route kernels keep 32 x E counters in shared memory

@@ -436,8 +436,9 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a)
 //     flags again. Only gate-up units below 128-row tiles and of at least kWsSplitMinStages K stages are cut
 //     (WsTraits::SPLIT); elsewhere the ranges fall on unit boundaries (the down GEMM has H / 128 short units per
 //     tile, which balance whole);
-//   - warp 8 (the producer, 32 lanes) walks the CTA's steps up to STAGES stages ahead of the tensor cores. Per
-//     stage lane 0 stores the unit's plan fields in the slot (meta[slot]), arrives on the slot's "full" mbarrier
+//   - warps 8.. (the producers, WsTraits::PRODUCERS warps: 1, 2 at 64-row and 4 at 128-row tiles, each taking
+//     every PRODUCERS-th step) walk the CTA's steps up to STAGES stages ahead of the tensor cores. Per stage
+//     the filling warp's lane 0 stores the unit's plan fields in the slot (meta[slot]), arrives on the slot's "full" mbarrier
 //     raising it by the weight bytes and issues two 3-D TMA loads (w[e, rows of half h, 128 K columns], 64 x 128 B
 //     each, 128-byte swizzle; OOB rows / K columns zero); the 32 lanes gather the tile's token rows (xq by token,
 //     aq by sorted position) with 16-byte cp.async into the swizzled B layout (+ 4-byte group scales in block
@@ -454,10 +455,9 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a)
 //     (original pair ids) are looked up once per tile, at the tile's first step, not at each store.
 // No __syncthreads after the set-up. Every wait is bounded (hp::tma::kHangNs) and traps; trap codes: 1 a consumer's
 // "full" wait, 2 the producer's "empty" wait, 3 a finisher's wait for a partial of a cut unit.
-// Launch: persistent grid min(SMs x resident CTAs, items), 288 threads; one or two CTAs per SM by the ring depth
-// (WsTraits::DEPTH).
-constexpr int kWsConsumers = 256;  // two warpgroups
-constexpr int kWsThreads = kWsConsumers + 32;
+// Launch: persistent grid min(SMs x resident CTAs, items), 256 + 32 x PRODUCERS threads; one or two CTAs per SM by
+// the ring depth (WsTraits::DEPTH).
+constexpr int kWsConsumers = 256;     // two warpgroups
 constexpr int kWsEpiBar = 1;          // named barrier of the consumer threads (0 is __syncthreads)
 constexpr int kWsMaxCtas = 512;       // partial slots of the split workspace (a splitting grid is clamped to it)
 constexpr int kWsSplitMinStages = 8;  // units of fewer K stages are never cut
@@ -469,7 +469,15 @@ struct WsTraits {
   static constexpr int R = BM / 2;  // fp32 accumulator registers per thread (one 64-row half)
   static constexpr bool GATE_UP = GATE_UP_;
   static constexpr bool BLOCK = BLOCK_;
-  static constexpr int THREADS = kWsThreads;
+  // Producer warps: each takes every PRODUCERS-th step with its own plan look-ups, copies and arrivals. A stage's
+  // token-row gather is BM x 8 16-byte cp.async issued by one warp one after another (64 rows: 16 per lane), and
+  // from 64-row tiles it, not the weight TMA, sets the stage time. Measured on the H200 (Hy3 per-tensor, layer us,
+  // one / more producer warps): 64-row tiles TP8 batch 1024 246.1 / 217.3 (2), Qwen3 TP8 512 167.2 / 150.0 (2),
+  // TP1/EP8 1024 208.4 / 181.1 (2); 128-row tiles (forced ws path) TP8 1536 349.4 (2) / 321.0 (4), TP1/EP8 2048
+  // 282.9 (2) / 243.4 (4). Tiles up to 32 rows gain nothing (batch 256: 159.8 / 159.3) and keep one. Four warps at
+  // 128 rows are 384 threads at 168 registers, the whole register file of the SM for its one CTA.
+  static constexpr int PRODUCERS = BM == 128 ? 4 : (BM == 64 ? 2 : 1);
+  static constexpr int THREADS = kWsConsumers + 32 * PRODUCERS;
   static constexpr int A_BYTES = kItemRows * kWgBK;  // two 64-row halves, 8 KB each: one TMA box each
   static constexpr int B_BYTES = BM * kWgBK;
   static constexpr int SC_BYTES = BLOCK ? BM * 4 : 0;
@@ -505,6 +513,10 @@ struct WsTraits {
   static constexpr bool SPLIT = GATE_UP && BM < 128;
   static constexpr bool WS = true;
   static_assert(STAGES >= 3, "ring depth");
+  // A producer at step i + STAGES waits on the slot's "empty" parity. Its previous step (i + STAGES - PRODUCERS)
+  // waited for the release of step i - PRODUCERS, and consumers release in order, so step i - STAGES of this slot
+  // is released: the slot is at most one phase behind and the parity wait cannot pass early.
+  static_assert(PRODUCERS >= 1 && PRODUCERS <= STAGES, "producer warps <= ring stages");
   static_assert(HEAD >= STAGES * (16 + 16), "barriers + item fields fit the head");
   static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "wgmma N instantiated: 16, 32, 64, 128");
   static_assert(R % 4 == 0, "partials move as float4");
@@ -580,7 +592,7 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
 template <class T>
 __device__ __forceinline__ void ws_produce(const GemmArgs& a, const hp::tma::TmaMap* wmap, const PlanView& plan,
                                            uint8_t* ring, ItemInfo* meta, uint32_t bars, const WsWork& w) {
-  const int lane = threadIdx.x & 31, q = lane & 7;
+  const int lane = threadIdx.x & 31, q = lane & 7, pw = ((int)threadIdx.x - kWsConsumers) >> 5;
   auto full_bar = [&](int s) { return bars + 8u * s; };
   auto empty_bar = [&](int s) { return bars + 8u * (T::STAGES + s); };
   int ld_unit = -1, ld_tile = -1;
@@ -589,7 +601,7 @@ __device__ __forceinline__ void ws_produce(const GemmArgs& a, const hp::tma::Tma
   int bsrc[T::B_PER_LANE];
   int ssrc[T::SC_PER_LANE];
 #pragma unroll 1
-  for (int step = 0; step < w.total; ++step) {
+  for (int step = T::PRODUCERS > 1 ? pw : 0; step < w.total; step += T::PRODUCERS) {
     const int g = w.global(step);
     const int unit = g / w.kt_count, kt = g - unit * w.kt_count, s = step % T::STAGES;
     if (unit != ld_unit) {
@@ -910,7 +922,7 @@ __device__ __forceinline__ void ws_consume(const GemmArgs& a, const PlanView& pl
 }
 
 template <class T>
-__global__ void __launch_bounds__(kWsThreads, T::MIN_CTAS)
+__global__ void __launch_bounds__(T::THREADS, T::MIN_CTAS)
     expert_wgmma_ws_kernel(GemmArgs a, const __grid_constant__ hp::tma::TmaMap wmap) {
   extern __shared__ uint8_t ws_smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(ws_smem_raw));
@@ -925,7 +937,8 @@ __global__ void __launch_bounds__(kWsThreads, T::MIN_CTAS)
 
   if (tid == 0) {
     for (int s = 0; s < T::STAGES; ++s) {
-      // full: the producer's 32 lanes (+ lane 0's arrive with the TMA bytes when the copies arrive on their own)
+      // full: the filling producer warp's 32 lanes (+ lane 0's arrive with the TMA bytes when the copies arrive on
+      // their own): one warp fills a given step
       hp::tma::mbar_init(bars + 8u * s, 33);
       hp::tma::mbar_init(bars + 8u * (T::STAGES + s), kWsConsumers / 32);  // every consumer warp
     }
