@@ -436,14 +436,14 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a)
 //     flags again. Only gate-up units below 128-row tiles and of at least kWsSplitMinStages K stages are cut
 //     (WsTraits::SPLIT); elsewhere the ranges fall on unit boundaries (the down GEMM has H / 128 short units per
 //     tile, which balance whole);
-//   - warps 8.. (the producers, WsTraits::PRODUCERS warps: 1, 2 at 64-row and 4 at 128-row tiles, each taking
-//     every PRODUCERS-th step) walk the CTA's steps up to STAGES stages ahead of the tensor cores. Per stage
-//     the filling warp's lane 0 stores the unit's plan fields in the slot (meta[slot]), arrives on the slot's "full" mbarrier
+//   - warps 8.. (the producers, WsTraits::PRODUCERS warps: 1, 2 at 64-row and 4 at 128-row tiles, each taking every
+//     PRODUCERS-th step) walk the CTA's steps up to STAGES stages ahead of the tensor cores. Per stage the filling
+//     warp's lane 0 stores the unit's plan fields in the slot (meta[slot]), arrives on the slot's "full" mbarrier
 //     raising it by the weight bytes and issues two 3-D TMA loads (w[e, rows of half h, 128 K columns], 64 x 128 B
-//     each, 128-byte swizzle; OOB rows / K columns zero); the 32 lanes gather the tile's token rows (xq by token,
-//     aq by sorted position) with 16-byte cp.async into the swizzled B layout (+ 4-byte group scales in block
-//     mode), and each lane's cp.async.mbarrier.arrive.noinc makes the slot's barrier wait for its copies: the
-//     producer never waits for its own copies, only for free slots, so all STAGES slots can be in flight;
+//     each, 128-byte swizzle; OOB rows / K columns zero); the 32 lanes gather the tile's token rows (xq by token, aq by
+//     sorted position) with 16-byte cp.async into the swizzled B layout (+ 4-byte group scales in block mode), and each
+//     lane's cp.async.mbarrier.arrive.noinc makes the slot's barrier wait for its copies: the producer never waits for
+//     its own copies, only for free slots, so all STAGES slots can be in flight;
 //   - warps 0-7 are two consumer warpgroups; warpgroup h computes half h of the unit (64 weight rows) against all
 //     BM token rows: after the "full" wait a proxy fence (the token rows were written by cp.async, a generic-proxy
 //     write that wgmma's async-proxy reads must be ordered after), wgmma m64nBMk32 (N narrowed to the tile's rows),
