@@ -244,6 +244,30 @@ def test_plan_default_route_is_one_cta():
 
 
 
+def test_resolve_gemm_threshold_follows_the_scale_format(monkeypatch):
+    """Told the FP8 format, auto keeps the ws kernel up to WS_MAX_ROWS_BY_SCALES rows per expert (per-tensor 96,
+    block-wise 64, the measured crossovers); untold, the block-wise threshold serves both; a bad format is named."""
+    monkeypatch.delenv(moe.GEMM_ENV, raising=False)
+    assert moe.WS_MAX_ROWS_BY_SCALES["block"] == moe.WS_MAX_ROWS < moe.WS_MAX_ROWS_BY_SCALES["pertensor"]
+    # Hy3 TP8 (E = 192): batch 2048 = 85.3 rows, batch 2304 = 96 rows, batch 1536 = 64 rows
+    assert moe.resolve_gemm("auto", 2048 * 8, 192, scales="pertensor") == "wgmma_ws"
+    assert moe.resolve_gemm("auto", 2048 * 8, 192, scales="block") == "wgmma"
+    assert moe.resolve_gemm("auto", 2048 * 8, 192) == "wgmma"
+    assert moe.resolve_gemm("auto", 2303 * 8, 192, scales="pertensor") == "wgmma_ws"
+    assert moe.resolve_gemm("auto", 2304 * 8, 192, scales="pertensor") == "wgmma"
+    assert moe.resolve_gemm("auto", 1535 * 8, 192, scales="block") == "wgmma_ws"
+    assert moe.resolve_gemm("auto", 1536 * 8, 192, scales="block") == "wgmma"
+    assert moe.resolve_gemm("wgmma", 4 * 8, 192, scales="pertensor") == "wgmma"  # explicit paths stay
+    # TP1/EP8 batch 2048 (85 expected rows per local expert): the ws kernel's 128-row tiles per-tensor only
+    assert moe.plan_shape(2048 * 8, 24, experts_total=192, scales="pertensor") == ("wgmma_ws", 128)
+    assert moe.plan_shape(2048 * 8, 24, experts_total=192, scales="block") == ("wgmma", 128)
+    for bad in ("fp8", "Block", ""):
+        with pytest.raises(ValueError, match="scales: expected None or one of"):
+            moe.resolve_gemm("auto", 32, 8, scales=bad)
+    with pytest.raises(ValueError, match="scales: expected None or one of"):
+        moe.plan(_ids(), num_experts=8, scales="blockwise")
+
+
 def test_plan_shape_is_plans_choice():
     """plan_shape is plan()'s (gemm, block_m) choice: the auto rule's path, then its tile for the rows per expert;
     an explicit block_m is checked against the path's tiles. Under EP without experts_total every pair counts (an

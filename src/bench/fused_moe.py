@@ -79,7 +79,7 @@ def _repro(model, mode, scales, batch, impl, over) -> str:
 
 def _fused_fn(km, inputs, out, gemm=None):
     p = km.plan(inputs["topk_ids"], num_experts=inputs["num_experts"], expert_offset=inputs["expert_offset"],
-                gemm=gemm, experts_total=inputs["experts_total"])
+                gemm=gemm, experts_total=inputs["experts_total"], scales=inputs["scales"])
     kw = {k: inputs[k] for k in ("scales", "w13_scale", "w2_scale", "a1_scale", "a2_scale", "shared_out")}
 
     def fn(stages="all", pdl=True):
@@ -268,7 +268,7 @@ from hotpaths.reference import fused_moe as fm
 inputs = fm.make_moe_inputs({batch}, model={model!r}, mode={mode!r}, scales={scales!r}, seed={seed}, device="cuda")
 out = torch.empty({batch}, inputs["hidden"], dtype=torch.bfloat16, device="cuda")
 p = km.plan(inputs["topk_ids"], num_experts=inputs["num_experts"], expert_offset=inputs["expert_offset"],
-            experts_total=inputs["experts_total"])
+            experts_total=inputs["experts_total"], scales=inputs["scales"])
 kw = {{k: inputs[k] for k in ("scales", "w13_scale", "w2_scale", "a1_scale", "a2_scale", "shared_out")}}
 km.run(p, inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], out=out, **kw)
 torch.cuda.synchronize()
@@ -394,7 +394,8 @@ def gemm_path_choice(df):
         if len(t) < 2:
             continue
         d = fm.model_dims(model, mode)
-        pick = plan_shape(int(batch) * d["topk"], d["experts"], gemm="auto", experts_total=d["experts_total"])[0]
+        pick = plan_shape(int(batch) * d["topk"], d["experts"], gemm="auto", experts_total=d["experts_total"],
+                          scales=scales)[0]
         best = min(t, key=t.get)
         out.append({"scales": scales, "batch": int(batch), "auto_pick": pick, "faster": best,
                     **{f"{p}_us": t.get(p, float("nan")) for p in paths},

@@ -60,12 +60,17 @@ GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
 # tile the expected rows give; wgmma_ws with its producer warps, expert_wgmma.cu WsTraits::PRODUCERS): per-tensor TP8
 # (E = 192) batch 1024 (42.7 pairs per expert, 64-row tiles) 273.5 / 218.0, 1536 (64) 339.2 / 321.0, 2048 (85) 356.6
 # / 354.4, 4096 (171) 649.0 / 663.6; TP1/EP8 (E = 24 of 192) 1024 (42.7) 198.9 / 182.4, 2048 (85) 257.4 / 243.4;
-# block-wise TP8 1024 294.8 / 245.2, 2048 389.8 / 408.9, 4096 735.9 / 760.9, TP1/EP8 2048 286.8 / 304.7. So the
-# crossover lies above 85 per-tensor and between 43 and 85 block-wise; a plan is built before the scale format is
-# known, so one threshold serves both, set for block-wise. The producer warps keep weight boxes and token rows in
-# flight across work units, which pays while the streams are the cost; with many rows per tile the tile math is,
-# and the cp.async kernel's two full consumer warpgroups win.
+# block-wise TP8 1024 294.8 / 245.2, 2048 389.8 / 408.9, 4096 735.9 / 760.9, TP1/EP8 2048 286.8 / 304.7. At exactly 64
+# expected rows (two H200 calls each, wgmma / wgmma_ws): per-tensor DSv3 TP8 2048 785.2 / 730.1 and 785.7 / 727.8,
+# Qwen3 TP8 1024 224.8 / 218.5 and 224.5 / 216.7, Hy3 TP8 1536 338.1 / 320.5 and 336.9 / 320.4; block-wise Hy3 TP8
+# 1536 365.5 / 379.9 and 365.8 / 377.9; at 128 rows (Qwen3 TP8 2048) per-tensor 349.3 / 374.3. So the crossover lies
+# between 85 and 128 per-tensor and between 43 and 64 block-wise: WS_MAX_ROWS_BY_SCALES when the plan is told the
+# format (``plan(scales=...)``; ``fused_moe`` and the bench pass it), WS_MAX_ROWS (the block-wise one, safe for both)
+# when it is not. The producer warps keep weight boxes and token rows in flight across work units, which pays while
+# the streams are the cost; with many rows per tile the tile math is, and the cp.async kernel's two full consumer
+# warpgroups win; block mode's per-stage scale loads ride in the producer's ring, so its crossover comes earlier.
 WS_MAX_ROWS = 64.0
+WS_MAX_ROWS_BY_SCALES = {"pertensor": 96.0, "block": 64.0}
 WS_SPLIT_FLAGS = 512  # kWsMaxCtas of expert_wgmma.cu: the flags at the head of MoEPlan.ws_split_workspace()
 MAX_EXPERTS = 512            # the route kernels keep 32 x E counters in shared memory
 ROUTES = ("auto", "one", "multi")
@@ -244,16 +249,25 @@ def _named_choice(value: str | None, arg: str, env: str, choices) -> str:
     return value
 
 
-def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: int | None = None) -> str:
+def _check_scales_hint(scales: str | None) -> None:
+    if scales is not None and scales not in SCALE_MODES:
+        raise ValueError(f"scales: expected None or one of {SCALE_MODES}, got {scales!r}")
+
+
+def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: int | None = None,
+                 scales: str | None = None) -> str:
     """The GEMM path of a plan: ``gemm`` None -> ``$HOTPATHS_MOE_GEMM`` or "auto"; "auto" -> "mma" for an mma-only
-    tile (block_m 8), else "wgmma_ws" while the average rows per expert (max_pairs / E) stay below WS_MAX_ROWS and
-    "wgmma" from there. Raises ValueError on an unknown name (the environment variable's included)."""
+    tile (block_m 8), else "wgmma_ws" while the average rows per expert (max_pairs / E) stay below the threshold of
+    the scale format (WS_MAX_ROWS_BY_SCALES[scales]; WS_MAX_ROWS when scales is None) and "wgmma" from there.
+    Raises ValueError on an unknown name (the environment variable's included) or scale format."""
+    _check_scales_hint(scales)
     gemm = _named_choice(gemm, "gemm", GEMM_ENV, GEMMS)
     if gemm != "auto":
         return gemm
     if block_m in BLOCK_MS and block_m not in WGMMA_BLOCK_MS:
         return "mma"
-    return "wgmma_ws" if max_pairs / max(num_experts, 1) < WS_MAX_ROWS else "wgmma"
+    limit = WS_MAX_ROWS if scales is None else WS_MAX_ROWS_BY_SCALES[scales]
+    return "wgmma_ws" if max_pairs / max(num_experts, 1) < limit else "wgmma"
 
 
 def expected_local_pairs(max_pairs: int, num_experts: int, experts_total: int | None = None) -> float:
@@ -268,14 +282,15 @@ def expected_local_pairs(max_pairs: int, num_experts: int, experts_total: int | 
 
 
 def plan_shape(max_pairs: int, num_experts: int, *, gemm: str | None = None, block_m: int | None = None,
-               experts_total: int | None = None) -> tuple[str, int]:
+               experts_total: int | None = None, scales: str | None = None) -> tuple[str, int]:
     """(GEMM path, block_m) of a plan of capacity max_pairs over num_experts local experts: ``plan``'s choice, without
     a device (resolve_gemm, then choose_block_m unless block_m is given), both on the expected local pairs
     (``expected_local_pairs``: under EP8 about 1/8 of max_pairs land on the rank; without experts_total every pair
-    counts, which sizes an EP8 rank's tiles for 8x its expected rows). Raises ValueError on a bad gemm, block_m or
-    experts_total."""
+    counts, which sizes an EP8 rank's tiles for 8x its expected rows); scales, when given, picks the path's
+    threshold for that FP8 format (``resolve_gemm``). Raises ValueError on a bad gemm, block_m, experts_total or
+    scales."""
     pairs = expected_local_pairs(max_pairs, num_experts, experts_total)
-    gemm = resolve_gemm(gemm, pairs, num_experts, block_m)
+    gemm = resolve_gemm(gemm, pairs, num_experts, block_m, scales)
     sizes = WGMMA_BLOCK_MS if gemm in WGMMA_GEMMS else BLOCK_MS
     if block_m is None:
         block_m = choose_block_m(pairs, num_experts, gemm)
@@ -457,7 +472,7 @@ def _validate_ids(topk_ids, num_experts, *, device=None, check_device=True) -> N
 
 def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, max_tokens: int | None = None,
          block_m: int | None = None, pdl: bool = True, gemm: str | None = None, route: str | None = None,
-         experts_total: int | None = None) -> MoEPlan:
+         experts_total: int | None = None, scales: str | None = None) -> MoEPlan:
     """Allocate the routing workspace once and launch the route kernel (no host sync).
 
     Shape/Dtype: topk_ids int32 [T, K], contiguous, CUDA; global expert ids, -1 or any id outside
@@ -469,7 +484,9 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
     experts_total: under expert parallelism, the experts the router picks from on all ranks (None: num_experts).
     It sizes the tiles and picks the auto GEMM path for the pairs the rank expects (max_tokens x K x E /
     experts_total, ``plan_shape``); the workspace still holds every pair, so a rank that gets more than its share
-    runs more tiles, never a wrong result.
+    runs more tiles, never a wrong result. scales: the FP8 format the runs on this plan will use ("pertensor" /
+    "block"; None: not known), a hint for the auto GEMM path's threshold (``resolve_gemm``); a plan runs either
+    format whatever it was told.
     Raises TypeError / ValueError on bad input, ResourceError if the workspace does not fit, RuntimeError
     without an SM90 GPU.
     """
@@ -482,7 +499,8 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
         raise ValueError(f"max_tokens: expected an int >= T = {t}, got {max_tokens!r}")
     if block_m is not None and not isinstance(block_m, int):
         raise ValueError(f"block_m: expected an int, got {block_m!r}")
-    gemm, block_m = plan_shape(max_tokens * k, num_experts, gemm=gemm, block_m=block_m, experts_total=experts_total)
+    gemm, block_m = plan_shape(max_tokens * k, num_experts, gemm=gemm, block_m=block_m, experts_total=experts_total,
+                               scales=scales)
     if max_tokens * k >= 2**31 - 2**20:
         raise ValueError(f"max_tokens: {max_tokens} x top-k {k} pairs overflow the int32 plan")
     route = resolve_route(route, max_tokens * k)
@@ -640,7 +658,10 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     """plan + run in one call (the plan is built for this batch and dropped). Shapes, dtypes and errors as in
     ``plan`` and ``run``; num_experts is w13.shape[0]; gemm as in ``plan``. Returns out bf16 [T, H]."""
     expect_tensor(w13, "w13", dtype=_FP8, ndim=3, layout="[E, 2I, H]", why=" (float8_e4m3fn)")
-    p = plan(topk_ids, num_experts=int(w13.shape[0]), expert_offset=expert_offset, pdl=pdl, gemm=gemm)
+    if scales not in SCALE_MODES:
+        raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
+    p = plan(topk_ids, num_experts=int(w13.shape[0]), expert_offset=expert_offset, pdl=pdl, gemm=gemm,
+             scales=scales)
     return run(p, x, w13, w2, topk_weights, scales=scales, w13_scale=w13_scale, w2_scale=w2_scale,
                a1_scale=a1_scale, a2_scale=a2_scale, shared_out=shared_out, out=out, pdl=pdl)
 
