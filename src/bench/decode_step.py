@@ -616,7 +616,7 @@ class StepModel:
         impl = kr.choose_impl(self.batch, rw.n, rw.k)
         self.notes.append(f"router dispatch -> {impl}")
         router = lambda: kr.router_gemm(t["o"], rw, impl="dispatch", out=t["scores"])  # noqa: E731
-        mplan = kmoe.plan(t["topk_ids"], num_experts=s.experts, max_tokens=self.batch, pdl=pdl)
+        mplan = kmoe.plan(t["topk_ids"], num_experts=s.experts, max_tokens=self.batch, pdl=pdl, scales="pertensor")
 
         def moe():
             self.shared()

@@ -1,7 +1,8 @@
 """Fused low-latency FP8 MoE on SM90: route -> gate-up (+SiLU-and-mul) -> down -> top-k reduce, PDL-chained.
 
 Public API (plan once per decode step, run per layer):
-    ``plan(topk_ids, *, num_experts, expert_offset=0, max_tokens=None, block_m=None, gemm=None) -> MoEPlan``
+    ``plan(topk_ids, *, num_experts, expert_offset=0, max_tokens=None, block_m=None, gemm=None, scales=None)
+    -> MoEPlan``
     ``run(plan, x, w13, w2, topk_weights, *, scales, w13_scale, w2_scale, a1_scale, a2_scale, shared_out, out)``
     ``fused_moe(x, topk_ids, topk_weights, w13, w2, *, ...)`` = plan + run; ``torch.ops.hotpaths.fused_moe``.
 The staged math the kernels follow is hotpaths.reference.fused_moe's emulation (the contract in its docstring);
@@ -20,10 +21,11 @@ GEMM paths, one numerics contract (``MoEPlan.gemm``): ``"mma"`` (expert_gemm.cu:
 8-64 pairs, split-K; the decode sizes), ``"wgmma"`` (expert_wgmma.cu: warpgroup MMA with the tile's pairs as N,
 tiles of 16-128 pairs; many pairs per expert) and ``"wgmma_ws"`` (expert_wgmma.cu's warp-specialized kernel: a
 producer warp feeding the weights by TMA and the token rows by cp.async through an mbarrier ring, two consumer
-warpgroups; same tiles as wgmma). ``plan(gemm="auto")`` picks mma or wgmma by the average rows per expert
-(``resolve_gemm``); ``$HOTPATHS_MOE_GEMM`` (any name of ``GEMMS``) is the default when ``gemm`` is not given, so one
-process can be switched without code changes. ``"mma_tma"`` is the mma.sync GEMM fed the same way (TMA weight boxes
-through a deep mbarrier ring that runs across work units; the decode sizes).
+warpgroups; same tiles as wgmma). ``plan(gemm="auto")`` picks wgmma_ws or wgmma by the average rows per expert
+and, when ``plan(scales=...)`` gives it, the FP8 format (``resolve_gemm``); ``$HOTPATHS_MOE_GEMM`` (any name of
+``GEMMS``) is the default when ``gemm`` is not given, so one process can be switched without code changes.
+``"mma_tma"`` is the mma.sync GEMM fed the same way (TMA weight boxes through a deep mbarrier ring that runs across
+work units; the decode sizes).
 
 Route paths, one plan (``MoEPlan.route``, fixed at plan time from max_pairs so a captured graph replays the same
 launches at any live token count): ``"one"`` (route.cu's one-CTA kernel: a few us at decode sizes) and ``"multi"``
