@@ -434,6 +434,8 @@ SHAPES = {  # name: (E, K, H, I, expert_offset, id range)
     # partial last 1x128 groups on both sides (64 wide): scale rows of 2 floats, an odd count of k stages
     "h192_i64": (8, 2, 192, 64, 0, (0, 8)),
     "h192_i192": (8, 3, 192, 192, 0, (-1, 8)),
+    # rows of 1.25 x 256 columns: the activation pre-pass's (row, 256-column chunk) units with a partial last chunk
+    "h320_i320": (8, 2, 320, 320, 0, (0, 8)),
 }
 _W = {}
 
@@ -499,7 +501,7 @@ def test_partial_scale_groups_match_emulation(moe, name, mode, t, block_m, gemm)
 
 
 @pytest.mark.parametrize("mode", ["pertensor", "block"])
-@pytest.mark.parametrize("name", ["small_i192", "hy3_tp8"])
+@pytest.mark.parametrize("name", ["small_i192", "hy3_tp8", "hy3_tp1_ep8", "h320_i320"])
 def test_prepass_quantizes_like_the_contract(moe, name, mode):
     """The activation pre-pass: xq = e4m3(x / s) for the T rows and aq = e4m3(act / s) for the valid pairs (by
     sorted position), s = a1/a2 or the 1x128 group scales amax * fp32(1/448) (bit-equal to the emulation's). The

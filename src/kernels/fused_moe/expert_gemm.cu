@@ -586,8 +586,11 @@ __global__ void __launch_bounds__(T::THREADS, T::MIN_CTAS)
 }
 
 // Activation pre-pass: dst[r] = e4m3(src[r] / scale) for rows r < nrows (nrows read from the device after the
-// wait when nrows_dev is set: the act rows of this step are the plan's valid pairs), one warp per row, 8 elements
-// (16 bytes) per lane, so a 1x128 group is 16 lanes. Per-tensor: scale = a_scale[0]. Block: scale = max(amax *
+// wait when nrows_dev is set: the act rows of this step are the plan's valid pairs). Work unit = (row, 256-column
+// chunk), one per warp at a time, 8 elements (16 bytes) per lane, so a 1x128 group is 16 lanes. Units, not rows:
+// with a warp per row, a row of H = 4096 was 16 dependent load-quantize-store rounds (the x pass took ~10 us on the
+// H200 at any decode batch, longer than the route it overlaps, and the gate-up waits for it); spread over the
+// grid's warps every chunk's load is in flight at once. Per-tensor: scale = a_scale[0]. Block: scale = max(amax *
 // fp32(1/448), 1e-12), written to gscale[r, c / 128]: a multiply by the rounded reciprocal, NOT the correctly
 // rounded quotient amax / 448. That is what the contract's emulation computes on a GPU (torch evaluates
 // `cuda_tensor / python_float` as a times fp32(1 / b)), and the two differ by an ulp in about 60% of the groups.
@@ -607,37 +610,39 @@ __global__ void __launch_bounds__(256)
   if (nrows_dev != nullptr) nrows = min(nrows, nrows_dev[0]);
   const int lane = threadIdx.x & 31;
   const int groups = (cols + 127) / 128;
+  const int chunks = (cols + 255) / 256;
   const float a_s = BLOCK ? 1.0f : a_scale[0];
   const float a_r = recip(a_s);
-  for (int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < nrows; row += (gridDim.x * blockDim.x) >> 5) {
+  // int: rows x cols < 2^31 (checked by the host), so rows x chunks is far inside int range
+  const int units = nrows * chunks;
+  for (int u = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; u < units; u += (gridDim.x * blockDim.x) >> 5) {
+    // uniform per warp: every lane reaches the shuffles
+    const int row = u / chunks, c = (u - row * chunks) * 256 + lane * 8;
     const __nv_bfloat16* sp = src + (size_t)row * cols;
     uint8_t* dp = dst + (size_t)row * cols;
-    for (int c0 = 0; c0 < cols; c0 += 256) {  // uniform per warp: every lane reaches the shuffles
-      const int c = c0 + lane * 8;
-      const bool ok = c < cols;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (ok) v = *reinterpret_cast<const uint4*>(sp + c);
-      float s = a_s, r = a_r;
-      if constexpr (BLOCK) {
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-        float m = 0.f;
+    const bool ok = c < cols;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (ok) v = *reinterpret_cast<const uint4*>(sp + c);
+    float s = a_s, r = a_r;
+    if constexpr (BLOCK) {
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+      float m = 0.f;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = __bfloat1622float2(h[i]);
-          m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
-        }
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(h[i]);
+        m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
 #pragma unroll
-        for (int o = 8; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // the 16-lane group
-        s = fmaxf(__fmul_rn(m, 1.0f / 448.0f), 1e-12f);
-        r = recip(s);
-        if (ok && (lane & 15) == 0) gscale[(size_t)row * groups + c / 128] = s;
-      }
-      if (ok) {
-        uint2 q;
-        q.x = quant4(make_uint2(v.x, v.y), s, r);
-        q.y = quant4(make_uint2(v.z, v.w), s, r);
-        *reinterpret_cast<uint2*>(dp + c) = q;
-      }
+      for (int o = 8; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // the 16-lane group
+      s = fmaxf(__fmul_rn(m, 1.0f / 448.0f), 1e-12f);
+      r = recip(s);
+      if (ok && (lane & 15) == 0) gscale[(size_t)row * groups + c / 128] = s;
+    }
+    if (ok) {
+      uint2 q;
+      q.x = quant4(make_uint2(v.x, v.y), s, r);
+      q.y = quant4(make_uint2(v.z, v.w), s, r);
+      *reinterpret_cast<uint2*>(dp + c) = q;
     }
   }
   if (!wait_first) hp::pdl_wait();
@@ -954,7 +959,7 @@ int hp_moe_quant(const void* src, void* dst, float* gscale, const float* a_scale
   if (max_rows <= 0) return 0;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
-  long long grid = ((long long)max_rows + 7) / 8;  // 8 warps (rows) per CTA
+  long long grid = ((long long)max_rows * ((cols + 255) / 256) + 7) / 8;  // 8 warps (row chunks) per CTA
   const long long cap = 16LL * hp::sm_count();
   if (grid > cap) grid = cap;
   const auto* s = static_cast<const __nv_bfloat16*>(src);
