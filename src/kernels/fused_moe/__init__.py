@@ -71,8 +71,8 @@ GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
 # when it is not. The producer warps keep weight boxes and token rows in flight across work units, which pays while
 # the streams are the cost; with many rows per tile the tile math is, and the cp.async kernel's two full consumer
 # warpgroups win; block mode's per-stage scale loads ride in the producer's ring, so its crossover comes earlier.
-WS_MAX_ROWS = 64.0
 WS_MAX_ROWS_BY_SCALES = {"pertensor": 96.0, "block": 64.0}
+WS_MAX_ROWS = min(WS_MAX_ROWS_BY_SCALES.values())  # format unknown: the lower threshold is safe for both
 WS_SPLIT_FLAGS = 512  # kWsMaxCtas of expert_wgmma.cu: the flags at the head of MoEPlan.ws_split_workspace()
 MAX_EXPERTS = 512            # the route kernels keep 32 x E counters in shared memory
 ROUTES = ("auto", "one", "multi")
@@ -251,9 +251,12 @@ def _named_choice(value: str | None, arg: str, env: str, choices) -> str:
     return value
 
 
-def _check_scales_hint(scales: str | None) -> None:
-    if scales is not None and scales not in SCALE_MODES:
-        raise ValueError(f"scales: expected None or one of {SCALE_MODES}, got {scales!r}")
+def _check_scales(scales, *, hint: bool = False) -> None:
+    """ValueError naming ``scales`` unless it is one of SCALE_MODES (or None, for a plan's hint)."""
+    if hint and scales is None:
+        return
+    if scales not in SCALE_MODES:
+        raise ValueError(f"scales: expected {'None or ' if hint else ''}one of {SCALE_MODES}, got {scales!r}")
 
 
 def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: int | None = None,
@@ -262,7 +265,7 @@ def resolve_gemm(gemm: str | None, max_pairs: int, num_experts: int, block_m: in
     tile (block_m 8), else "wgmma_ws" while the average rows per expert (max_pairs / E) stay below the threshold of
     the scale format (WS_MAX_ROWS_BY_SCALES[scales]; WS_MAX_ROWS when scales is None) and "wgmma" from there.
     Raises ValueError on an unknown name (the environment variable's included) or scale format."""
-    _check_scales_hint(scales)
+    _check_scales(scales, hint=True)
     gemm = _named_choice(gemm, "gemm", GEMM_ENV, GEMMS)
     if gemm != "auto":
         return gemm
@@ -412,8 +415,7 @@ class MoEPlan(PlanSize):
     def split_factors(self, hidden: int, inter: int, scales: str = "pertensor") -> tuple[int, int]:
         """(gate-up, down) split-K factors the GEMM launches take for the tile count now in the plan (1: no split).
         Reads the plan's header on the host (a sync): for tests and diagnostics, not hot paths."""
-        if scales not in SCALE_MODES:
-            raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
+        _check_scales(scales)
         if self.gemm not in MMA_GEMMS:
             return 1, 1  # only the mma.sync GEMMs split K (the wgmma tiles are many and long)
         tiles = int(self.fields()["header"][1])
@@ -542,8 +544,7 @@ def _validate_run(p: MoEPlan, x, w13, w2, topk_weights, scales, w13_scale, w2_sc
         raise ValueError(f"x: expected T = {p.num_tokens} tokens like the plan's topk_ids, got shape {tuple(x.shape)}")
     if tuple(topk_weights.shape) != (t, p.topk):
         raise ValueError(f"topk_weights: expected shape {(t, p.topk)}, got {tuple(topk_weights.shape)}")
-    if scales not in SCALE_MODES:
-        raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
+    _check_scales(scales)
     if scales == "pertensor":
         shapes = {"w13_scale": (e,), "w2_scale": (e,), "a1_scale": (1,), "a2_scale": (1,)}
     else:
@@ -660,8 +661,7 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     """plan + run in one call (the plan is built for this batch and dropped). Shapes, dtypes and errors as in
     ``plan`` and ``run``; num_experts is w13.shape[0]; gemm as in ``plan``. Returns out bf16 [T, H]."""
     expect_tensor(w13, "w13", dtype=_FP8, ndim=3, layout="[E, 2I, H]", why=" (float8_e4m3fn)")
-    if scales not in SCALE_MODES:
-        raise ValueError(f"scales: expected one of {SCALE_MODES}, got {scales!r}")
+    _check_scales(scales)
     p = plan(topk_ids, num_experts=int(w13.shape[0]), expert_offset=expert_offset, pdl=pdl, gemm=gemm,
              scales=scales)
     return run(p, x, w13, w2, topk_weights, scales=scales, w13_scale=w13_scale, w2_scale=w2_scale,
