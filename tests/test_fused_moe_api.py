@@ -238,6 +238,24 @@ def test_reduce_variant_env(monkeypatch):
         moe.reduce_variant()
 
 
+@pytest.mark.parametrize("gemm", moe.GEMMS[1:])
+def test_act_quant_fused_rule(monkeypatch, gemm):
+    """The gate-up epilogue writes aq (no pre-pass launch for the down GEMM) exactly on the per-tensor wgmma paths,
+    unless $HOTPATHS_MOE_ACT_QUANT = prepass; a bad value names the variable."""
+    p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, 16), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2, 16,
+                    gemm=gemm)
+    monkeypatch.delenv(moe.ACT_QUANT_ENV, raising=False)
+    assert moe.act_quant_fused(p, "pertensor") == (gemm in moe.WGMMA_GEMMS)
+    assert not moe.act_quant_fused(p, "block")
+    monkeypatch.setenv(moe.ACT_QUANT_ENV, "Prepass")
+    assert not moe.act_quant_fused(p, "pertensor")
+    monkeypatch.setenv(moe.ACT_QUANT_ENV, "fused")
+    assert moe.act_quant_fused(p, "pertensor") == (gemm in moe.WGMMA_GEMMS)
+    monkeypatch.setenv(moe.ACT_QUANT_ENV, "never")
+    with pytest.raises(ValueError, match=r"\$HOTPATHS_MOE_ACT_QUANT: expected one of"):
+        moe.act_quant_fused(p, "pertensor")
+
+
 def test_plan_default_route_is_one_cta():
     p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, 8), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2, 8)
     assert p.route == "one" and p.route_scratch() is None

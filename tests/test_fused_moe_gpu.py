@@ -423,6 +423,26 @@ def test_reduce_variant_through_run(moe, monkeypatch, variant):
     assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
 
 
+@pytest.mark.parametrize("gemm", ["wgmma", "wgmma_ws"])
+@pytest.mark.parametrize("name,t", [("small_i192", 37), ("hy3_tp8", 64), ("h320_i320", 29), ("hy3_tp8", 600)])
+def test_gate_up_writes_aq_like_the_prepass(moe, monkeypatch, name, t, gemm):
+    """Per-tensor on the wgmma paths the gate-up epilogue writes aq itself (the down GEMM's pre-pass is not
+    launched): aq of the valid pairs and out equal, bit for bit, to a run with the pre-pass
+    ($HOTPATHS_MOE_ACT_QUANT = prepass)."""
+    e, k, h, i, off, _ = SHAPES[name]
+    res = {}
+    for choice in ("prepass", "auto"):
+        monkeypatch.setenv(moe.ACT_QUANT_ENV, choice)
+        p, (_, _, out), _ = _run_case(moe, name, "pertensor", t, seed=t, gemm=gemm)
+        assert moe.act_quant_fused(p, "pertensor") == (choice == "auto")
+        nvalid = int(p.fields()["header"][0])
+        aq = p.quant_buffers(h, i)[2]
+        res[choice] = (aq[:nvalid].clone(), out.clone())
+    assert torch.equal(res["auto"][0], res["prepass"][0]), f"{name}/T={t}/{gemm}: aq differs from the pre-pass"
+    assert torch.equal(res["auto"][1].view(torch.int16), res["prepass"][1].view(torch.int16)), \
+        f"{name}/T={t}/{gemm}: out differs with the fused act quantization"
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # stages and the fused pipeline
 

@@ -32,7 +32,9 @@ launches at any live token count): ``"one"`` (route.cu's one-CTA kernel: a few u
 (per-chunk expert histograms, then every CTA places its chunk at its (expert, chunk) offset: the large batches);
 ``plan(route="auto")`` takes multi from ROUTE_MULTI_MIN_PAIRS (``resolve_route``; default ``$HOTPATHS_MOE_ROUTE``).
 The reduce takes its wide kernel (a GPU-covering grid of warps, 256 B in flight per lane) from 512 tokens;
-``$HOTPATHS_MOE_REDUCE`` = narrow / wide forces one (the same bits either way).
+``$HOTPATHS_MOE_REDUCE`` = narrow / wide forces one (the same bits either way). Per-tensor on the wgmma paths the
+gate-up epilogue writes ``aq`` beside ``act``, so the down GEMM's activation pre-pass is not launched
+(``act_quant_fused``; ``$HOTPATHS_MOE_ACT_QUANT`` = prepass keeps it).
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ ROUTE_ENV = "HOTPATHS_MOE_ROUTE"  # default of plan(route=None)
 ROUTE_MULTI_MIN_PAIRS = 4096
 REDUCES = {"auto": 0, "narrow": 1, "wide": 2}  # hp_moe_reduce's variant argument
 REDUCE_ENV = "HOTPATHS_MOE_REDUCE"
+# Per-tensor on the wgmma paths the gate-up epilogue writes aq (e4m3(act / a2_scale)) beside act, so the down GEMM's
+# activation pre-pass is not launched when run() runs both GEMMs ("fused"); "prepass" keeps the separate pass (A/B).
+ACT_QUANTS = ("auto", "fused", "prepass")
+ACT_QUANT_ENV = "HOTPATHS_MOE_ACT_QUANT"
 MAX_TOPK = 16
 SCALE_MODES = ("pertensor", "block")
 STAGES = ("route", "gate_up", "down", "reduce")
@@ -156,7 +162,7 @@ def _lib() -> ctypes.CDLL:
     lib.hp_moe_route_ctas.restype = i
     lib.hp_moe_splitk_ints.argtypes = [i, i, i]
     lib.hp_moe_splitk_ints.restype = ctypes.c_longlong
-    gemm = [vp, vp, vp, vp, vp, vp, vp, i, i, i, i, i, i, i, i, vp, vp]
+    gemm = [vp, vp, vp, vp, vp, vp, vp, i, i, i, i, i, i, i, i, vp, vp, vp, vp]
     for name in (f"hp_moe_{g}{sfx}" for g in ("gate_up", "down") for sfx in _GEMM_SUFFIX.values()):
         getattr(lib, name).argtypes = gemm
         getattr(lib, name).restype = i
@@ -312,6 +318,13 @@ def resolve_route(route: str | None, max_pairs: int) -> str:
     if route != "auto":
         return route
     return "multi" if max_pairs >= ROUTE_MULTI_MIN_PAIRS else "one"
+
+
+def act_quant_fused(p: "MoEPlan", scales: str) -> bool:
+    """Whether run() has the gate-up epilogue write aq itself (per-tensor, wgmma paths; not with
+    ``$HOTPATHS_MOE_ACT_QUANT`` = prepass). Raises ValueError on an unknown value of the variable."""
+    choice = _named_choice(None, "act_quant", ACT_QUANT_ENV, ACT_QUANTS)
+    return choice != "prepass" and scales == "pertensor" and p.gemm in WGMMA_GEMMS
 
 
 def reduce_variant() -> int:
@@ -605,6 +618,7 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     t, h, i = _validate_run(p, x, w13, w2, topk_weights, scales, w13_scale, w2_scale, a1_scale, a2_scale,
                             shared_out, out)
     variant = reduce_variant() if "reduce" in todo else 0
+    fuse_q = "gate_up" in todo and act_quant_fused(p, scales)
     if out is None:
         _fits("fused_moe out", 2 * t * h, p.device)
         out = torch.empty(t, h, dtype=torch.bfloat16, device=p.device)
@@ -631,20 +645,25 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     # Each GEMM stage: its activation pre-pass (rows of x or act -> fp8 + group scales), then the grouped GEMM.
     suffix = _GEMM_SUFFIX[p.gemm]
     gu_fn, dn_fn = getattr(lib, f"hp_moe_gate_up{suffix}"), getattr(lib, f"hp_moe_down{suffix}")
+    # fuse_q: the gate-up epilogue writes aq as well (per-tensor, wgmma paths), so the down stage's pre-pass is not
+    # launched in the same run (a down stage run alone keeps it: it may follow a change of act).
     gemms = {"gate_up": (gu_fn, x, xq, xsc, a1_scale, None, t, h, int("route" not in todo),
-                         w13, w13_scale, act, sk_gu),
+                         w13, w13_scale, act, sk_gu, True, aq if fuse_q else None),
              "down": (dn_fn, act, aq, asc, a2_scale, _ptr(nvalid), p.max_pairs, i, 1,
-                      w2, w2_scale, ybuf, sk_dn)}
-    for stage, (gemm, src, q, sc, static, rows_ptr, rows, width, wait_first, w, w_scale, dst, sk) in gemms.items():
+                      w2, w2_scale, ybuf, sk_dn, not fuse_q, None)}
+    for stage, (gemm, src, q, sc, static, rows_ptr, rows, width, wait_first, w, w_scale, dst, sk, prepass,
+                q_dst) in gemms.items():
         if stage not in todo:
             continue
         what = (f"fused_moe {stage} (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, I={i}, "
                 f"scales={scales}, block_m={p.block_m}, gemm={p.gemm})")
-        _check(lib.hp_moe_quant(_ptr(src), _ptr(q), _ptr(sc), _ptr(static), rows_ptr, rows, width, block, wait_first,
-                                int(pdl), stream),
-               f"fused_moe {stage} activation pre-pass (rows<={rows}, width={width}, scales={scales})")
+        if prepass:
+            _check(lib.hp_moe_quant(_ptr(src), _ptr(q), _ptr(sc), _ptr(static), rows_ptr, rows, width, block,
+                                    wait_first, int(pdl), stream),
+                   f"fused_moe {stage} activation pre-pass (rows<={rows}, width={width}, scales={scales})")
         _check(gemm(_ptr(p.workspace), _ptr(q), _ptr(sc), _ptr(w), _ptr(w_scale), _ptr(static), _ptr(dst), p.topk,
-                    p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), _ptr(sk), stream), what)
+                    p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), _ptr(sk), _ptr(q_dst),
+                    _ptr(a2_scale if q_dst is not None else None), stream), what)
     if "reduce" in todo:
         _check(lib.hp_moe_reduce(_ptr(p.topk_ids), _ptr(topk_weights), _ptr(ybuf), _ptr(shared_out), _ptr(out), t,
                                  p.topk, p.num_experts, p.expert_offset, h, variant, int(pdl), stream),

@@ -974,10 +974,10 @@ int hp_moe_quant(const void* src, void* dst, float* gscale, const float* a_scale
 // The gate-up GEMM (src = xq, src_scale = x_scale, w = w13, a_scale = a1_scale, dst = act) and the down GEMM (src =
 // aq, src_scale = act_scale, w = w2, a_scale = a2_scale, dst = ybuf); arguments: hp_moe::gemm_args. _tma: the
 // TMA-fed kernel (expert_gemm_tma_kernel).
-HP_MOE_GEMM_ENTRY(hp_moe_gate_up, true, hp_moe::mma_dispatch)
-HP_MOE_GEMM_ENTRY(hp_moe_down, false, hp_moe::mma_dispatch)
-HP_MOE_GEMM_ENTRY(hp_moe_gate_up_tma, true, hp_moe::tma_dispatch)
-HP_MOE_GEMM_ENTRY(hp_moe_down_tma, false, hp_moe::tma_dispatch)
+HP_MOE_GEMM_ENTRY(hp_moe_gate_up, true, hp_moe::mma_dispatch, false)
+HP_MOE_GEMM_ENTRY(hp_moe_down, false, hp_moe::mma_dispatch, false)
+HP_MOE_GEMM_ENTRY(hp_moe_gate_up_tma, true, hp_moe::tma_dispatch, false)
+HP_MOE_GEMM_ENTRY(hp_moe_down_tma, false, hp_moe::tma_dispatch, false)
 
 // The top-k reduce. variant: 0 = by batch (reduce_wide_kernel from kReduceWideMinTokens tokens), 1 = reduce_kernel,
 // 2 = reduce_wide_kernel (both give the same bits).

@@ -186,6 +186,16 @@ __device__ __forceinline__ int src_row(const PlanView& plan, const ItemInfo& it,
     return it.start + n;
 }
 
+// Gate-up, per-tensor, a.q_dst set: the 8 act values v (one 16-byte chunk of sorted position s, columns col..col+8)
+// also as e4m3(v / q_scale[0]) into aq, the bytes quant_rows_kernel<false> writes for them (same quant4, same
+// reciprocal), so the down GEMM reads them without that pre-pass: one launch (and its wait) fewer per layer.
+__device__ __forceinline__ void store_act_q(const GemmArgs& a, size_t s, int col, const uint4& v, float qs, float qr) {
+  uint2 q;
+  q.x = quant4(make_uint2(v.x, v.y), qs, qr);
+  q.y = quant4(make_uint2(v.z, v.w), qs, qr);
+  *reinterpret_cast<uint2*>(a.q_dst + s * a.dst_cols + col) = q;
+}
+
 // The item's output tile, bf16 in shared memory (out_s [BM][OUT_STRIDE]), to act (by sorted position, 128 bytes
 // per token row) or ybuf (at the original pair index, 256 bytes per row; columns past H skipped) as 16-byte stores
 // by `nthreads` threads (thread index `t`); rows past the tile's are not stored.
@@ -193,12 +203,17 @@ template <class T>
 __device__ __forceinline__ void wg_store_tile(const GemmArgs& a, const PlanView& plan, const ItemInfo& it,
                                               const __nv_bfloat16* out_s, int t, int nthreads) {
   constexpr int CPR = T::OUT_COLS * 2 / 16;  // 16-byte chunks per token row
+  const float qs = T::GATE_UP && !T::BLOCK && a.q_dst != nullptr ? a.q_scale[0] : 1.0f, qr = recip(qs);
   for (int idx = t; idx < T::BM * CPR; idx += nthreads) {
     const int n = idx / CPR, c = idx - n * CPR;
     if (n >= it.rows) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(out_s + n * T::OUT_STRIDE + c * 8);
     if constexpr (T::GATE_UP) {
-      *reinterpret_cast<uint4*>(a.dst + (size_t)(it.start + n) * a.dst_cols + it.nt * kHalfRows + c * 8) = v;
+      const int col = it.nt * kHalfRows + c * 8;
+      *reinterpret_cast<uint4*>(a.dst + (size_t)(it.start + n) * a.dst_cols + col) = v;
+      if constexpr (!T::BLOCK) {  // per-tensor only (the entry points refuse q_dst in block mode)
+        if (a.q_dst != nullptr) store_act_q(a, (size_t)(it.start + n), col, v, qs, qr);
+      }
     } else {
       const int col = it.nt * kItemRows + c * 8;
       if (col < a.dst_cols) {
@@ -724,13 +739,18 @@ __device__ __forceinline__ void ws_epilogue(const GemmArgs& a, const PlanView& p
     }
   }
   consumer_bar_sync();
+  const float qs = T::GATE_UP && !T::BLOCK && a.q_dst != nullptr ? a.q_scale[0] : 1.0f, qr = recip(qs);
 #pragma unroll
   for (int i = 0; i < T::ST_PER_THREAD; ++i) {
     const int idx = tid + i * kWsConsumers, n = idx / T::CPR, c = idx - n * T::CPR;
     if (idx >= T::CHUNKS || n >= it.rows) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(out_s + n * T::OUT_STRIDE + c * 8);
     if constexpr (T::GATE_UP) {
-      *reinterpret_cast<uint4*>(a.dst + (size_t)(it.start + n) * a.dst_cols + it.nt * kHalfRows + c * 8) = v;
+      const int col = it.nt * kHalfRows + c * 8;
+      *reinterpret_cast<uint4*>(a.dst + (size_t)(it.start + n) * a.dst_cols + col) = v;
+      if constexpr (!T::BLOCK) {  // per-tensor only (the entry points refuse q_dst in block mode)
+        if (a.q_dst != nullptr) store_act_q(a, (size_t)(it.start + n), col, v, qs, qr);
+      }
     } else {
       const int col = it.nt * kItemRows + c * 8;
       if (col < a.dst_cols) {
@@ -1061,9 +1081,9 @@ int hp_moe_ws_split_flags() {
 
 // The wgmma gate-up and down GEMMs: arguments as hp_moe_gate_up and hp_moe_down. _wg: expert_wgmma_kernel (every
 // thread loads, cp.async); _ws: expert_wgmma_ws_kernel (a TMA producer warp and two consumer warpgroups).
-HP_MOE_GEMM_ENTRY(hp_moe_gate_up_wg, true, hp_moe::wg_dispatch)
-HP_MOE_GEMM_ENTRY(hp_moe_down_wg, false, hp_moe::wg_dispatch)
-HP_MOE_GEMM_ENTRY(hp_moe_gate_up_ws, true, hp_moe::ws_dispatch)
-HP_MOE_GEMM_ENTRY(hp_moe_down_ws, false, hp_moe::ws_dispatch)
+HP_MOE_GEMM_ENTRY(hp_moe_gate_up_wg, true, hp_moe::wg_dispatch, true)
+HP_MOE_GEMM_ENTRY(hp_moe_down_wg, false, hp_moe::wg_dispatch, true)
+HP_MOE_GEMM_ENTRY(hp_moe_gate_up_ws, true, hp_moe::ws_dispatch, true)
+HP_MOE_GEMM_ENTRY(hp_moe_down_ws, false, hp_moe::ws_dispatch, true)
 
 }  // extern "C"
