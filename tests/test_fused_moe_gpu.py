@@ -380,6 +380,7 @@ def test_route_choice_by_plan_size(moe, monkeypatch):
 
 REDUCE_CASES = [  # (T, K, E, expert_offset, id range, H, shared)
     (1, 8, 192, 0, (0, 192), 4096, False),
+    (256, 8, 192, 0, (0, 192), 4096, False),    # the first batch auto gives the wide kernel
     (600, 8, 192, 0, (-1, 192), 4096, True),
     (4096, 8, 192, 0, (0, 192), 4096, False),   # Hy3 TP8 at the measured large batch
     (513, 8, 24, 24, (0, 192), 4096, True),     # EP: most slots remote (their ybuf rows are NaN here)

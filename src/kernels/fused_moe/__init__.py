@@ -31,7 +31,7 @@ Route paths, one plan (``MoEPlan.route``, fixed at plan time from max_pairs so a
 launches at any live token count): ``"one"`` (route.cu's one-CTA kernel: a few us at decode sizes) and ``"multi"``
 (per-chunk expert histograms, then every CTA places its chunk at its (expert, chunk) offset: the large batches);
 ``plan(route="auto")`` takes multi from ROUTE_MULTI_MIN_PAIRS (``resolve_route``; default ``$HOTPATHS_MOE_ROUTE``).
-The reduce takes its wide kernel (a GPU-covering grid of warps, 256 B in flight per lane) from 512 tokens;
+The reduce takes its wide kernel (a GPU-covering grid of warps, 256 B in flight per lane) from 256 tokens;
 ``$HOTPATHS_MOE_REDUCE`` = narrow / wide forces one (the same bits either way). Per-tensor on the wgmma paths the
 gate-up epilogue writes ``aq`` beside ``act``, so the down GEMM's activation pre-pass is not launched
 (``act_quant_fused``; ``$HOTPATHS_MOE_ACT_QUANT`` = prepass keeps it).

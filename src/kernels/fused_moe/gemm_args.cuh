@@ -63,15 +63,13 @@ inline GemmArgs gemm_args(bool gate_up, const int* ws, const void* src, const fl
 // and activations, else per-tensor; pdl: launch with programmatic dependent launch; q_dst / q_scale: GemmArgs, only
 // where Q_OK, else they must be null). RUN<GATE_UP, BLOCK>(const GemmArgs&, int pdl, cudaStream_t) launches it and
 // returns a cudaError_t.
-#define HP_MOE_GEMM_ENTRY(NAME, GATE_UP, RUN, Q_OK)                                                              \
-  int NAME(const int* ws, const void* src, const float* src_scale, const void* w, const float* w_scale,          \
-           const float* a_scale, void* dst, int topk, int num_experts, int hidden, int inter, int max_pairs,     \
-           int block_m, int block, int pdl, void* splitk, void* q_dst, const float* q_scale,                    \
-           cudaStream_t stream) {                                                                                \
-    if (q_dst != nullptr && (!(Q_OK) || !(GATE_UP) || block || q_scale == nullptr))                             \
-      return (int)cudaErrorInvalidValue;                                                                         \
-    const hp_moe::GemmArgs a = hp_moe::gemm_args(GATE_UP, ws, src, src_scale, w, w_scale, a_scale, dst, topk,    \
-                                                 num_experts, hidden, inter, max_pairs, block_m, splitk, q_dst,  \
-                                                 q_scale);                                                       \
-    return block ? RUN<GATE_UP, true>(a, pdl, stream) : RUN<GATE_UP, false>(a, pdl, stream);                     \
+#define HP_MOE_GEMM_ENTRY(NAME, GATE_UP, RUN, Q_OK)                                                                    \
+  int NAME(const int* ws, const void* src, const float* src_scale, const void* w, const float* w_scale,                \
+           const float* a_scale, void* dst, int topk, int num_experts, int hidden, int inter, int max_pairs,           \
+           int block_m, int block, int pdl, void* splitk, void* q_dst, const float* q_scale, cudaStream_t stream) {    \
+    if (q_dst != nullptr && (!(Q_OK) || !(GATE_UP) || block || q_scale == nullptr)) return (int)cudaErrorInvalidValue; \
+    const hp_moe::GemmArgs a =                                                                                         \
+        hp_moe::gemm_args(GATE_UP, ws, src, src_scale, w, w_scale, a_scale, dst, topk, num_experts, hidden, inter,     \
+                          max_pairs, block_m, splitk, q_dst, q_scale);                                                 \
+    return block ? RUN<GATE_UP, true>(a, pdl, stream) : RUN<GATE_UP, false>(a, pdl, stream);                           \
   }
