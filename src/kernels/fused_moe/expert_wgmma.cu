@@ -186,14 +186,29 @@ __device__ __forceinline__ int src_row(const PlanView& plan, const ItemInfo& it,
     return it.start + n;
 }
 
-// Gate-up, per-tensor, a.q_dst set: the 8 act values v (one 16-byte chunk of sorted position s, columns col..col+8)
-// also as e4m3(v / q_scale[0]) into aq, the bytes quant_rows_kernel<false> writes for them (same quant4, same
-// reciprocal), so the down GEMM reads them without that pre-pass: one launch (and its wait) fewer per layer.
-__device__ __forceinline__ void store_act_q(const GemmArgs& a, size_t s, int col, const uint4& v, float qs, float qr) {
-  uint2 q;
-  q.x = quant4(make_uint2(v.x, v.y), qs, qr);
-  q.y = quant4(make_uint2(v.z, v.w), qs, qr);
-  *reinterpret_cast<uint2*>(a.q_dst + s * a.dst_cols + col) = q;
+// Gate-up: one 16-byte chunk v of act (sorted position s, columns col..col+8) to a.dst, and, per-tensor with a.q_dst
+// set, also as e4m3(v / q_scale[0]) into aq: the bytes quant_rows_kernel<false> writes for them (same quant4, same
+// reciprocal), so the down GEMM reads them without that pre-pass (one launch and its wait fewer per layer). Both
+// wgmma epilogues store through it; ActQ is the scale and its reciprocal, read once per epilogue.
+struct ActQ {
+  float s, r;
+};
+template <class T>
+__device__ __forceinline__ ActQ act_q(const GemmArgs& a) {
+  const float s = T::GATE_UP && !T::BLOCK && a.q_dst != nullptr ? a.q_scale[0] : 1.0f;
+  return ActQ{s, recip(s)};
+}
+template <class T>
+__device__ __forceinline__ void store_act(const GemmArgs& a, size_t s, int col, const uint4& v, const ActQ& q) {
+  *reinterpret_cast<uint4*>(a.dst + s * a.dst_cols + col) = v;
+  if constexpr (!T::BLOCK) {  // per-tensor only (the entry points refuse q_dst in block mode)
+    if (a.q_dst != nullptr) {
+      uint2 b;
+      b.x = quant4(make_uint2(v.x, v.y), q.s, q.r);
+      b.y = quant4(make_uint2(v.z, v.w), q.s, q.r);
+      *reinterpret_cast<uint2*>(a.q_dst + s * a.dst_cols + col) = b;
+    }
+  }
 }
 
 // The item's output tile, bf16 in shared memory (out_s [BM][OUT_STRIDE]), to act (by sorted position, 128 bytes
@@ -203,17 +218,13 @@ template <class T>
 __device__ __forceinline__ void wg_store_tile(const GemmArgs& a, const PlanView& plan, const ItemInfo& it,
                                               const __nv_bfloat16* out_s, int t, int nthreads) {
   constexpr int CPR = T::OUT_COLS * 2 / 16;  // 16-byte chunks per token row
-  const float qs = T::GATE_UP && !T::BLOCK && a.q_dst != nullptr ? a.q_scale[0] : 1.0f, qr = recip(qs);
+  const ActQ q = act_q<T>(a);
   for (int idx = t; idx < T::BM * CPR; idx += nthreads) {
     const int n = idx / CPR, c = idx - n * CPR;
     if (n >= it.rows) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(out_s + n * T::OUT_STRIDE + c * 8);
     if constexpr (T::GATE_UP) {
-      const int col = it.nt * kHalfRows + c * 8;
-      *reinterpret_cast<uint4*>(a.dst + (size_t)(it.start + n) * a.dst_cols + col) = v;
-      if constexpr (!T::BLOCK) {  // per-tensor only (the entry points refuse q_dst in block mode)
-        if (a.q_dst != nullptr) store_act_q(a, (size_t)(it.start + n), col, v, qs, qr);
-      }
+      store_act<T>(a, (size_t)(it.start + n), it.nt * kHalfRows + c * 8, v, q);
     } else {
       const int col = it.nt * kItemRows + c * 8;
       if (col < a.dst_cols) {
@@ -739,18 +750,14 @@ __device__ __forceinline__ void ws_epilogue(const GemmArgs& a, const PlanView& p
     }
   }
   consumer_bar_sync();
-  const float qs = T::GATE_UP && !T::BLOCK && a.q_dst != nullptr ? a.q_scale[0] : 1.0f, qr = recip(qs);
+  const ActQ q = act_q<T>(a);
 #pragma unroll
   for (int i = 0; i < T::ST_PER_THREAD; ++i) {
     const int idx = tid + i * kWsConsumers, n = idx / T::CPR, c = idx - n * T::CPR;
     if (idx >= T::CHUNKS || n >= it.rows) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(out_s + n * T::OUT_STRIDE + c * 8);
     if constexpr (T::GATE_UP) {
-      const int col = it.nt * kHalfRows + c * 8;
-      *reinterpret_cast<uint4*>(a.dst + (size_t)(it.start + n) * a.dst_cols + col) = v;
-      if constexpr (!T::BLOCK) {  // per-tensor only (the entry points refuse q_dst in block mode)
-        if (a.q_dst != nullptr) store_act_q(a, (size_t)(it.start + n), col, v, qs, qr);
-      }
+      store_act<T>(a, (size_t)(it.start + n), it.nt * kHalfRows + c * 8, v, q);
     } else {
       const int col = it.nt * kItemRows + c * 8;
       if (col < a.dst_cols) {
