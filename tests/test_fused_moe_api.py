@@ -205,12 +205,19 @@ def test_wgmma_plan_never_splits_k(gemm):
 
 def test_resolve_route_auto_env_and_explicit(monkeypatch):
     monkeypatch.delenv(moe.ROUTE_ENV, raising=False)
-    assert moe.resolve_route(None, 64 * 8) == "one"                              # decode: the one-CTA kernel
+    assert moe.resolve_route(None, 64 * 8) == "small"                            # decode: one pair per thread
+    assert moe.resolve_route(None, moe.ROUTE_SMALL_AUTO_PAIRS) == "small"       # auto's last plan size
+    assert moe.resolve_route(None, moe.ROUTE_SMALL_AUTO_PAIRS + 1) == "one"
+    assert moe.resolve_route("small", moe.ROUTE_SMALL_MAX_PAIRS) == "small"     # the kernel's capacity
     assert moe.resolve_route(None, moe.ROUTE_MULTI_MIN_PAIRS - 1) == "one"
     assert moe.resolve_route("auto", moe.ROUTE_MULTI_MIN_PAIRS) == "multi"      # the threshold
     assert moe.resolve_route("auto", 4096 * 8) == "multi"
     assert moe.resolve_route("one", 16384 * 8) == "one"                          # explicit: never rewritten
+    assert moe.resolve_route("one", 8) == "one"
     assert moe.resolve_route("multi", 0) == "multi"
+    assert moe.resolve_route("small", 0) == "small"
+    with pytest.raises(ValueError, match="route: 'small' takes plans of at most 1024 pairs"):
+        moe.resolve_route("small", moe.ROUTE_SMALL_MAX_PAIRS + 1)
     monkeypatch.setenv(moe.ROUTE_ENV, "multi")
     assert moe.resolve_route(None, 8) == "multi"
     assert moe.resolve_route("one", 8) == "one"                                  # the argument wins

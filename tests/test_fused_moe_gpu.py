@@ -316,11 +316,13 @@ def _route_ids(t, k, lo, hi, seed):
     return ids
 
 
-@pytest.mark.parametrize("route", ["one", "multi"])
+@pytest.mark.parametrize("route", ["small", "one", "multi"])
 @pytest.mark.parametrize("case", ROUTE_CASES + LARGE_ROUTE_CASES)
 def test_route_paths_match_host_plans(moe, case, route):
     from hotpaths.reference.fused_moe import build_routing_plan
     t, k, e, off, (lo, hi), mt, bm = case
+    if route == "small" and (mt if mt is not None else t) * k > moe.ROUTE_SMALL_MAX_PAIRS:
+        pytest.skip("a plan larger than the small route takes")
     ids = _route_ids(t, k, lo, hi, seed=t * 7 + k + e)
     if hi - lo > 8 and t >= 64:  # skew: a quarter of the tokens on experts 0..3 (relative to the rank)
         ids[: t // 4] = torch.randint(off, off + 4, (t // 4, k), dtype=torch.int32)
@@ -365,11 +367,34 @@ def test_multi_route_graph_replay_with_changing_counts(moe):
         assert torch.equal(p.workspace.cpu(), host_plan(new_ids, e, 0, mt, p.block_m)), f"{active} active tokens"
 
 
+@pytest.mark.parametrize("case", [(128, 8, 192, 0), (1024, 1, 512, 0), (64, 16, 24, 24), (300, 3, 7, 0)])
+def test_small_route_updates_and_graph_replay(moe, case):
+    """The decode-size route at its capacity (1024 pairs, E = 512 included) re-routes any live count into a stale
+    workspace byte for byte, inside a CUDA graph too (PDL on)."""
+    mt, k, e, off = case
+    ids_buf = _route_ids(mt, k, -1, off + e, 5).cuda()
+    p = moe.plan(ids_buf, num_experts=e, expert_offset=off, max_tokens=mt, route="small")
+    assert p.route == "small"
+    graph = capture(lambda: p.update(ids_buf))
+    for active in (mt, 1, mt // 3, 0, mt - 1):
+        new_ids = _route_ids(mt, k, -1, off + e, 300 + active)
+        new_ids[active:] = -1
+        ids_buf.copy_(new_ids.cuda())
+        p.workspace.fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(p.workspace.cpu(), host_plan(new_ids, e, off, mt, p.block_m)), f"{active} active tokens"
+    p.workspace.fill_(12345)
+    p.update(ids_buf[:1])
+    assert torch.equal(p.workspace.cpu(), host_plan(ids_buf[:1].cpu(), e, off, mt, p.block_m)), "eager update"
+
+
 def test_route_choice_by_plan_size(moe, monkeypatch):
     monkeypatch.delenv(moe.ROUTE_ENV, raising=False)
     small = moe.plan(torch.zeros(64, 8, dtype=torch.int32, device="cuda"), num_experts=192)
+    mid = moe.plan(torch.zeros(64, 8, dtype=torch.int32, device="cuda"), num_experts=192, max_tokens=65)
     big = moe.plan(torch.zeros(64, 8, dtype=torch.int32, device="cuda"), num_experts=192, max_tokens=4096)
-    assert (small.route, big.route) == ("one", "multi") and small.route_scratch() is None
+    assert (small.route, mid.route, big.route) == ("small", "one", "multi") and small.route_scratch() is None
     monkeypatch.setenv(moe.ROUTE_ENV, "one")
     assert moe.plan(torch.zeros(64, 8, dtype=torch.int32, device="cuda"), num_experts=192,
                     max_tokens=4096).route == "one"

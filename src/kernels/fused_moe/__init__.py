@@ -28,9 +28,10 @@ and, when ``plan(scales=...)`` gives it, the FP8 format (``resolve_gemm``); ``$H
 work units; the decode sizes).
 
 Route paths, one plan (``MoEPlan.route``, fixed at plan time from max_pairs so a captured graph replays the same
-launches at any live token count): ``"one"`` (route.cu's one-CTA kernel: a few us at decode sizes) and ``"multi"``
-(per-chunk expert histograms, then every CTA places its chunk at its (expert, chunk) offset: the large batches);
-``plan(route="auto")`` takes multi from ROUTE_MULTI_MIN_PAIRS (``resolve_route``; default ``$HOTPATHS_MOE_ROUTE``).
+launches at any live token count): ``"small"`` (route.cu's decode-size kernel: one CTA, one pair per thread; auto
+up to ROUTE_SMALL_AUTO_PAIRS pairs), ``"one"`` (the one-CTA kernel over warp segments, below ROUTE_MULTI_MIN_PAIRS)
+and ``"multi"`` (per-chunk expert histograms, then every CTA places its chunk at its (expert, chunk) offset: the
+large batches); ``plan(route="auto")`` picks by max_pairs (``resolve_route``; default ``$HOTPATHS_MOE_ROUTE``).
 The reduce takes its wide kernel (a GPU-covering grid of warps, 256 B in flight per lane) from 256 tokens;
 ``$HOTPATHS_MOE_REDUCE`` = narrow / wide forces one (the same bits either way). Per-tensor on the wgmma paths the
 gate-up epilogue writes ``aq`` beside ``act``, so the down GEMM's activation pre-pass is not launched
@@ -77,12 +78,17 @@ WS_MAX_ROWS_BY_SCALES = {"pertensor": 96.0, "block": 64.0}
 WS_MAX_ROWS = min(WS_MAX_ROWS_BY_SCALES.values())  # format unknown: the lower threshold is safe for both
 WS_SPLIT_FLAGS = 512  # kWsMaxCtas of expert_wgmma.cu: the flags at the head of MoEPlan.ws_split_workspace()
 MAX_EXPERTS = 512            # the route kernels keep 32 x E counters in shared memory
-ROUTES = ("auto", "one", "multi")
+ROUTES = ("auto", "small", "one", "multi")
 ROUTE_ENV = "HOTPATHS_MOE_ROUTE"  # default of plan(route=None)
 # "auto" takes the multi-CTA route from this many pairs (max_tokens x K; Hy3 TP8: batch >= 512). The one-CTA kernel
 # passes every pair through one SM: on the H200, 8.4 / 11.4 / 24.7 / 77.2 us at 512 / 2048 / 8192 / 32768 pairs;
 # the multi-CTA path pays a second launch (a few us) and scales with the grid.
 ROUTE_MULTI_MIN_PAIRS = 4096
+# the decode-size route kernel (one pair per thread) takes plans up to ROUTE_SMALL_MAX_PAIRS (the library's
+# hp_moe_route_small_max_pairs); auto takes it up to ROUTE_SMALL_AUTO_PAIRS. Measured on the H200 (layer us, small /
+# one): Hy3 TP8 per-tensor batch 4 44.8 / 46.2, 64 132.1 / 133.4, 128 (1024 pairs) 142.0 / 141.4.
+ROUTE_SMALL_MAX_PAIRS = 1024
+ROUTE_SMALL_AUTO_PAIRS = 512
 REDUCES = {"auto": 0, "narrow": 1, "wide": 2}  # hp_moe_reduce's variant argument
 REDUCE_ENV = "HOTPATHS_MOE_REDUCE"
 # Per-tensor on the wgmma paths the gate-up epilogue writes aq (e4m3(act / a2_scale)) beside act, so the down GEMM's
@@ -160,6 +166,12 @@ def _lib() -> ctypes.CDLL:
     lib.hp_moe_route.restype = i
     lib.hp_moe_route_ctas.argtypes = [i]
     lib.hp_moe_route_ctas.restype = i
+    lib.hp_moe_route_small.argtypes = [vp, vp, i, i, i, i, i, i, vp]
+    lib.hp_moe_route_small.restype = i
+    lib.hp_moe_route_small_max_pairs.restype = i
+    if lib.hp_moe_route_small_max_pairs() != ROUTE_SMALL_MAX_PAIRS:
+        raise RuntimeError(f"fused_moe library: the small route takes {lib.hp_moe_route_small_max_pairs()} pairs, "
+                           f"the Python mirror ROUTE_SMALL_MAX_PAIRS = {ROUTE_SMALL_MAX_PAIRS}")
     lib.hp_moe_splitk_ints.argtypes = [i, i, i]
     lib.hp_moe_splitk_ints.restype = ctypes.c_longlong
     gemm = [vp, vp, vp, vp, vp, vp, vp, i, i, i, i, i, i, i, i, vp, vp, vp, vp]
@@ -311,12 +323,18 @@ def plan_shape(max_pairs: int, num_experts: int, *, gemm: str | None = None, blo
 
 
 def resolve_route(route: str | None, max_pairs: int) -> str:
-    """The route path of a plan: ``route`` None -> ``$HOTPATHS_MOE_ROUTE`` or "auto"; "auto" -> "multi" from
-    ROUTE_MULTI_MIN_PAIRS pairs (max_tokens x K), else "one". Raises ValueError on an unknown name (the environment
-    variable's included)."""
+    """The route path of a plan: ``route`` None -> ``$HOTPATHS_MOE_ROUTE`` or "auto"; "auto" -> "small" up to
+    ROUTE_SMALL_AUTO_PAIRS pairs (max_tokens x K), "multi" from ROUTE_MULTI_MIN_PAIRS, else "one". Raises ValueError
+    on an unknown name (the environment variable's included) and on "small" for a plan larger than it takes
+    (ROUTE_SMALL_MAX_PAIRS)."""
     route = _named_choice(route, "route", ROUTE_ENV, ROUTES)
+    if route == "small" and max_pairs > ROUTE_SMALL_MAX_PAIRS:
+        raise ValueError(f"route: 'small' takes plans of at most {ROUTE_SMALL_MAX_PAIRS} pairs (max_tokens x top-k), "
+                         f"got {max_pairs}; use 'one', 'multi' or 'auto'")
     if route != "auto":
         return route
+    if max_pairs <= ROUTE_SMALL_AUTO_PAIRS:
+        return "small"
     return "multi" if max_pairs >= ROUTE_MULTI_MIN_PAIRS else "one"
 
 
@@ -349,7 +367,7 @@ class MoEPlan(PlanSize):
     topk: int
     block_m: int
     gemm: str = "mma"  # GEMM path (GEMMS): mma / mma_tma (expert_gemm.cu), wgmma / wgmma_ws (expert_wgmma.cu)
-    route: str = "one"  # route path (ROUTES less auto): one (one CTA), multi (histograms, then placement)
+    route: str = "one"  # route path (ROUTES less auto): small (decode sizes), one (one CTA), multi (many CTAs)
     _bufs: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -395,10 +413,15 @@ class MoEPlan(PlanSize):
         return self._bufs["route"]
 
     def _route(self, pdl: bool) -> None:
-        code = _lib().hp_moe_route(_ptr(self.topk_ids), _ptr(self.workspace), _ptr(self.route_scratch()),
-                                   self.num_tokens * self.topk,
-                                   self.num_experts, self.expert_offset, self.max_pairs, self.block_m, int(pdl),
-                                   _stream(self.device))
+        if self.route == "small":
+            code = _lib().hp_moe_route_small(_ptr(self.topk_ids), _ptr(self.workspace), self.num_tokens * self.topk,
+                                             self.num_experts, self.expert_offset, self.max_pairs, self.block_m,
+                                             int(pdl), _stream(self.device))
+        else:
+            code = _lib().hp_moe_route(_ptr(self.topk_ids), _ptr(self.workspace), _ptr(self.route_scratch()),
+                                       self.num_tokens * self.topk,
+                                       self.num_experts, self.expert_offset, self.max_pairs, self.block_m, int(pdl),
+                                       _stream(self.device))
         _check(code, f"fused_moe route (tokens={self.num_tokens}, topk={self.topk}, experts={self.num_experts}, "
                      f"expert_offset={self.expert_offset}, block_m={self.block_m}, route={self.route})")
 

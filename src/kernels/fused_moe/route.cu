@@ -1,7 +1,9 @@
 // Route kernels of the fused FP8 MoE: topk_ids [T, K] -> the routing plan (plan_layout.cuh), on the device.
 //
-// Two paths, one plan (byte for byte the host builder's), chosen on the host at plan time from max_pairs (so a
+// Three paths, one plan (byte for byte the host builder's), chosen on the host at plan time from max_pairs (so a
 // captured graph replays the same launches whatever the live token count; the kernels read the count they route):
+//  - route_small_kernel (decode sizes, max_pairs <= kRouteSmallMaxPairs): one CTA, one pair per thread, 7 barriers
+//    (see its comment below);
 //  - route_kernel: ONE CTA of 1024 threads, dynamic shared memory ~34 x E ints (E <= 512). With one CTA there
 //    is no inter-CTA ordering to buy with global atomics: a few us at decode sizes, but every pair passes through one
 //    SM (77 us at 32768 pairs).
@@ -325,6 +327,96 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
   write_tail_and_tiles(plan, t, sm.exp_off, sm.tile_off, c * kRouteThreads + tid, G * kRouteThreads);
 }
 
+// Decode-size path (max_pairs <= kRouteSmallMaxPairs): one CTA, one pair per thread, few barriers. Why a third
+// kernel: at decode batches the one-CTA kernel's segment walks, per-warp cursor chains and three block scans made
+// it ~485 dependent instructions per warp and 11 barriers (Nsight Compute: 6.3 us at batch 4 with cold caches, ~16
+// cycles per issued instruction), 2-4 us of the layer's critical path. Here:
+//  - thread p loads pair p's expert right after the wait (the only global read), while the CTA zeroes bits[E][32];
+//  - each warp's match_any leader stores its lanes' mask as bits[e][warp] (one writer per word: no atomics);
+//  - thread x < E sums its expert's 32 masks (8 x 16-byte loads) = its count; thread p's stable rank is the popc of
+//    its expert's masks of the warps below plus its lanes below (pairs in p order, as the host builder places them);
+//  - one block scan of count | tiles << 16 (both < 2^16 here) gives the offsets and the tile offsets, a
+//    __syncthreads_count the experts hit; each expert's thread writes its own tiles (no binary search).
+constexpr int kRouteSmallMaxPairs = kRouteThreads;
+
+__global__ void __launch_bounds__(kRouteThreads, 1)
+    route_small_kernel(const int* __restrict__ topk_ids, int* __restrict__ ws, int num_pairs, int num_experts,
+                       int expert_offset, int max_pairs, int block_m) {
+  extern __shared__ int smem[];
+  const int E = num_experts;
+  unsigned* bits = reinterpret_cast<unsigned*>(smem);  // [E][32]: bit l of bits[e][w] = pair 32 w + l on e
+  int* warp_sums = smem + 32 * E;                      // [32]
+  int* exp_off = warp_sums + 32;                       // [E]
+  const PlanView plan{ws, num_experts, max_pairs, block_m};
+  const RouteIds r{topk_ids, num_pairs, num_experts, expert_offset};
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  hp::pdl_wait();  // topk_ids come from the previous kernel; the workspace may still be read by the last down
+  hp::pdl_launch_dependents();  // after the wait, as in route_kernel (the x pre-pass relies on it)
+  const int e = r.expert(tid);
+  for (int i = tid; i < 32 * E; i += kRouteThreads) bits[i] = 0u;
+  __syncthreads();
+  const unsigned peers = __match_any_sync(0xffffffffu, e);
+  const unsigned below = (1u << lane) - 1u;
+  if (e >= 0 && (peers & below) == 0) bits[e * 32 + warp] = peers;
+  __syncthreads();
+
+  int my_count = 0;
+  if (tid < E) {
+    const uint4* row = reinterpret_cast<const uint4*>(bits + tid * 32);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint4 v = row[i];
+      my_count += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+    }
+  }
+  int rank = 0;
+  if (e >= 0) {
+    const unsigned* row = bits + e * 32;
+    for (int w = 0; w < warp; ++w) rank += __popc(row[w]);
+    rank += __popc(peers & below);
+  }
+  const int my_tiles = (my_count + block_m - 1) / block_m;
+  int packed_total = 0;
+  const int packed = block_exclusive_scan(my_count | (my_tiles << 16), warp_sums, &packed_total);
+  const int offset = packed & 0xffff, toff = packed >> 16;
+  const int valid = packed_total & 0xffff, num_tiles = packed_total >> 16;
+  const int hit = __syncthreads_count(tid < E && my_count > 0);
+  if (tid < E) {
+    exp_off[tid] = offset;
+    plan.counts()[tid] = my_count;
+    plan.offsets()[tid] = offset;
+    int* te = plan.tile_expert();
+    int* ts = plan.tile_start();
+    for (int j = 0; j < my_tiles; ++j) {
+      te[toff + j] = tid;
+      ts[toff + j] = offset + j * block_m;
+    }
+  }
+  if (tid == 0) {
+    plan.offsets()[E] = valid;
+    int* h = plan.header();
+    h[0] = valid;
+    h[1] = num_tiles;
+    h[2] = hit;
+    h[3] = block_m;
+    h[4] = h[5] = h[6] = h[7] = 0;
+  }
+  __syncthreads();  // exp_off
+  int* sorted = plan.sorted();
+  if (e >= 0) sorted[exp_off[e] + rank] = tid;
+  for (int i = valid + tid; i < max_pairs; i += kRouteThreads) sorted[i] = -1;
+  const int max_tiles = plan.max_tiles();
+  for (int i = num_tiles + tid; i < max_tiles; i += kRouteThreads) {
+    plan.tile_expert()[i] = -1;
+    plan.tile_start()[i] = -1;
+  }
+}
+
+inline int route_small_smem(int num_experts) {
+  return (int)sizeof(int) * (33 * num_experts + 32);
+}
+
 // CTAs of the multi-CTA path for a plan of max_pairs (fixed per plan: the scratch holds that many x E ints).
 inline int route_ctas(int max_pairs) {
   const int g = (max_pairs + kRoutePairsPerCta - 1) / kRoutePairsPerCta;
@@ -345,7 +437,24 @@ int hp_moe_route_ctas(int max_pairs) {
 }
 
 // The route: hist == null takes the one-CTA kernel; otherwise the two-kernel multi-CTA path with hist the scratch of
-// hp_moe_route_ctas(max_pairs) x num_experts int32.
+// hp_moe_route_ctas(max_pairs) x num_experts int32. hp_moe_route_small: the decode-size kernel (max_pairs <=
+// hp_moe_route_small_max_pairs()).
+int hp_moe_route_small_max_pairs() {
+  return hp_moe::kRouteSmallMaxPairs;
+}
+
+int hp_moe_route_small(const int* topk_ids, int* ws, int num_pairs, int num_experts, int expert_offset, int max_pairs,
+                       int block_m, int pdl, cudaStream_t stream) {
+  if (num_experts < 1 || num_experts > hp_moe::kMaxExperts || block_m < 1 || num_pairs < 0 || num_pairs > max_pairs ||
+      max_pairs > hp_moe::kRouteSmallMaxPairs)
+    return (int)cudaErrorInvalidValue;
+  hp::LaunchOptions opt;
+  opt.pdl = pdl != 0;
+  return (int)hp::launch(hp_moe::route_small_kernel, dim3(1), dim3(hp_moe::kRouteThreads),
+                         hp_moe::route_small_smem(num_experts), stream, opt, topk_ids, ws, num_pairs, num_experts,
+                         expert_offset, max_pairs, block_m);
+}
+
 int hp_moe_route(const int* topk_ids, int* ws, int* hist, int num_pairs, int num_experts, int expert_offset,
                  int max_pairs, int block_m, int pdl, cudaStream_t stream) {
   if (num_experts < 1 || num_experts > hp_moe::kMaxExperts || block_m < 1 || num_pairs < 0 || num_pairs > max_pairs)
