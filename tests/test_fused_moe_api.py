@@ -150,7 +150,9 @@ def test_torch_library_op_registered_with_fake():
 def test_choose_block_m_wgmma_tiles():
     assert moe.choose_block_m(256 * 8, 192, "wgmma") == 32    # batch 256, Hy3 TP8: 10.7 rows, up to ~18
     assert moe.choose_block_m(1024 * 8, 192, "wgmma") == 64   # 42.7 rows, up to ~57
-    assert moe.choose_block_m(4096 * 8, 192, "wgmma") == 128  # 171 rows: capped at 128 (two tiles per expert)
+    assert moe.choose_block_m(4096 * 8, 192, "wgmma") == 64   # 171 rows: 64-row tiles hold ~192, 128-row 256
+    assert moe.choose_block_m(16384 * 8, 192, "wgmma") == 128  # 683 rows: ~704 against ~768, not enough fewer
+    assert moe.choose_block_m(4096 * 8, 192, "wgmma_ws") == 128  # the rows model is the cp.async kernel's only
     assert moe.choose_block_m(4 * 8, 192, "wgmma") == 16      # the smallest wgmma tile
     with pytest.raises(ValueError, match="gemm"):
         moe.choose_block_m(64, 8, "auto")
@@ -158,8 +160,9 @@ def test_choose_block_m_wgmma_tiles():
 
 @pytest.mark.parametrize("gemm,base", [("wgmma_ws", "wgmma"), ("mma_tma", "mma")])
 def test_new_gemm_paths_share_their_family_tiles(gemm, base):
-    """The warp-specialized / TMA-fed kernels take the tiles of the kernel family they vary."""
-    for pairs in (4 * 8, 64 * 8, 256 * 8, 1024 * 8, 4096 * 8):
+    """The warp-specialized / TMA-fed kernels take the tiles of the kernel family they vary (up to the largest tile,
+    past which only the cp.async wgmma kernel weighs 64-row tiles: test_choose_block_m_wgmma_tiles)."""
+    for pairs in (4 * 8, 64 * 8, 256 * 8, 1024 * 8, 2048 * 8):
         assert moe.choose_block_m(pairs, 192, gemm) == moe.choose_block_m(pairs, 192, base)
     assert moe.resolve_gemm(gemm, 4 * 8, 192) == gemm  # never rewritten by the auto rule
 
@@ -303,7 +306,7 @@ def test_plan_shape_is_plans_choice():
     assert moe.plan_shape(256 * 8, 24) == ("wgmma", 128)
     assert moe.plan_shape(256 * 8, 24, experts_total=192) == moe.plan_shape(256 * 8, 192) == ("wgmma_ws", 32)
     assert moe.plan_shape(1024 * 8, 24, experts_total=192) == ("wgmma_ws", 64)   # 42.7 expected rows per expert
-    assert moe.plan_shape(4096 * 8, 24, experts_total=192) == ("wgmma", 128)     # 171: the cp.async kernel's
+    assert moe.plan_shape(4096 * 8, 24, experts_total=192) == ("wgmma", 64)      # 171: the cp.async kernel's
     assert moe.plan_shape(256 * 8, 192, experts_total=192) == moe.plan_shape(256 * 8, 192)  # no EP: no change
     assert moe.plan_shape(16 * 8, 192, gemm="mma") == ("mma", 8)
     assert moe.plan_shape(16 * 8, 192, block_m=64) == ("wgmma_ws", 64)
@@ -334,3 +337,19 @@ def test_expected_local_pairs_and_bad_experts_total():
             moe.expected_local_pairs(2048, 24, bad)
         with pytest.raises(ValueError, match="experts_total"):
             moe.plan(_ids(), num_experts=8, experts_total=bad if bad != 23 else 7)
+
+
+def test_expected_tile_rows_matches_sampled_routing():
+    """expected_tile_rows is E[ceil(n / bm) bm] for n ~ Poisson(avg): checked against sampled counts, and its bounds
+    (never below avg, never above avg + bm)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for avg in (3.0, 42.7, 64.0, 170.7, 682.7):
+        n = rng.poisson(avg, 200_000)
+        for bm in (64, 128):
+            sampled = float((np.ceil(n / bm) * bm).mean())
+            got = moe.expected_tile_rows(avg, bm)
+            assert abs(got - sampled) <= 0.01 * sampled, (avg, bm, got, sampled)
+            assert avg <= got <= avg + bm
+    assert moe.expected_tile_rows(0.0, 64) == 0.0

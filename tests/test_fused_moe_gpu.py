@@ -655,7 +655,7 @@ def test_wgmma_and_mma_agree_on_hy3_tp8(moe):
     assert_close(res["wgmma"][1], res["mma"][1], "out wgmma vs mma")
 
 
-def _layer_by_path(moe, mode, t, seed, gemms, split_k=True):
+def _layer_by_path(moe, mode, t, seed, gemms, split_k=True, block_m=None):
     """The Hy3 TP8 layer on the same inputs under each GEMM path of `gemms` (buffers NaN-poisoned first): per path
     (act by sorted position, ybuf of the valid pairs, out, the plan's split factors, its block_m)."""
     e, k, h, i, off, (lo, hi) = SHAPES["hy3_tp8"]
@@ -663,7 +663,7 @@ def _layer_by_path(moe, mode, t, seed, gemms, split_k=True):
     x, ids, tw = make_tokens(t, k, h, hi, seed=seed)
     res = {}
     for gemm in gemms:
-        p = moe.plan(ids, num_experts=e, gemm=gemm)
+        p = moe.plan(ids, num_experts=e, gemm=gemm, block_m=block_m)
         act, ybuf = p.buffers(h, i)
         act.fill_(float("nan"))
         ybuf.fill_(float("nan"))
@@ -703,8 +703,10 @@ def test_wgmma_ws_matches_wgmma(moe, mode, t):
     rows shows as gross differences. split_k=False: no unit is cut across CTAs (a cut unit's pieces start from
     zero accumulators, which moves where the tensor cores' FP8 accumulation rounds; see
     test_wgmma_ws_units_cut_across_ctas).
-    t = 4096: block_m 128, many items per CTA: the ring wraps many times and crosses item boundaries."""
-    res = _layer_by_path(moe, mode, t, 90 + t, ("wgmma", "wgmma_ws"), split_k=False)
+    t = 4096: block_m 128 for both (auto would give the cp.async kernel 64-row tiles there), many items per CTA: the
+    ring wraps many times and crosses item boundaries."""
+    res = _layer_by_path(moe, mode, t, 90 + t, ("wgmma", "wgmma_ws"), split_k=False,
+                         block_m=128 if t >= 4096 else None)
     assert res["wgmma"][4] == res["wgmma_ws"][4]
     for j, what in enumerate(("act", "ybuf", "out")):
         assert_close(res["wgmma_ws"][j], res["wgmma"][j], f"{mode}/T={t}: {what} wgmma_ws vs wgmma", cos_min=0.999999,

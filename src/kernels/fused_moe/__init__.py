@@ -76,6 +76,9 @@ GEMM_ENV = "HOTPATHS_MOE_GEMM"  # default of plan(gemm=None)
 # warpgroups win; block mode's per-stage scale loads ride in the producer's ring, so its crossover comes earlier.
 WS_MAX_ROWS_BY_SCALES = {"pertensor": 96.0, "block": 64.0}
 WS_MAX_ROWS = min(WS_MAX_ROWS_BY_SCALES.values())  # format unknown: the lower threshold is safe for both
+# The cp.async wgmma kernel's cost per computed tile row at 64-row tiles (two CTAs per SM) over 128-row tiles (one
+# CTA of two warpgroups): 1.16-1.17 at Hy3 TP8 4096 and 16384 tokens, both formats (H200, docs/ops/fused_moe.md).
+WG64_ROW_COST = 1.17
 WS_SPLIT_FLAGS = 512  # kWsMaxCtas of expert_wgmma.cu: the flags at the head of MoEPlan.ws_split_workspace()
 MAX_EXPERTS = 512            # the route kernels keep 32 x E counters in shared memory
 ROUTES = ("auto", "small", "one", "multi")
@@ -238,7 +241,8 @@ def _fits(what: str, nbytes: int, device) -> None:
 
 def choose_block_m(max_pairs: int, num_experts: int, gemm: str = "mma") -> int:
     """Pairs per tile: the smallest instantiated tile of the GEMM path (mma*: 8..64, wgmma*: 16..128) holding
-    avg + 2 sqrt(avg) + 1 rows, avg = max_pairs / E.
+    avg + 2 sqrt(avg) + 1 rows, avg = max_pairs / E; past the largest, on the cp.async wgmma path, 64 where its
+    tiles hold enough fewer rows to pay its higher cost per row (WG64_ROW_COST, ``expected_tile_rows``).
 
     An expert whose rows spill past one tile reads its weights once per tile, and with random routing an expert's
     rows scatter around the average (roughly Poisson: sd sqrt(avg)), so sizing for the average alone (avg 5.3 at
@@ -255,7 +259,24 @@ def choose_block_m(max_pairs: int, num_experts: int, gemm: str = "mma") -> int:
     for bm in sizes:
         if need <= bm:
             return bm
+    if gemm == "wgmma" and WG64_ROW_COST * expected_tile_rows(avg, 64) < expected_tile_rows(avg, 128):
+        return 64
     return sizes[-1]
+
+
+def expected_tile_rows(avg: float, block_m: int) -> float:
+    """Rows an expert's tiles hold (ceil(n / block_m) x block_m) on average when its rows n are Poisson(avg): the
+    tensor work of the wgmma kernel, which runs every tile at N = block_m. Used where an expert needs several tiles:
+    at 171 rows (Hy3 TP8, 4096 tokens) 64-row tiles hold ~192 rows, 128-row tiles 256."""
+    if avg <= 0:
+        return 0.0
+    hi = int(avg + 12.0 * math.sqrt(avg) + 20)
+    logp, total = -avg, 0.0  # log of the Poisson pmf at n = 0
+    for n in range(hi + 1):
+        if n:
+            logp += math.log(avg / n)
+        total += math.exp(logp) * -(-n // block_m) * block_m
+    return total
 
 
 def _named_choice(value: str | None, arg: str, env: str, choices) -> str:

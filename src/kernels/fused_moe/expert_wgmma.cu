@@ -57,6 +57,11 @@ constexpr int kWgBK = 128;  // K elements (bytes) per stage = one swizzle row = 
 constexpr int kHalfRows = 64;
 constexpr int kItemRows = 2 * kHalfRows;  // weight rows per item
 constexpr int kSmemBudget = 200 * 1024;   // pipeline + epilogue tile (+ 1 KB alignment slack) per CTA
+// One-warpgroup tiles (block_m <= 64) run two CTAs per SM (~113 KB each: 3-5 stages), so one CTA's per-stage chain
+// (copy wait, barrier, wgmma wait, epilogue) runs under the other's tensor work: at 4096 tokens (Hy3 TP8) the 64-row
+// tile took 571 us per layer this way against 752 with one CTA of 7 stages (docs/ops/fused_moe.md).
+constexpr int kWg1Ctas = 2;
+constexpr int kSmemPerSm = 233472;  // sm_90: 228 KB per SM, 1 KB of it reserved per resident CTA
 
 template <int BM_, bool GATE_UP_, bool BLOCK_>
 struct WgTraits {
@@ -74,7 +79,9 @@ struct WgTraits {
   static constexpr int OUT_COLS = GATE_UP ? kHalfRows : kItemRows;  // bf16 outputs per token row of an item
   static constexpr int OUT_STRIDE = OUT_COLS + 8;                   // bf16; rows stay 16-byte aligned
   static constexpr int OUT_BYTES = BM * OUT_STRIDE * 2;
-  static constexpr int FIT = (kSmemBudget - 1024 - OUT_BYTES) / STAGE_BYTES;
+  static constexpr int MIN_CTAS = WGS == 1 ? kWg1Ctas : 1;
+  static constexpr int BUDGET = MIN_CTAS == 1 ? kSmemBudget : kSmemPerSm / MIN_CTAS - 1024;
+  static constexpr int FIT = (BUDGET - 1024 - OUT_BYTES) / STAGE_BYTES;
   static constexpr int STAGES = FIT > 8 ? 8 : FIT;
   static constexpr int SMEM = 1024 + STAGES * STAGE_BYTES + OUT_BYTES;
   static constexpr int A_PER_THREAD = kItemRows * 8 / THREADS;  // 16-byte chunks per thread per stage
@@ -311,7 +318,7 @@ __device__ __forceinline__ void wg_epilogue(const GemmArgs& a, const PlanView& p
 }
 
 template <class T>
-__global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a) {
+__global__ void __launch_bounds__(T::THREADS, T::MIN_CTAS) expert_wgmma_kernel(GemmArgs a) {
   extern __shared__ uint8_t wg_smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(wg_smem_raw));
   uint8_t* ring = wg_smem_raw + ((1024u - (raw & 1023u)) & 1023u);  // swizzle atoms need 1024-byte alignment
@@ -398,6 +405,14 @@ __global__ void __launch_bounds__(T::THREADS, 1) expert_wgmma_kernel(GemmArgs a)
       for (int k = 0; k < kWgBK / 32; ++k) {
         hp::wg::mma_e4m3<T::WN>(acc0, da0 + 2 * k, db + 2 * k, k);
         hp::wg::mma_e4m3<T::WN>(acc1, da1 + 2 * k, db + 2 * k, k);
+      }
+    } else if (!T::GATE_UP && a.kdim - kt * kWgBK <= kWgBK / 2) {
+      // down, a last K stage of at most 64 columns (I % 128 = 64: Hy3 TP8 I = 192): its upper two k32 steps are
+      // zero-filled, so only the lower two run (same bits; the gate-up never has such a stage at the model shapes)
+#pragma unroll
+      for (int k = 0; k < kWgBK / 64; ++k) {
+        hp::wg::mma_e4m3<T::WN>(p0, da0 + 2 * k, db + 2 * k, k);
+        hp::wg::mma_e4m3<T::WN>(p1, da1 + 2 * k, db + 2 * k, k);
       }
     } else {
 #pragma unroll

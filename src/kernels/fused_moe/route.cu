@@ -149,6 +149,27 @@ struct RouteSmem {
         part_before(part_total + kRouteThreads) {}
 };
 
+// The plan header (plan_layout.cuh): valid pairs, tiles, experts hit, block_m, four reserved zeros. One thread.
+__device__ __forceinline__ void write_header(const PlanView& plan, int valid, int num_tiles, int hit) {
+  int* h = plan.header();
+  h[0] = valid;
+  h[1] = num_tiles;
+  h[2] = hit;
+  h[3] = plan.block_m;
+  h[4] = h[5] = h[6] = h[7] = 0;
+}
+
+// The padding past the live plan, threads first, first + stride, ...: sorted_pairs -1 from `valid`, the tile arrays
+// -1 from `num_tiles` (a replay with fewer tokens must not leave the previous plan's tail behind).
+__device__ __forceinline__ void write_padding(const PlanView& plan, int valid, int num_tiles, int first, int stride) {
+  int* sorted = plan.sorted();
+  for (int i = valid + first; i < plan.max_pairs; i += stride) sorted[i] = -1;
+  int* te = plan.tile_expert();
+  int* ts = plan.tile_start();
+  const int max_tiles = plan.max_tiles();
+  for (int i = num_tiles + first; i < max_tiles; i += stride) te[i] = ts[i] = -1;
+}
+
 struct PlanTotals {
   int offset;     // this thread's expert's first sorted position (thread e < E)
   int valid;      // routed pairs
@@ -178,44 +199,32 @@ __device__ __forceinline__ PlanTotals expert_offsets(const PlanView& plan, int m
     tile_off[E] = t.num_tiles;
     if (write) {
       plan.offsets()[E] = t.valid;
-      int* h = plan.header();
-      h[0] = t.valid;
-      h[1] = t.num_tiles;
-      h[2] = hit;
-      h[3] = plan.block_m;
-      h[4] = h[5] = h[6] = h[7] = 0;
+      write_header(plan, t.valid, t.num_tiles, hit);
     }
   }
   return t;
 }
 
-// The -1 tail of sorted_pairs and the tile arrays, threads first, first + stride, ...: tile i belongs to the expert
-// x with tile_off[x] <= i < tile_off[x+1] (binary search; empty experts have equal bounds and are skipped by taking
-// the last x with tile_off[x] <= i).
+// The tile arrays and the padding, threads first, first + stride, ...: tile i belongs to the expert x with
+// tile_off[x] <= i < tile_off[x+1] (binary search; empty experts have equal bounds and are skipped by taking the
+// last x with tile_off[x] <= i).
 __device__ __forceinline__ void write_tail_and_tiles(const PlanView& plan, const PlanTotals& t, const int* exp_off,
                                                      const int* tile_off, int first, int stride) {
-  int* sorted = plan.sorted();
-  for (int i = t.valid + first; i < plan.max_pairs; i += stride) sorted[i] = -1;
   int* te = plan.tile_expert();
   int* ts = plan.tile_start();
-  const int max_tiles = plan.max_tiles();
-  for (int i = first; i < max_tiles; i += stride) {
-    if (i < t.num_tiles) {
-      int lo = 0, hi = plan.num_experts - 1;
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (tile_off[mid] <= i)
-          lo = mid;
-        else
-          hi = mid - 1;
-      }
-      te[i] = lo;
-      ts[i] = exp_off[lo] + (i - tile_off[lo]) * plan.block_m;
-    } else {
-      te[i] = -1;
-      ts[i] = -1;
+  for (int i = first; i < t.num_tiles; i += stride) {
+    int lo = 0, hi = plan.num_experts - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (tile_off[mid] <= i)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
+    te[i] = lo;
+    ts[i] = exp_off[lo] + (i - tile_off[lo]) * plan.block_m;
   }
+  write_padding(plan, t.valid, t.num_tiles, first, stride);
 }
 
 __global__ void __launch_bounds__(kRouteThreads, 1)
@@ -395,26 +404,20 @@ __global__ void __launch_bounds__(kRouteThreads, 1)
   }
   if (tid == 0) {
     plan.offsets()[E] = valid;
-    int* h = plan.header();
-    h[0] = valid;
-    h[1] = num_tiles;
-    h[2] = hit;
-    h[3] = block_m;
-    h[4] = h[5] = h[6] = h[7] = 0;
+    write_header(plan, valid, num_tiles, hit);
   }
   __syncthreads();  // exp_off
-  int* sorted = plan.sorted();
-  if (e >= 0) sorted[exp_off[e] + rank] = tid;
-  for (int i = valid + tid; i < max_pairs; i += kRouteThreads) sorted[i] = -1;
-  const int max_tiles = plan.max_tiles();
-  for (int i = num_tiles + tid; i < max_tiles; i += kRouteThreads) {
-    plan.tile_expert()[i] = -1;
-    plan.tile_start()[i] = -1;
-  }
+  if (e >= 0) plan.sorted()[exp_off[e] + rank] = tid;
+  write_padding(plan, valid, num_tiles, tid, kRouteThreads);
 }
 
 inline int route_small_smem(int num_experts) {
   return (int)sizeof(int) * (33 * num_experts + 32);
+}
+
+// The host entry points' argument check (each kernel has a shared-memory array per expert up to kMaxExperts).
+inline bool route_args_ok(int num_pairs, int num_experts, int max_pairs, int block_m) {
+  return num_experts >= 1 && num_experts <= kMaxExperts && block_m >= 1 && num_pairs >= 0 && num_pairs <= max_pairs;
 }
 
 // CTAs of the multi-CTA path for a plan of max_pairs (fixed per plan: the scratch holds that many x E ints).
@@ -445,8 +448,7 @@ int hp_moe_route_small_max_pairs() {
 
 int hp_moe_route_small(const int* topk_ids, int* ws, int num_pairs, int num_experts, int expert_offset, int max_pairs,
                        int block_m, int pdl, cudaStream_t stream) {
-  if (num_experts < 1 || num_experts > hp_moe::kMaxExperts || block_m < 1 || num_pairs < 0 || num_pairs > max_pairs ||
-      max_pairs > hp_moe::kRouteSmallMaxPairs)
+  if (!hp_moe::route_args_ok(num_pairs, num_experts, max_pairs, block_m) || max_pairs > hp_moe::kRouteSmallMaxPairs)
     return (int)cudaErrorInvalidValue;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
@@ -457,8 +459,7 @@ int hp_moe_route_small(const int* topk_ids, int* ws, int num_pairs, int num_expe
 
 int hp_moe_route(const int* topk_ids, int* ws, int* hist, int num_pairs, int num_experts, int expert_offset,
                  int max_pairs, int block_m, int pdl, cudaStream_t stream) {
-  if (num_experts < 1 || num_experts > hp_moe::kMaxExperts || block_m < 1 || num_pairs < 0 || num_pairs > max_pairs)
-    return (int)cudaErrorInvalidValue;
+  if (!hp_moe::route_args_ok(num_pairs, num_experts, max_pairs, block_m)) return (int)cudaErrorInvalidValue;
   hp::LaunchOptions opt;
   opt.pdl = pdl != 0;
   const int smem = hp_moe::RouteSmem::bytes(num_experts, false);
