@@ -266,6 +266,18 @@ def test_act_quant_fused_rule(monkeypatch, gemm):
         moe.act_quant_fused(p, "pertensor")
 
 
+@pytest.mark.parametrize("gemm", moe.GEMMS[1:])
+@pytest.mark.parametrize("block_m", (16, 64, 128))
+def test_down_pdl_rule(gemm, block_m):
+    """The down GEMM launches without PDL exactly at 64-row wgmma tiles, and never with PDL when run() has it off."""
+    if block_m not in (moe.WGMMA_BLOCK_MS if gemm in moe.WGMMA_GEMMS else moe.BLOCK_MS):
+        pytest.skip(f"block_m {block_m} is not a {gemm} tile")
+    p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, block_m), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2,
+                    block_m, gemm=gemm)
+    assert moe.down_pdl(p, True) == (not (gemm in moe.WGMMA_GEMMS and block_m == 64))
+    assert not moe.down_pdl(p, False)
+
+
 def test_plan_default_route_is_one_cta():
     p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, 8), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2, 8)
     assert p.route == "one" and p.route_scratch() is None

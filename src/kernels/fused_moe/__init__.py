@@ -366,6 +366,14 @@ def act_quant_fused(p: "MoEPlan", scales: str) -> bool:
     return choice != "prepass" and scales == "pertensor" and p.gemm in WGMMA_GEMMS
 
 
+def down_pdl(p: "MoEPlan", pdl: bool) -> bool:
+    """Whether the down GEMM launches dependent on the gate-up (PDL). Not at 64-row wgmma tiles: there the
+    early start of the down grid costs more than the overlap gains (H200, Hy3 TP8, the down launch alone without
+    PDL: per-tensor 4096 563.5 -> 544.5 us, block-wise 631.8 -> 620.0, ws 1024 215.0 -> 211.6; at 128-row tiles
+    it loses, 16384 1925.6 -> 1972.0, and at 16-row tiles it is level)."""
+    return pdl and not (p.gemm in WGMMA_GEMMS and p.block_m == 64)
+
+
 def reduce_variant() -> int:
     """hp_moe_reduce's variant from ``$HOTPATHS_MOE_REDUCE`` (auto: by batch; narrow; wide). Raises ValueError on
     an unknown name."""
@@ -647,7 +655,8 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     (activation groups of 1x128 computed in the kernel; a1/a2 None); shared_out, out bf16 [T, H] or None.
     H and I positive multiples of 64; every tensor contiguous, on the plan's device, 16-byte aligned.
     stages: "all" or a subset of ("route", "gate_up", "down", "reduce") (stage timing; buffers persist in the
-    plan). pdl: programmatic dependent launch between the stages. split_k: let a GEMM split its K stages across CTAs
+    plan). pdl: programmatic dependent launch between the stages (the down GEMM's launch as `down_pdl` says).
+    split_k: let a GEMM split its K stages across CTAs
     when the routed items leave CTA slots idle (decided on the device per launch; deterministic; False never splits).
     Returns out bf16 [T, H].
     Raises TypeError / ValueError on bad input (before anything is allocated or launched), ResourceError when
@@ -705,8 +714,9 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
             _check(lib.hp_moe_quant(_ptr(src), _ptr(q), _ptr(sc), _ptr(static), rows_ptr, rows, width, block,
                                     wait_first, int(pdl), stream),
                    f"fused_moe {stage} activation pre-pass (rows<={rows}, width={width}, scales={scales})")
+        edge_pdl = down_pdl(p, pdl) if stage == "down" else pdl
         _check(gemm(_ptr(p.workspace), _ptr(q), _ptr(sc), _ptr(w), _ptr(w_scale), _ptr(static), _ptr(dst), p.topk,
-                    p.num_experts, h, i, p.max_pairs, p.block_m, block, int(pdl), _ptr(sk), _ptr(q_dst),
+                    p.num_experts, h, i, p.max_pairs, p.block_m, block, int(edge_pdl), _ptr(sk), _ptr(q_dst),
                     _ptr(a2_scale if q_dst is not None else None), stream), what)
     if "reduce" in todo:
         _check(lib.hp_moe_reduce(_ptr(p.topk_ids), _ptr(topk_weights), _ptr(ybuf), _ptr(shared_out), _ptr(out), t,
