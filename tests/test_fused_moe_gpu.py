@@ -993,8 +993,13 @@ PER_TENSOR_DRIFT_CASES = [(54183, 1024, 2), (10, 1024, 2), (28, 1024, 2), (32, 1
 
 @pytest.mark.parametrize("seed,hidden,tokens", PER_TENSOR_DRIFT_CASES)
 def test_per_tensor_long_k_matches_emulation(seed, hidden, tokens):
-    """Guards, untouched inputs, the route workspace and the output vs the emulation (cosine 0.9999, rel L2 2e-2)."""
+    """Guards, untouched inputs, the route workspace, the fuzzer's staged checks, and the output vs the end-to-end
+    emulation (cosine 0.9999, rel L2 2e-2) although these layers hold fewer act elements than the fuzzer asserts it
+    from: the drift of an FP8 accumulator showed there first."""
     from hotpaths.bench import fused_moe_fuzz
+    from hotpaths.harness.tolerances import tolerance
 
     res = fused_moe_fuzz.fuzz_run(dict(PER_TENSOR_ACCUMULATION_CASE, seed=seed, hidden=hidden, tokens=tokens))
     assert res["failures"] == []
+    m, t = res["metrics"], tolerance("fused_moe", "pertensor_vs_emulation")
+    assert m["e2e_rel_l2"] <= t.rel_l2 and m["e2e_cosine"] >= t.min_cosine, m

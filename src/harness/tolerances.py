@@ -77,6 +77,15 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("fused_moe", "block_vs_exact"): Tolerance(rel_l2=1e-1, min_cosine=0.995),
     ("fused_moe", "pertensor_vs_emulation"): Tolerance(rel_l2=2e-2, min_cosine=0.9999),
     ("fused_moe", "block_vs_emulation"): Tolerance(rel_l2=2e-2, min_cosine=0.9999),
+    # The fuzzer's staged rows (hotpaths.bench.fused_moe_fuzz.stage_errors: each stage fed the kernel's own
+    # previous stage): act = the gate-up's bf16 act, where the summation orders differ before the FP8 requant
+    # amplifies a flipped rounding; down = ybuf vs the down GEMM on the kernel's own aq. Measured (H100, the GPU
+    # sweep's seeds 15 and 0, 549 cases with valid pairs, H 64-1024, I 64-256): act rel_l2 <= 2.1e-3, cosine >=
+    # 0.999998; down rel_l2 <= 1.2e-3 per-tensor, 2.1e-3 block, cosine >= 0.999998 (the bf16 rounding of sums that
+    # differ in order). Rows ~2.5x the worst.
+    ("fused_moe", "act_vs_emulation"): Tolerance(rel_l2=5e-3, min_cosine=0.99999),
+    ("fused_moe", "pertensor_down_vs_emulation"): Tolerance(rel_l2=5e-3, min_cosine=0.99999),
+    ("fused_moe", "block_down_vs_emulation"): Tolerance(rel_l2=5e-3, min_cosine=0.99999),
 }
 
 
