@@ -78,6 +78,12 @@ def test_fuzz_failure_is_a_row_with_its_repro(monkeypatch):
     assert all(json.loads(r["config"])["m"] % 2 == 1 for r in bad)
     assert fuzzing.summary(rows)["router_gemm"]["failed"] == len(bad)
 
+    assert all(r["metrics"] == "" for r in rows)  # the CPU runner reports no metrics
+    monkeypatch.setattr(F, "check_cpu", lambda cfg: {"failures": [], "metrics": {"rel": 1 / 3, "n": cfg["m"]}})
+    rows = fuzzing.sweep("router_gemm", F.fuzz_case, F.fuzz_run, n=2, seed=0, kernel=False)
+    assert [json.loads(r["metrics"]) for r in rows] == [{"rel": 0.3333, "n": json.loads(r["config"])["m"]}
+                                                         for r in rows]
+
     def crash(cfg):
         raise IndexError("kaboom")
     rows = fuzzing.sweep("router_gemm", F.fuzz_case, crash, n=2, seed=0, kernel=False)

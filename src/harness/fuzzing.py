@@ -150,8 +150,9 @@ def sweep(op: str, fuzz_case: Callable, fuzz_run: Callable, *, n: int, seed: int
           progress: Callable[[str], None] | None = None) -> list[dict]:
     """Draw ``n`` cases from ``fuzz_case(NumpyDraw(rng), kernel=kernel)`` with rng seeded by ``seed``, run each with
     ``fuzz_run(cfg)`` and return one row per case: case index, the config, status ("ok", "fail" or "error" for an
-    exception), the failures joined, seconds, and the repro command. An exception is a failure of the case, never
-    of the sweep."""
+    exception), the failures joined, seconds, the repro command, and ``metrics`` (compact JSON of the runner's
+    ``metrics`` dict, the measured errors its checks compared; empty where it returns none). An exception is a
+    failure of the case, never of the sweep."""
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n):
@@ -161,16 +162,25 @@ def sweep(op: str, fuzz_case: Callable, fuzz_run: Callable, *, n: int, seed: int
             res = fuzz_run(cfg) or {}
             fails = list(res.get("failures", []))
             status = "fail" if fails else "ok"
-            path = res.get("path", "")
+            path, metrics = res.get("path", ""), res.get("metrics")
         except Exception as exc:  # noqa: BLE001 - a crash of one case is that case's failure
-            fails, status, path = [f"{type(exc).__name__}: {exc}"], "error", ""
+            fails, status, path, metrics = [f"{type(exc).__name__}: {exc}"], "error", "", None
         row = {"op": op, "case": i, "seed": seed, "path": path, "status": status,
                "failures": "; ".join(fails), "seconds": round(time.perf_counter() - t0, 4),
-               "config": config_json(cfg), "repro": repro_command(op, cfg) if fails else ""}
+               "config": config_json(cfg), "repro": repro_command(op, cfg) if fails else "",
+               "metrics": _metrics_json(metrics)}
         rows.append(row)
         if progress is not None and fails:
             progress(f"{op} case {i}: {status}: {row['failures']}\n  repro: {row['repro']}")
     return rows
+
+
+def _metrics_json(metrics: dict | None) -> str:
+    """Compact JSON of a runner's metrics (floats to 4 significant digits), "" for None."""
+    if not metrics:
+        return ""
+    return json.dumps({k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in metrics.items()},
+                      separators=(",", ":"))
 
 
 def summary(rows: list[dict]) -> dict:
