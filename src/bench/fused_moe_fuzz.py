@@ -220,22 +220,16 @@ def stage_errors(inp: dict, plan, st: dict, act, aq, asc, ybuf, out) -> dict:
     emulation; aq_flips: fraction of aq bytes that differ from the emulation's (the act roundings the FP8 requant
     turned into an e4m3 step, which is what the end-to-end error is made of); act_elems: nvalid x I."""
     fm = _ref()
-    from hotpaths.harness.check import check
-
-    scales, nv = ("pertensor" if inp["a2_scale"] is not None else "block"), plan.num_valid
-    i = inp["inter"]
+    scales, nv, i = inp["scales"], plan.num_valid, inp["inter"]
     sp = torch.from_numpy(plan.sorted_pairs[:nv].astype(np.int64))
     ka = act[:nv]
-    m = {"act_elems": nv * i}
-    ca = check(ka, st["act"][sp]) if nv and float(st["act"][sp].float().norm()) > 0 else None
-    m.update(act_rel_l2=ca.rel_l2_err if ca else 0.0, act_cosine=ca.cosine if ca else 1.0,
-             act_nan=int(torch.isnan(ka.float()).sum()))
+    m = {"act_elems": nv * i, "act_nan": int(torch.isnan(ka.float()).sum())}
+    m["act_rel_l2"], m["act_cosine"] = _errors(ka, st["act"][sp])
     if scales == "pertensor":
-        eq, es = fm.quant_fp8(ka, inp["a2_scale"].float().reshape(())), inp["a2_scale"].float()
-        m["scale_mismatch"] = 0
+        eq, m["scale_mismatch"] = fm.quant_fp8(ka, inp["a2_scale"].float().reshape(())), 0
     else:
         eq, es = fm.quant_groups(ka)
-        m["scale_mismatch"] = int((asc[:nv] != es).sum()) if nv else 0
+        m["scale_mismatch"] = int((asc[:nv] != es).sum())
     got8, exp8 = aq[:nv].view(fm.FP8_DTYPE).float(), eq.float()
     diff = got8 != exp8
     steps = 0.0
@@ -247,17 +241,22 @@ def stage_errors(inp: dict, plan, st: dict, act, aq, asc, ybuf, out) -> dict:
     a_sc = inp["a2_scale"].float() if scales == "pertensor" else asc[:nv]
     yk = _down_from(aq[:nv].view(fm.FP8_DTYPE), a_sc, inp, plan, scales)
     vp = torch.sort(sp).values
-    cd = check(ybuf[vp], yk[vp]) if nv and float(yk[vp].float().norm()) > 0 else None
-    m.update(down_rel_l2=cd.rel_l2_err if cd else 0.0, down_cosine=cd.cosine if cd else 1.0)
-    yz = torch.zeros_like(yk)
-    yz[vp] = ybuf[vp]
-    red = fm._weighted_reduce(yz, inp["topk_ids"], inp["topk_weights"], inp["expert_offset"], inp["num_experts"],
+    m["down_rel_l2"], m["down_cosine"] = _errors(ybuf[vp], yk[vp])
+    yk[vp] = ybuf[vp]  # the kernel's ybuf on the placed pairs, zeros elsewhere: what the combine reads
+    red = fm._weighted_reduce(yk, inp["topk_ids"], inp["topk_weights"], inp["expert_offset"], inp["num_experts"],
                               inp["shared_out"])
     m["reduce_bits"] = int((red.view(torch.int16) != out.view(torch.int16)).sum())
-    ce = check(out, st["out"]) if out.numel() and float(st["out"].float().norm()) > 0 else None
-    m.update(e2e_rel_l2=ce.rel_l2_err if ce else 0.0, e2e_cosine=ce.cosine if ce else 1.0,
-             out_nan=int(torch.isnan(out.float()).sum()))
+    m["e2e_rel_l2"], m["e2e_cosine"] = _errors(out, st["out"])
+    m["out_nan"] = int(torch.isnan(out.float()).sum())
     return m
+
+
+def _errors(got: torch.Tensor, exp: torch.Tensor) -> tuple[float, float]:
+    """(rel_l2, cosine) of got vs exp; (0, 1) where exp is empty or all zero (nothing to compare against)."""
+    if not exp.numel() or float(exp.float().norm()) == 0:
+        return 0.0, 1.0
+    r = check(got, exp)
+    return r.rel_l2_err, r.cosine
 
 
 def stage_failures(m: dict, scales: str) -> list[str]:
