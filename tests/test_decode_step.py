@@ -220,6 +220,47 @@ def test_report_on_stored_h200_tables():
     assert len(fig.axes) == 3
 
 
+def test_committed_report_tables_match_their_sources():
+    """Every committed report_<name>.csv equals what notebook 07's section computes now from the stored tables it
+    reports on (the device its title names): a report left behind when notebook 05 or 02 was re-run alone fails."""
+    import io
+    import re
+
+    from hotpaths.harness.tables import normalize
+
+    files = sorted((ROOT / "data" / "results").glob("*/report_*.csv"))
+    assert files, "notebook 07's report tables are committed (data/results/cpu/report_*.csv)"
+    for f in files:
+        name = f.stem[len("report_"):]
+        assert name in report.REPORT_TABLES, f"{f}: no section named {name!r} in report.REPORT_TABLES"
+        m = re.search(r"\((\w+)\)\s*$", f.with_suffix(".md").read_text().splitlines()[0])
+        assert m, f"{f.with_suffix('.md')}: the title names no device"
+        buf = io.StringIO()
+        normalize(report.REPORT_TABLES[name](m.group(1))).to_csv(buf, index=False, float_format="%.6g",
+                                                                  lineterminator="\n")
+        assert buf.getvalue() == f.read_text(), (f"{f.relative_to(ROOT)} is stale: re-run notebook 07 "
+                                                 "(hotpaths reproduce --only 07 --device cpu)")
+
+
+def test_moe_report_keeps_the_fp8_formats_apart():
+    """One report row per (scales, batch), each time the one row of the stored table with that format and batch:
+    a row made of the first match per batch mixed per-tensor and block-wise times."""
+    import pandas as pd
+
+    stored = pd.read_csv(ROOT / "data" / "results" / "h200" / "fused_moe_tp8_ep1.csv")
+    stored = stored[stored["model"].isna() | (stored["model"] == "hy3")]
+    rep = report.moe_vs_published("h200")
+    assert not report.is_missing(rep)
+    assert set(rep["scales"]) == set(stored["scales"].dropna()) == {"pertensor", "block"}
+    assert list(rep["scales"]).index("block") == int((rep["scales"] == "pertensor").sum())  # per-tensor first
+    assert not rep.duplicated(["scales", "batch"]).any()
+    for r in rep.itertuples():
+        want = stored[(stored.scales == r.scales) & (stored.batch == r.batch) & (stored.impl == "fused")]
+        assert r.fused_us == pytest.approx(float(want["median_us"].iloc[0]), abs=0.006)
+    head = report.headline_moe("h200")
+    assert "scales" in head.columns and "device" not in head.columns
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the baseline's PyTorch stages composed on CPU (a dense stand-in for FlashInfer's XQA, a small layer)
 

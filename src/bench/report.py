@@ -184,8 +184,10 @@ def router_vs_peers(device: str = DEFAULT_DEVICE):
 
 
 def moe_vs_published(device: str = DEFAULT_DEVICE, *, mode: str = "tp8_ep1"):
-    """Fused FP8 MoE (Hy3) by batch: ours and every impl measured in the same run (fused_moe_<mode>.csv),
-    % of the read probe, beside the published H20 table (moe_hy3_<mode>_h20.csv). Times in us."""
+    """Fused FP8 MoE (Hy3) by (scales, batch): ours and every impl measured in the same run
+    (fused_moe_<mode>.csv), % of the read probe, beside the published H20 table (moe_hy3_<mode>_h20.csv, whose
+    article does not name its FP8 format: the same published figure stands beside both formats' rows). One row per
+    FP8 format and batch, per-tensor first (a table without a ``scales`` column is one format). Times in us."""
     import pandas as pd
 
     name = f"fused_moe_{mode}"
@@ -195,10 +197,17 @@ def moe_vs_published(device: str = DEFAULT_DEVICE, *, mode: str = "tp8_ep1"):
     pub = load_reported(f"moe_hy3_{mode}_h20")
     if "model" in df.columns:
         df = df[df["model"].isna() | (df["model"] == "hy3")]
+    if "scales" in df.columns:
+        order = {"pertensor": 0, "block": 1}
+        groups = sorted(((s, b) for s, b in df[["scales", "batch"]].dropna().drop_duplicates().itertuples(index=False)),
+                        key=lambda sb: (order.get(sb[0], 2), sb[0], sb[1]))
+    else:
+        groups = [(None, b) for b in sorted(df["batch"].dropna().unique())]
     rows = []
-    for b in sorted(df["batch"].dropna().unique()):
-        d = df[df["batch"] == b]
-        row = {"batch": int(b), "device": device}
+    for s, b in groups:
+        d = df[df["batch"] == b] if s is None else df[(df["batch"] == b) & (df["scales"] == s)]
+        row = {"scales": s, "batch": int(b), "device": device} if s is not None else {"batch": int(b),
+                                                                                       "device": device}
         for impl in dict.fromkeys(d["impl"]):
             us = _us(d, impl)
             if us is not None:
@@ -377,9 +386,15 @@ def fig_latency_vs_batch(device: str = DEFAULT_DEVICE):
     m = load_result(device, "fused_moe_tp8_ep1")
     ax = axes[1]
     if m is not None and "batch" in m.columns:
-        for impl, d in m.groupby("impl"):
+        if "model" in m.columns:
+            m = m[m["model"].isna() | (m["model"] == "hy3")]
+        keys = ["impl", "scales"] if "scales" in m.columns else ["impl"]
+        for key, d in m.groupby(keys):
+            key = key if isinstance(key, tuple) else (key,)
             d = d.dropna(subset=["median_us"]).sort_values("batch")
-            ax.plot(d["batch"], d["median_us"], "o-", ms=3, label=impl)
+            if len(d):  # one line per impl and FP8 format: the two formats' times never share a line
+                ax.plot(d["batch"], d["median_us"], "o-" if key[-1] != "block" else "s--", ms=3,
+                        label=" ".join(str(k) for k in key))
         pub = load_reported("moe_hy3_tp8_ep1_h20")
         if pub is not None:
             ax.plot(pub["batch"], pub["hpc_ops_us"], "k^:", label="published HPC-Ops (H20)")
@@ -420,6 +435,23 @@ def fig_stage_shares(device: str = DEFAULT_DEVICE):
         return None
     ax = ds.plot_stage_shares(sh)
     return None if ax is None else ax.figure
+
+
+# The tables notebook 07 saves as report_<name> (reporting on the tables of its ``device``), by name: the staleness
+# test recomputes every committed report_<name>.csv from these and the stored tables it was made from.
+REPORT_TABLES = {
+    "coverage": coverage,
+    "decode": decode_vs_peers,
+    "router": router_vs_peers,
+    "moe_tp8_ep1": lambda device: moe_vs_published(device, mode="tp8_ep1"),
+    "moe_tp1_ep8": lambda device: moe_vs_published(device, mode="tp1_ep8"),
+    "prologue": prologue_vs_peers,
+    "step_tpot": step_tpot,
+    "router_flips": router_flip_rates,
+    "batch_invariance": batch_invariance_cost,
+    "scheduling_sim": lambda device: scheduling_sim_accuracy(),
+    "accuracy": accuracy_beside_speed,
+}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -466,7 +498,7 @@ def headline_step(device):
 HEADLINES = {
     "decode": ("Decode attention, FP8 KV, by KV distribution (us)", headline_decode, "decode_kv_distribution"),
     "router": ("Router GEMM, Hy3 N=192 K=4096, by M (us)", headline_router, "router_gemm_latency"),
-    "moe": ("Fused FP8 MoE, Hy3 TP8/EP1, by batch (us)", headline_moe, "fused_moe_tp8_ep1"),
+    "moe": ("Fused FP8 MoE, Hy3 TP8/EP1, by FP8 format and batch (us)", headline_moe, "fused_moe_tp8_ep1"),
     "step": ("Decode step, one Hy3 layer per GPU (TP8), TPOT estimate", headline_step, "decode_step"),
 }
 
