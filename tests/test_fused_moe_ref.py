@@ -303,3 +303,18 @@ def test_step_ranges_balance_the_gate_up_at_decode_batches():
     assert w_sizes.max() == 64 and c_sizes.max() == 35 and c_sizes.min() == 34
     with pytest.raises(ValueError):
         fm.step_ranges(4, 0, 132, split=True)
+
+
+def test_e4m3_steps_counts_roundings():
+    """One e4m3 rounding apart is 1 step (normal and subnormal), equal values 0, two roundings 2; the distance is
+    in the expected value's binade."""
+    f8 = fm.FP8_DTYPE
+    exp = torch.tensor([1.0, 1.0, -3.0, 2.0 ** -8, 448.0, 0.0, 1.0]).to(f8)
+    got = torch.tensor([1.125, 1.0, -3.25, 2.0 ** -9, 416.0, 2.0 ** -9, 1.25]).to(f8)
+    assert fm.e4m3_steps(got, exp).tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 2.0]
+    # every adjacent pair of positive e4m3 values is at most one step apart, measured from either side
+    vals = torch.arange(1, 127, dtype=torch.uint8).view(f8).float()  # 2**-9 .. 448, ascending
+    assert (vals[1:] > vals[:-1]).all()
+    up = fm.e4m3_steps(vals[1:], vals[:-1])
+    assert torch.allclose(up, torch.ones_like(up))
+    assert (fm.e4m3_steps(vals[:-1], vals[1:]) <= 1.0).all()

@@ -205,7 +205,7 @@ def _down_from(aq8: torch.Tensor, a_sc: torch.Tensor, inp: dict, plan, scales: s
         lo, hi = int(offs[e]), int(offs[e + 1])
         if hi > lo:
             s = a_sc if scales == "pertensor" else a_sc[lo:hi]
-            y = fm._scaled_gemm(aq8[lo:hi], s, inp["w2"][e].double(), inp["w2_scale"][e], scales)
+            y = fm.scaled_gemm(aq8[lo:hi], s, inp["w2"][e].double(), inp["w2_scale"][e], scales)
             ybuf[sp[lo:hi]] = y.to(torch.bfloat16)
     return ybuf
 
@@ -232,10 +232,7 @@ def stage_errors(inp: dict, plan, st: dict, act, aq, asc, ybuf, out) -> dict:
         m["scale_mismatch"] = int((asc[:nv] != es).sum())
     got8, exp8 = aq[:nv].view(fm.FP8_DTYPE).float(), eq.float()
     diff = got8 != exp8
-    steps = 0.0
-    if diff.any():  # distance in e4m3 steps of the expected value's binade (1/8 of it)
-        step = torch.exp2(torch.floor(torch.log2(exp8[diff].abs().clamp(min=2**-6))) - 3)
-        steps = float(((got8[diff] - exp8[diff]).abs() / step).max())
+    steps = float(fm.e4m3_steps(got8[diff], exp8[diff]).max()) if diff.any() else 0.0
     m.update(aq_mismatch=int(diff.sum()), aq_max_steps=steps,
              aq_flips=float((got8 != st["aq"][sp].float()).float().mean()) if nv else 0.0)
     a_sc = inp["a2_scale"].float() if scales == "pertensor" else asc[:nv]
@@ -243,7 +240,7 @@ def stage_errors(inp: dict, plan, st: dict, act, aq, asc, ybuf, out) -> dict:
     vp = torch.sort(sp).values
     m["down_rel_l2"], m["down_cosine"] = _errors(ybuf[vp], yk[vp])
     yk[vp] = ybuf[vp]  # the kernel's ybuf on the placed pairs, zeros elsewhere: what the combine reads
-    red = fm._weighted_reduce(yk, inp["topk_ids"], inp["topk_weights"], inp["expert_offset"], inp["num_experts"],
+    red = fm.weighted_reduce(yk, inp["topk_ids"], inp["topk_weights"], inp["expert_offset"], inp["num_experts"],
                               inp["shared_out"])
     m["reduce_bits"] = int((red.view(torch.int16) != out.view(torch.int16)).sum())
     m["e2e_rel_l2"], m["e2e_cosine"] = _errors(out, st["out"])

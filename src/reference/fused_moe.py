@@ -73,6 +73,17 @@ def quant_fp8(v: torch.Tensor, s) -> torch.Tensor:
     return (v.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
+def e4m3_steps(got: torch.Tensor, exp: torch.Tensor) -> torch.Tensor:
+    """Elementwise distance of ``got`` from ``exp`` in e4m3 steps of exp's binade (a step is 1/8 of the binade's
+    lower bound; below the smallest normal, 2**-6, the subnormal step 2**-9): 1 where two quantizations of the same
+    value differ by one rounding, 0 where they agree.
+
+    got, exp: float8_e4m3fn or float tensors of e4m3 values, one shape. Returns FP32 of that shape."""
+    g, e = got.float(), exp.float()
+    step = torch.exp2(torch.floor(torch.log2(e.abs().clamp(min=2.0 ** -6))) - 3)
+    return (g - e).abs() / step
+
+
 def group_scales(v: torch.Tensor, group: int = BLOCK) -> torch.Tensor:
     """Dynamic 1xgroup scales along the last dim: ``max(amax(group) / 448, 1e-12)``; the last group is partial when
     the width is not a multiple of ``group``.
@@ -533,11 +544,13 @@ def _exact_dot(a8: torch.Tensor, w8: torch.Tensor) -> torch.Tensor:
     return (a8.double() @ w.T).float()
 
 
-def _scaled_gemm(a8: torch.Tensor, a_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
-                 scales: str) -> torch.Tensor:
-    """FP32 ``(a8 . w8^T) * scales``. pertensor: a_scale, w_scale FP32 scalars, one scale after the whole sum.
-    block: a_scale [R, ceil(K/128)] groups, w_scale [ceil(N/128), ceil(K/128)]; per 128-wide k-block the exact
-    partial times (a group scale * w block scale), accumulated in FP32 in k-block order."""
+def scaled_gemm(a8: torch.Tensor, a_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
+                scales: str) -> torch.Tensor:
+    """The contract's scaled GEMM, one stage of the emulation (gate-up or down of one expert): FP32
+    ``(a8 . w8^T) * scales``. pertensor: a_scale, w_scale FP32 scalars, one scale after the whole sum. block: a_scale
+    [R, ceil(K/128)] groups, w_scale [ceil(N/128), ceil(K/128)]; per 128-wide k-block the exact partial times (a
+    group scale * w block scale), accumulated in FP32 in k-block order.
+    Shapes: a8 [R, K], w8 [N, K] (FP8 e4m3 or their float values). Returns FP32 [R, N]."""
     if scales == "pertensor":
         return _exact_dot(a8, w8) * (a_scale.reshape(()) * w_scale.reshape(()))
     r, k = a8.shape
@@ -603,19 +616,19 @@ def fused_moe_emulation(x, topk_ids, topk_weights, w13, w2, *, scales: str, w13_
         p = sp[start:start + rows]
         tok = torch.div(p, k, rounding_mode="floor")
         if scales == "pertensor":
-            hh = _scaled_gemm(xq[tok], xs, w13e, w13_scale[ex], scales)
+            hh = scaled_gemm(xq[tok], xs, w13e, w13_scale[ex], scales)
         else:
-            hh = _scaled_gemm(xq[tok], xs[tok], w13e, w13_scale[ex], scales)
+            hh = scaled_gemm(xq[tok], xs[tok], w13e, w13_scale[ex], scales)
         a = silu_mul(hh, i)
         if scales == "pertensor":
             q = quant_fp8(a, a_sc.reshape(()))
-            y = _scaled_gemm(q, a_sc, w2e, w2_scale[ex], scales)
+            y = scaled_gemm(q, a_sc, w2e, w2_scale[ex], scales)
         else:
             q, s = quant_groups(a)
             a_sc[p] = s
-            y = _scaled_gemm(q, s, w2e, w2_scale[ex], scales)
+            y = scaled_gemm(q, s, w2e, w2_scale[ex], scales)
         act[p], aq[p], ybuf[p] = a, q, y.to(torch.bfloat16)
-    out = _weighted_reduce(ybuf, topk_ids, topk_weights, expert_offset, d.experts, shared_out)
+    out = weighted_reduce(ybuf, topk_ids, topk_weights, expert_offset, d.experts, shared_out)
     if return_stages:
         return {"out": out, "xq": xq, "x_scale": xs, "act": act, "aq": aq, "a_scale": a_sc, "ybuf": ybuf,
                 "plan": plan}
@@ -627,8 +640,11 @@ def _local_valid(topk_ids, expert_offset: int, num_experts: int) -> torch.Tensor
     return (loc >= 0) & (loc < num_experts)
 
 
-def _weighted_reduce(ybuf, topk_ids, topk_weights, expert_offset, num_experts, shared_out):
-    """bf16(sum over valid slots in order k = 0..K-1 of w * float(ybuf) in FP32, + float(shared_out))."""
+def weighted_reduce(ybuf, topk_ids, topk_weights, expert_offset, num_experts, shared_out):
+    """The contract's combine stage: bf16(sum over valid slots in order k = 0..K-1 of w * float(ybuf) in FP32,
+    + float(shared_out)). ybuf bf16 [T * K, H] in (token, slot) order; topk_ids int [T, K]; topk_weights fp32
+    [T, K]; slots whose id is not one of this rank's experts (expert_offset .. + num_experts) add nothing; shared_out
+    bf16 [T, H] or None. Returns bf16 [T, H]."""
     t, k = topk_ids.shape
     valid = _local_valid(topk_ids, expert_offset, num_experts)
     return weighted_slot_sum(ybuf.reshape(t, k, ybuf.shape[1]), valid, topk_weights, shared_out)
@@ -669,13 +685,13 @@ def fused_moe_loop(x, topk_ids, topk_weights, w13, w2, *, scales: str, w13_scale
             ex = int(topk_ids[t, k]) - expert_offset
             if not 0 <= ex < d.experts:
                 continue
-            hh = _scaled_gemm(xq, xs, w13[ex], w13_scale[ex], scales)
+            hh = scaled_gemm(xq, xs, w13[ex], w13_scale[ex], scales)
             a = silu_mul(hh, d.inter)
             if scales == "pertensor":
                 q, s = quant_fp8(a, a2_scale.float().reshape(())), a2_scale.float()
             else:
                 q, s = quant_groups(a)
-            y = _scaled_gemm(q, s, w2[ex], w2_scale[ex], scales).to(torch.bfloat16)
+            y = scaled_gemm(q, s, w2[ex], w2_scale[ex], scales).to(torch.bfloat16)
             acc = acc + topk_weights[t, k] * y.float()
         if shared_out is not None:
             acc = acc + shared_out[t:t + 1].float()
@@ -712,7 +728,7 @@ def fused_moe_unfused(x, topk_ids, topk_weights, w13, w2, *, scales: str, w13_sc
         n = int(counts[ex])
         if n:
             sl = slice(start, start + n)
-            hbuf[sl] = _scaled_gemm(gathered[sl], gs if scales == "pertensor" else gs[sl], w13[ex],
+            hbuf[sl] = scaled_gemm(gathered[sl], gs if scales == "pertensor" else gs[sl], w13[ex],
                                     w13_scale[ex], scales)
             start += n
     act = silu_mul(hbuf, i)
@@ -727,12 +743,12 @@ def fused_moe_unfused(x, topk_ids, topk_weights, w13, w2, *, scales: str, w13_sc
         n = int(counts[ex])
         if n:
             sl = slice(start, start + n)
-            ysorted[sl] = _scaled_gemm(aq[sl], asc if scales == "pertensor" else asc[sl], w2[ex], w2_scale[ex],
+            ysorted[sl] = scaled_gemm(aq[sl], asc if scales == "pertensor" else asc[sl], w2[ex], w2_scale[ex],
                                        scales).to(torch.bfloat16)
             start += n
     ybuf = torch.zeros(d.tokens * k, h, dtype=torch.bfloat16, device=x.device)
     ybuf[pairs] = ysorted                                          # scatter back to pair order
-    out = _weighted_reduce(ybuf, topk_ids, topk_weights, expert_offset, d.experts, shared_out)
+    out = weighted_reduce(ybuf, topk_ids, topk_weights, expert_offset, d.experts, shared_out)
     p = len(pairs)
     buffers = {"routing index (int32)": 4 * (p + d.experts + 1), "gathered x (fp8)": p * h,
                "gate-up output (bf16)": 2 * p * 2 * i, "activation (fp8)": p * i,

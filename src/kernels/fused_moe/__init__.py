@@ -374,6 +374,14 @@ def down_pdl(p: "MoEPlan", pdl: bool) -> bool:
     return pdl and not (p.gemm in WGMMA_GEMMS and p.block_m == 64)
 
 
+def reduce_pdl(p: "MoEPlan", pdl: bool) -> bool:
+    """Whether the reduce launches dependent on the down GEMM (PDL): on every plan today. On an H100 the reduce
+    without PDL was faster only after a cp.async (wgmma) down GEMM at 128-row tiles (Hy3 per-tensor 16384 2070.7 ->
+    2060.5 us, block-wise 2048 413.7 -> 404.6, 16384 2312.2 -> 2299.3) and level elsewhere; this is the one place
+    a per-plan rule would go once the H200 the tables are measured on agrees."""
+    return pdl
+
+
 def reduce_variant() -> int:
     """hp_moe_reduce's variant from ``$HOTPATHS_MOE_REDUCE`` (auto: by batch; narrow; wide). Raises ValueError on
     an unknown name."""
@@ -720,7 +728,7 @@ def run(p: MoEPlan, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
                     _ptr(a2_scale if q_dst is not None else None), stream), what)
     if "reduce" in todo:
         _check(lib.hp_moe_reduce(_ptr(p.topk_ids), _ptr(topk_weights), _ptr(ybuf), _ptr(shared_out), _ptr(out), t,
-                                 p.topk, p.num_experts, p.expert_offset, h, variant, int(pdl), stream),
+                                 p.topk, p.num_experts, p.expert_offset, h, variant, int(reduce_pdl(p, pdl)), stream),
                f"fused_moe reduce (tokens={t}, topk={p.topk}, experts={p.num_experts}, H={h}, "
                f"expert_offset={p.expert_offset})")
     return out
