@@ -342,7 +342,8 @@ def scheduling_sim_accuracy():
 
 
 def accuracy_beside_speed(device: str = DEFAULT_DEVICE):
-    """One row per op and impl: the median time beside its error vs exact (rel L2 / max abs / cosine)."""
+    """One row per op, impl and dtype (the KV or FP8 format: a bf16 KV's error is not an FP8 one's): the median
+    time range beside the worst error vs exact (rel L2 / max abs / cosine) over the table's rows."""
     import pandas as pd
 
     rows = []
@@ -351,12 +352,14 @@ def accuracy_beside_speed(device: str = DEFAULT_DEVICE):
         if df is None:
             rows.append({"table": name, "status": "missing"})
             continue
-        for impl, d in df.groupby("impl", sort=False):
+        keys = ["impl", "dtype"] if "dtype" in df.columns else ["impl"]
+        for key, d in df.groupby([df[k].fillna("") for k in keys], sort=False):
+            impl, dtype = (key[0], key[1] or None) if len(keys) == 2 else (key[0], None)
             errs = {c: d[c].dropna().max() if c in d and d[c].notna().any() else None
                     for c in ("rel_l2_err", "max_abs_err", "cosine")}
             if "cosine" in d and d["cosine"].notna().any():
                 errs["cosine"] = d["cosine"].dropna().min()
-            rows.append({"table": name, "impl": impl, "median_us_range":
+            rows.append({"table": name, "impl": impl, "dtype": dtype, "median_us_range":
                          f"{d['median_us'].min():.1f}-{d['median_us'].max():.1f}" if d["median_us"].notna().any()
                          else None, "worst_rel_l2_err": errs["rel_l2_err"], "worst_max_abs_err": errs["max_abs_err"],
                          "worst_cosine": errs["cosine"]})
