@@ -278,6 +278,28 @@ def test_down_pdl_rule(gemm, block_m):
     assert not moe.down_pdl(p, False)
 
 
+@pytest.mark.parametrize("edge", moe.PDL_EDGES)
+def test_pdl_edges_override_the_rules(edge):
+    """plan(pdl_edges=...) forces an edge on or off over its rule (the A/B knob); run's pdl=False still wins, and
+    the other edge keeps its rule."""
+    rule = {"down": moe.down_pdl, "reduce": moe.reduce_pdl}
+    other = next(e for e in moe.PDL_EDGES if e != edge)
+    for gemm, block_m in (("wgmma", 64), ("wgmma_ws", 16)):  # down's rule: off at 64-row wgmma tiles, on at 16
+        base = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, block_m), dtype=torch.int32), _ids(4, 2), 8, 0, 4,
+                           2, block_m, gemm=gemm)
+        for value in (True, False):
+            p = moe.MoEPlan(base.workspace, base.topk_ids, 8, 0, 4, 2, block_m, gemm=gemm, pdl_edges={edge: value})
+            assert rule[edge](p, True) is value
+            assert rule[edge](p, False) is False
+            assert rule[other](p, True) == rule[other](base, True)
+
+
+def test_plan_rejects_bad_pdl_edges():
+    for bad in ({"gate_up": False}, {"down": "off"}, {"reduce": 0}):
+        with pytest.raises(ValueError, match=r"pdl_edges: expected \{edge: bool\}"):
+            moe.plan(_ids(4, 2), num_experts=8, pdl_edges=bad)
+
+
 def test_plan_default_route_is_one_cta():
     p = moe.MoEPlan(torch.zeros(moe.workspace_len(8, 8, 8), dtype=torch.int32), _ids(4, 2), 8, 0, 4, 2, 8)
     assert p.route == "one" and p.route_scratch() is None

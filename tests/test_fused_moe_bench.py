@@ -151,6 +151,51 @@ def test_gpu_fused_rows_pass_their_tolerance(scales, mode):
             assert r["pct_of_read_probe"] is None and r["experts_hit"] == 0, r
 
 
+def test_parse_ab_names_knob_and_values():
+    assert bm.parse_ab("reduce_pdl=on,off") == ("reduce_pdl", ["on", "off"])
+    assert bm.parse_ab(" gemm = auto, wgmma ,auto") == ("gemm", ["auto", "wgmma"])
+    assert bm.parse_ab("block_m=16,128") == ("block_m", ["16", "128"])
+    for bad, says in (("reduce_pdl", "KNOB=V1,V2"), ("bogus=1,2", "KNOB=V1,V2"), ("gemm=auto", "2 or more"),
+                      ("gemm=auto,cublas", "2 or more distinct values"), ("block_m=16,48", "block_m"),
+                      ("act_quant=fused,fused", "2 or more")):
+        with pytest.raises(ValueError, match=says):
+            bm.parse_ab(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_ab_rows_without_gpu_say_why():
+    rows = bm.ab_rows([4, 16], "down_pdl", ["on", "off"], experts=16, hidden=256)
+    assert [(r["batch"], r["variant"]) for r in rows] == [(4, "on"), (4, "off"), (16, "on"), (16, "off")]
+    assert all(r["median_us"] is None and r["reason"] and r["knob"] == "down_pdl" for r in rows)
+    assert all("--ab down_pdl=on,off" in r["repro"] for r in rows)
+    with pytest.raises(ValueError, match="rounds"):
+        bm.ab_rows([4], "gemm", ["auto", "wgmma"], rounds=0)
+
+
+def test_cli_ab_rows_and_bad_knob():
+    r = _cli("--batch", "4", "--ab", "reduce=narrow,wide", "--json", *SMALL)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["variant"] for x in rows] == ["narrow", "wide"] and {x["knob"] for x in rows} == {"reduce"}
+    bad = _cli("--batch", "4", "--ab", "reduce=narrow", *SMALL)
+    assert bad.returncode == 2 and "--ab reduce" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["gemm=auto,wgmma,wgmma_ws", "down_pdl=on,off", "reduce_pdl=off,on",
+                                  "reduce=narrow,wide", "act_quant=fused,prepass", "route=small,one,multi"])
+def test_gpu_ab_rows_are_bit_identical_and_timed(spec):
+    """Every knob changes timing only: each variant's output equals the first's bit for bit, and each is timed."""
+    knob, values = bm.parse_ab(spec)
+    rows = bm.ab_rows([4, 64], knob, values, iters=10, rounds=2)
+    assert len(rows) == 2 * len(values)
+    for r in rows:
+        assert r["reason"] is None and r["median_us"] > 0 and r["bit_identical"], r
+        assert len(r["rounds_us"].split()) == 2 and r["p10_us"] <= r["median_us"] <= r["p90_us"]
+    if knob == "gemm":
+        assert {r["plan"].split("/")[0] for r in rows if r["variant"] == "wgmma"} == {"wgmma"}
+
+
 @pytest.mark.gpu
 def test_gpu_stage_rows():
     rows = bm.stage_rows([64], iters=20)

@@ -258,6 +258,130 @@ def stage_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str
     return rows
 
 
+# A/B of one plan or run knob of our kernel (``hotpaths moe --ab KNOB=V1,V2``): every design decision of the
+# fused MoE is a knob measured this way, in one process, the variants alternated round by round so clock and
+# thermal drift hit each alike, outputs compared bit for bit with the first variant's. A knob sets a plan()
+# argument (gemm, route, block_m), a PDL edge over its rule (plan(pdl_edges=...): down_pdl, reduce_pdl) or an
+# environment variable read when the layer is run and captured (reduce, act_quant).
+AB_COLUMNS = ["batch", "mode", "scales", "model", "knob", "variant", "plan", "rounds_us", "bit_identical", "method",
+              "reason"]
+AB_KNOBS = {"gemm": "plan", "route": "plan", "block_m": "plan", "down_pdl": "edge", "reduce_pdl": "edge",
+            "reduce": "env", "act_quant": "env"}
+
+
+def parse_ab(spec: str) -> tuple[str, list[str]]:
+    """``"reduce_pdl=on,off"`` -> ("reduce_pdl", ["on", "off"]); raises ValueError naming the knob or value that is
+    not known (values: on/off for the PDL edges, the kernel's names for the others, tile rows for block_m)."""
+    from hotpaths.kernels import fused_moe as km
+
+    knob, sep, vals = spec.partition("=")
+    knob = knob.strip()
+    values = list(dict.fromkeys(v.strip() for v in vals.split(",") if v.strip()))
+    if knob not in AB_KNOBS or not sep:
+        raise ValueError(f"--ab: expected KNOB=V1,V2 with KNOB one of {sorted(AB_KNOBS)}, got {spec!r}")
+    allowed = {"gemm": km.GEMMS, "route": km.ROUTES, "down_pdl": ("on", "off"), "reduce_pdl": ("on", "off"),
+               "reduce": tuple(km.REDUCES), "act_quant": km.ACT_QUANTS,
+               "block_m": tuple(str(b) for b in sorted(set(km.BLOCK_MS) | set(km.WGMMA_BLOCK_MS)))}[knob]
+    bad = [v for v in values if v not in allowed]
+    if bad or len(values) < 2:
+        raise ValueError(f"--ab {knob}: expected 2 or more distinct values from {list(allowed)}, got {vals!r}")
+    return knob, values
+
+
+def ab_rows(batches, knob: str, values, *, model: str = "hy3", mode: str = "tp8ep1", scales: str = "pertensor",
+            experts=None, topk=None, hidden=None, inter=None, seed: int = 0, iters: int = 100,
+            rounds: int = 3) -> list[dict]:
+    """One row per (batch, value of ``knob``): median_us = the median over ``rounds`` alternated rounds of each
+    round's median, rounds_us the rounds, ``plan`` the GEMM path and tile rows the plan ran, ``bit_identical``
+    whether its output equals the first value's (every knob here changes timing only). The first value's row also
+    has vs_<value> = that value's median / its own. Without SM90 one row per value with the reason and no timing.
+    Columns: tables.COLUMNS + batch, mode, scales, model, knob, variant, plan, rounds_us, bit_identical, reason."""
+    import contextlib
+    import statistics
+
+    import torch
+
+    from hotpaths.harness import bench as hb
+    from hotpaths.harness.env import device_tag
+    from hotpaths.harness.runs import run_id
+    from hotpaths.harness.tables import COLUMNS
+    from hotpaths.reference import fused_moe as fm
+
+    if rounds < 1:
+        raise ValueError(f"rounds: expected >= 1, got {rounds}")
+    knob, values = parse_ab(f"{knob}={','.join(values)}")
+    km, why = kernel_module()
+    tag, rid = device_tag(), run_id()
+    over = dict(experts=experts, topk=topk, hidden=hidden, inter=inter)
+    env_var = {"reduce": "HOTPATHS_MOE_REDUCE", "act_quant": "HOTPATHS_MOE_ACT_QUANT"}.get(knob)
+
+    @contextlib.contextmanager
+    def knob_env(v):
+        if env_var is None:
+            yield
+            return
+        old = os.environ.get(env_var)
+        os.environ[env_var] = v
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(env_var, None)
+            else:
+                os.environ[env_var] = old
+
+    rows = []
+    for b in batches:
+        base = dict.fromkeys(COLUMNS + AB_COLUMNS)
+        base.update({"op": OP, "case": f"{model}_{mode}_{scales}_b{b}", "impl": "fused", "dtype": f"fp8_{scales}",
+                     "device": tag, "run_id": rid, "batch": b, "mode": mode, "scales": scales, "model": model,
+                     "knob": knob, "repro": _repro(model, mode, scales, b, "fused", over) + f" --ab {knob}="
+                     + ",".join(values)})
+        if km is None:
+            rows += [dict(base, variant=v, reason=why) for v in values]
+            continue
+        inputs = fm.make_moe_inputs(b, model=model, mode=mode, scales=scales, seed=seed + b, device="cuda", **over)
+        kw = {k: inputs[k] for k in ("scales", "w13_scale", "w2_scale", "a1_scale", "a2_scale", "shared_out")}
+        fns, outs, plans = {}, {}, {}
+        for v in values:
+            pkw = {}
+            if AB_KNOBS[knob] == "plan":
+                pkw[knob] = int(v) if knob == "block_m" else v
+            elif AB_KNOBS[knob] == "edge":
+                pkw["pdl_edges"] = {knob[:-len("_pdl")]: v == "on"}
+            p = km.plan(inputs["topk_ids"], num_experts=inputs["num_experts"], expert_offset=inputs["expert_offset"],
+                        experts_total=inputs["experts_total"], scales=inputs["scales"], **pkw)
+            buf = torch.full((b, inputs["hidden"]), float("nan"), dtype=torch.bfloat16, device="cuda")
+
+            def fn(p=p, buf=buf, inp=inputs):
+                return km.run(p, inp["x"], inp["w13"], inp["w2"], inp["topk_weights"], out=buf, **kw)
+            with knob_env(v):
+                outs[v] = fn().clone()
+            torch.cuda.synchronize()
+            fns[v], plans[v] = fn, f"{p.gemm}/bm{p.block_m}"
+        times = {v: [] for v in values}
+        for _ in range(rounds):
+            for v in values:
+                with knob_env(v):  # read while the graph is captured: the replays keep that launch
+                    times[v].append(hb.bench(fns[v], iters=iters).median_us)
+        first = values[0]
+        batch_rows = []
+        for v in values:
+            med = statistics.median(times[v])
+            batch_rows.append(dict(base, variant=v, plan=plans[v], median_us=med, p10_us=min(times[v]),
+                                   p90_us=max(times[v]), rounds_us=" ".join(f"{t:.2f}" for t in times[v]),
+                                   bit_identical=bool(torch.equal(outs[v].view(torch.int16),
+                                                                  outs[first].view(torch.int16))),
+                                   method=f"graph(events in graph)+cold_l2(write), {rounds} alternated rounds, "
+                                          f"median of round medians (p10/p90: fastest/slowest round)"))
+        for r in batch_rows[1:]:
+            batch_rows[0][f"vs_{r['variant']}"] = r["median_us"] / batch_rows[0]["median_us"]
+        rows += batch_rows
+        del inputs, fns, outs
+        torch.cuda.empty_cache()
+    return rows
+
+
 # Nsight Compute of one layer: the child builds the inputs and the plan as stage_rows does (plan.update launches the
 # route kernels), then runs the layer once; ncu profiles every launch of our kernels (their mangled names start with
 # the hp_moe namespace; torch's own reduce_kernel does not match), each alone after ncu's cache flush.
@@ -438,12 +562,15 @@ def register(subparsers) -> None:
                    "small shape unless given); prints dispatch / compute / combine per batch (tokens per rank) "
                    "beside the single-GPU layer; exits 2 with fewer than N GPUs. Ignores --mode, --rank, --impl")
     p.add_argument("--stages", action="store_true", help="SM90: also print the stage breakdown of our kernel")
+    p.add_argument("--ab", default=None, metavar="KNOB=V1,V2",
+                   help=f"A/B one knob of our kernel instead of the impls: {', '.join(AB_KNOBS)} (e.g. "
+                   "reduce_pdl=on,off, gemm=auto,wgmma); the values alternated over --rounds in one process, "
+                   "outputs compared bit for bit with the first value's. Ignores --impl and --stages")
+    p.add_argument("--rounds", type=int, default=3, help="alternated rounds of --ab (default 3)")
     p.add_argument("--check", action="store_true", help="exit with status 1 if a checked row is outside its tolerance")
 
 
 def _run(args) -> int:
-    from hotpaths.harness import tables
-
     if args.ep is not None:
         from hotpaths.bench.fused_moe_ep import run_ep
 
@@ -454,12 +581,25 @@ def _run(args) -> int:
     if args.iters < 1:
         raise ValueError(f"--iters: expected >= 1, got {args.iters}")
     over = dict(experts=args.experts, topk=args.topk, hidden=args.hidden, inter=args.inter)
+    if args.ab is not None:
+        knob, values = parse_ab(args.ab)
+        rows = ab_rows(args.batch, knob, values, model=args.model, mode=args.mode, scales=args.scales,
+                       seed=args.seed, iters=args.iters, rounds=args.rounds, **over)
+        return _emit(rows, args)
     rows = moe_rows(args.batch, model=args.model, mode=args.mode, scales=args.scales, impls=impls, seed=args.seed,
                     iters=args.iters, rank=args.rank, **over)
     if args.stages:
         for impl in [i for i in impls if i in FUSED_GEMM] or ["fused"]:
             rows += stage_rows(args.batch, model=args.model, mode=args.mode, scales=args.scales, seed=args.seed,
                                iters=args.iters, impl=impl, **over)
+    return _emit(rows, args)
+
+
+def _emit(rows, args) -> int:
+    """Save (--save), print (--json or the text table) and the exit status (--check: 1 if a checked row failed,
+    or an --ab variant's output was not bit-identical to the first's)."""
+    from hotpaths.harness import tables
+
     if args.save:
         tables.save(rows, args.save)
     try:
@@ -471,10 +611,11 @@ def _run(args) -> int:
     except BrokenPipeError:  # `| head`: stop quietly, and keep the interpreter's final flush from complaining
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    bad = [r for r in rows if r.get("passed") is False]
+    bad = [r for r in rows if r.get("passed") is False or r.get("bit_identical") is False]
     if args.check and bad:
-        print(f"hotpaths moe: {len(bad)} row(s) outside tolerance: " + ", ".join(f"{r['case']}/{r['impl']}"
-                                                                            for r in bad), file=sys.stderr)
+        print(f"hotpaths moe: {len(bad)} row(s) outside tolerance or not bit-identical: "
+              + ", ".join(f"{r['case']}/{r['impl']}" + (f"/{r['knob']}={r['variant']}" if r.get("knob") else "")
+                          for r in bad), file=sys.stderr)
         return 1
     return 0
 
@@ -484,7 +625,8 @@ def _print_table(rows) -> None:
         return "-".rjust(int(spec.split(".")[0])) if v is None else format(v, spec)
     print(f"{'batch':>6} {'impl':<34} {'median_us':>10} {'%probe':>7} {'hit':>4} {'cosine':>9} {'max_rel':>8}  note")
     for r in rows:
-        name = r["impl"] + (f"[{r['stage']}]" if r.get("stage") else "")
+        name = r["impl"] + (f"[{r['stage']}]" if r.get("stage") else "") + (
+            f"[{r['knob']}={r['variant']} {r.get('plan') or ''}".rstrip() + "]" if r.get("knob") else "")
         note = r.get("reason") or ""
         print(f"{r['batch']:>6} {name:<34} {f(r.get('median_us'), '10.2f')} {f(r.get('pct_of_read_probe'), '7.1f')} "
               f"{r.get('experts_hit', '-')!s:>4} {f(r.get('cosine'), '9.6f')} {f(r.get('max_rel_err'), '8.4f')}  "

@@ -93,6 +93,7 @@ ROUTE_MULTI_MIN_PAIRS = 4096
 ROUTE_SMALL_MAX_PAIRS = 1024
 ROUTE_SMALL_AUTO_PAIRS = 512
 REDUCES = {"auto": 0, "narrow": 1, "wide": 2}  # hp_moe_reduce's variant argument
+PDL_EDGES = ("down", "reduce")  # launches whose PDL edge a rule decides (down_pdl, reduce_pdl): plan(pdl_edges=...)
 REDUCE_ENV = "HOTPATHS_MOE_REDUCE"
 # Per-tensor on the wgmma paths the gate-up epilogue writes aq (e4m3(act / a2_scale)) beside act, so the down GEMM's
 # activation pre-pass is not launched when run() runs both GEMMs ("fused"); "prepass" keeps the separate pass (A/B).
@@ -370,7 +371,10 @@ def down_pdl(p: "MoEPlan", pdl: bool) -> bool:
     """Whether the down GEMM launches dependent on the gate-up (PDL). Not at 64-row wgmma tiles: there the
     early start of the down grid costs more than the overlap gains (H200, Hy3 TP8, the down launch alone without
     PDL: per-tensor 4096 563.5 -> 544.5 us, block-wise 631.8 -> 620.0, ws 1024 215.0 -> 211.6; at 128-row tiles
-    it loses, 16384 1925.6 -> 1972.0, and at 16-row tiles it is level)."""
+    it loses, 16384 1925.6 -> 1972.0, and at 16-row tiles it is level). ``plan(pdl_edges={"down": ...})``
+    overrides the rule (never PDL when run's pdl is False)."""
+    if "down" in p.pdl_edges:
+        return pdl and p.pdl_edges["down"]
     return pdl and not (p.gemm in WGMMA_GEMMS and p.block_m == 64)
 
 
@@ -378,8 +382,9 @@ def reduce_pdl(p: "MoEPlan", pdl: bool) -> bool:
     """Whether the reduce launches dependent on the down GEMM (PDL): on every plan today. On an H100 the reduce
     without PDL was faster only after a cp.async (wgmma) down GEMM at 128-row tiles (Hy3 per-tensor 16384 2070.7 ->
     2060.5 us, block-wise 2048 413.7 -> 404.6, 16384 2312.2 -> 2299.3) and level elsewhere; this is the one place
-    a per-plan rule would go once the H200 the tables are measured on agrees."""
-    return pdl
+    a per-plan rule would go once the H200 the tables are measured on agrees. ``plan(pdl_edges={"reduce": ...})``
+    overrides it (never PDL when run's pdl is False)."""
+    return pdl and p.pdl_edges.get("reduce", True)
 
 
 def reduce_variant() -> int:
@@ -405,6 +410,7 @@ class MoEPlan(PlanSize):
     block_m: int
     gemm: str = "mma"  # GEMM path (GEMMS): mma / mma_tma (expert_gemm.cu), wgmma / wgmma_ws (expert_wgmma.cu)
     route: str = "one"  # route path (ROUTES less auto): small (decode sizes), one (one CTA), multi (many CTAs)
+    pdl_edges: dict = field(default_factory=dict)  # PDL_EDGES -> bool: overrides of down_pdl / reduce_pdl
     _bufs: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -549,7 +555,8 @@ def _validate_ids(topk_ids, num_experts, *, device=None, check_device=True) -> N
 
 def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, max_tokens: int | None = None,
          block_m: int | None = None, pdl: bool = True, gemm: str | None = None, route: str | None = None,
-         experts_total: int | None = None, scales: str | None = None) -> MoEPlan:
+         experts_total: int | None = None, scales: str | None = None,
+         pdl_edges: dict[str, bool] | None = None) -> MoEPlan:
     """Allocate the routing workspace once and launch the route kernel (no host sync).
 
     Shape/Dtype: topk_ids int32 [T, K], contiguous, CUDA; global expert ids, -1 or any id outside
@@ -563,11 +570,17 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
     experts_total, ``plan_shape``); the workspace still holds every pair, so a rank that gets more than its share
     runs more tiles, never a wrong result. scales: the FP8 format the runs on this plan will use ("pertensor" /
     "block"; None: not known), a hint for the auto GEMM path's threshold (``resolve_gemm``); a plan runs either
-    format whatever it was told.
+    format whatever it was told. pdl_edges: {edge: bool} for edges of ``PDL_EDGES``, overriding the rule that
+    decides that launch's PDL edge (``down_pdl``, ``reduce_pdl``) in every run on the plan: the knob of A/B
+    measurements (``hotpaths moe --ab down_pdl=on,off``); the results are the same bits either way.
     Raises TypeError / ValueError on bad input, ResourceError if the workspace does not fit, RuntimeError
     without an SM90 GPU.
     """
     _validate_ids(topk_ids, num_experts, check_device=False)
+    edges = dict(pdl_edges or {})
+    bad = [e for e in edges if e not in PDL_EDGES]
+    if bad or not all(isinstance(v, bool) for v in edges.values()):
+        raise ValueError(f"pdl_edges: expected {{edge: bool}} with edges from {PDL_EDGES}, got {pdl_edges!r}")
     t, k = (int(s) for s in topk_ids.shape)
     if not isinstance(expert_offset, int) or expert_offset < 0:
         raise ValueError(f"expert_offset: expected an int >= 0, got {expert_offset!r}")
@@ -586,7 +599,7 @@ def plan(topk_ids: torch.Tensor, *, num_experts: int, expert_offset: int = 0, ma
     _fits(f"fused_moe plan (E={num_experts}, max_tokens={max_tokens}, K={k})", 4 * n, topk_ids.device)
     _require_sm90(topk_ids.device)
     ws = torch.empty(n, dtype=torch.int32, device=topk_ids.device)
-    p = MoEPlan(ws, topk_ids, num_experts, expert_offset, max_tokens, k, block_m, gemm, route)
+    p = MoEPlan(ws, topk_ids, num_experts, expert_offset, max_tokens, k, block_m, gemm, route, edges)
     p._route(pdl)
     return p
 
