@@ -258,9 +258,9 @@ def stage_rows(batches, *, model: str = "hy3", mode: str = "tp8ep1", scales: str
     return rows
 
 
-# A/B of one plan or run knob of our kernel (``hotpaths moe --ab KNOB=V1,V2``): every design decision of the
-# fused MoE is a knob measured this way, in one process, the variants alternated round by round so clock and
-# thermal drift hit each alike, outputs compared bit for bit with the first variant's. A knob sets a plan()
+# A/B of one plan or run knob of our kernel (``hotpaths moe --ab KNOB=V1,V2``): a choice among the kernel's own
+# options is measured in one process, the variants alternated round by round so clock and thermal drift hit
+# each alike, outputs compared bit for bit with the first variant's. A knob sets a plan()
 # argument (gemm, route, block_m), a PDL edge over its rule (plan(pdl_edges=...): down_pdl, reduce_pdl) or an
 # environment variable read when the layer is run and captured (reduce, act_quant).
 AB_COLUMNS = ["batch", "mode", "scales", "model", "knob", "variant", "plan", "rounds_us", "bit_identical", "method",
@@ -313,7 +313,9 @@ def ab_rows(batches, knob: str, values, *, model: str = "hy3", mode: str = "tp8e
     km, why = kernel_module()
     tag, rid = device_tag(), run_id()
     over = dict(experts=experts, topk=topk, hidden=hidden, inter=inter)
-    env_var = {"reduce": "HOTPATHS_MOE_REDUCE", "act_quant": "HOTPATHS_MOE_ACT_QUANT"}.get(knob)
+    from hotpaths.kernels import fused_moe as kmod  # the names only: imports without a GPU
+
+    env_var = {"reduce": kmod.REDUCE_ENV, "act_quant": kmod.ACT_QUANT_ENV}.get(knob)
 
     @contextlib.contextmanager
     def knob_env(v):

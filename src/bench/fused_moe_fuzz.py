@@ -241,7 +241,7 @@ def stage_errors(inp: dict, plan, st: dict, act, aq, asc, ybuf, out) -> dict:
     m["down_rel_l2"], m["down_cosine"] = _errors(ybuf[vp], yk[vp])
     yk[vp] = ybuf[vp]  # the kernel's ybuf on the placed pairs, zeros elsewhere: what the combine reads
     red = fm.weighted_reduce(yk, inp["topk_ids"], inp["topk_weights"], inp["expert_offset"], inp["num_experts"],
-                              inp["shared_out"])
+                             inp["shared_out"])
     m["reduce_bits"] = int((red.view(torch.int16) != out.view(torch.int16)).sum())
     m["e2e_rel_l2"], m["e2e_cosine"] = _errors(out, st["out"])
     m["out_nan"] = int(torch.isnan(out.float()).sum())
