@@ -197,16 +197,10 @@ def _down_from(aq8: torch.Tensor, a_sc: torch.Tensor, inp: dict, plan, scales: s
     """The contract's down GEMM on given FP8 activations (by sorted position [nvalid, I]): ybuf bf16 [T*K, H] by
     pair, rows of pairs not placed 0."""
     fm = _ref()
-    nv = plan.num_valid
-    sp = torch.from_numpy(plan.sorted_pairs[:nv].astype(np.int64))
-    offs = plan.expert_offsets.astype(np.int64)
+    sp = torch.from_numpy(plan.sorted_pairs[:plan.num_valid].astype(np.int64))
+    y = fm.grouped_scaled_gemm(aq8, a_sc, inp["w2"], inp["w2_scale"], scales, plan.expert_counts)
     ybuf = torch.zeros(inp["topk_ids"].numel(), inp["hidden"], dtype=torch.bfloat16)
-    for e in range(inp["num_experts"]):
-        lo, hi = int(offs[e]), int(offs[e + 1])
-        if hi > lo:
-            s = a_sc if scales == "pertensor" else a_sc[lo:hi]
-            y = fm.scaled_gemm(aq8[lo:hi], s, inp["w2"][e].double(), inp["w2_scale"][e], scales)
-            ybuf[sp[lo:hi]] = y.to(torch.bfloat16)
+    ybuf[sp] = y.to(torch.bfloat16)
     return ybuf
 
 

@@ -206,8 +206,7 @@ def moe_vs_published(device: str = DEFAULT_DEVICE, *, mode: str = "tp8_ep1"):
     rows = []
     for s, b in groups:
         d = df[df["batch"] == b] if s is None else df[(df["batch"] == b) & (df["scales"] == s)]
-        row = {"scales": s, "batch": int(b), "device": device} if s is not None else {"batch": int(b),
-                                                                                       "device": device}
+        row = ({} if s is None else {"scales": s}) | {"batch": int(b), "device": device}
         for impl in dict.fromkeys(d["impl"]):
             us = _us(d, impl)
             if us is not None:

@@ -564,6 +564,25 @@ def scaled_gemm(a8: torch.Tensor, a_scale: torch.Tensor, w8: torch.Tensor, w_sca
     return acc
 
 
+def grouped_scaled_gemm(a8: torch.Tensor, a_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
+                        scales: str, counts) -> torch.Tensor:
+    """``scaled_gemm`` per expert over an expert-contiguous activation buffer (the grouped GEMM of the unfused
+    pipeline, and the down GEMM the fuzzer runs on the kernel's aq): rows ``[start, start + counts[e])`` of a8 use
+    expert e's weights, in expert order.
+    Shapes: a8 [P, K] (FP8 values, sorted by expert); a_scale an FP32 scalar (pertensor) or [P, ceil(K/128)]
+    (block); w8 [E, N, K]; w_scale [E] or [E, ceil(N/128), ceil(K/128)]; counts E ints summing to P. Returns FP32
+    [P, N]."""
+    out = torch.zeros(a8.shape[0], w8.shape[1], dtype=torch.float32, device=a8.device)
+    start = 0
+    for ex, n in enumerate(int(c) for c in counts):
+        if n:
+            sl = slice(start, start + n)
+            out[sl] = scaled_gemm(a8[sl], a_scale if scales == "pertensor" else a_scale[sl], w8[ex], w_scale[ex],
+                                  scales)
+            start += n
+    return out
+
+
 def silu_mul(h: torch.Tensor, inter: int) -> torch.Tensor:
     """bf16(silu(g) * u) from h = [g | u] FP32 [R, 2I] (SiLU in FP32)."""
     g, u = h[:, :inter], h[:, inter:]
@@ -722,30 +741,14 @@ def fused_moe_unfused(x, topk_ids, topk_weights, w13, w2, *, scales: str, w13_sc
         xq_all, xs_all = quant_groups(x)
     gathered = xq_all[pairs // k]                                  # materialized gather [P, H]
     gs = xs_all if scales == "pertensor" else xs_all[pairs // k]
-    hbuf = torch.zeros(len(pairs), 2 * i, dtype=torch.float32, device=x.device)
-    start = 0
-    for ex in range(d.experts):
-        n = int(counts[ex])
-        if n:
-            sl = slice(start, start + n)
-            hbuf[sl] = scaled_gemm(gathered[sl], gs if scales == "pertensor" else gs[sl], w13[ex],
-                                    w13_scale[ex], scales)
-            start += n
+    hbuf = grouped_scaled_gemm(gathered, gs, w13, w13_scale, scales, counts)
     act = silu_mul(hbuf, i)
     if scales == "pertensor":
         aq, asc = quant_fp8(act, a2_scale.float().reshape(())), a2_scale.float()
     else:
         aq, asc = (quant_groups(act) if len(pairs)
                    else (act.to(FP8_DTYPE), torch.zeros(0, cdiv(i, BLOCK), device=x.device)))
-    ysorted = torch.zeros(len(pairs), h, dtype=torch.bfloat16, device=x.device)
-    start = 0
-    for ex in range(d.experts):
-        n = int(counts[ex])
-        if n:
-            sl = slice(start, start + n)
-            ysorted[sl] = scaled_gemm(aq[sl], asc if scales == "pertensor" else asc[sl], w2[ex], w2_scale[ex],
-                                       scales).to(torch.bfloat16)
-            start += n
+    ysorted = grouped_scaled_gemm(aq, asc, w2, w2_scale, scales, counts).to(torch.bfloat16)
     ybuf = torch.zeros(d.tokens * k, h, dtype=torch.bfloat16, device=x.device)
     ybuf[pairs] = ysorted                                          # scatter back to pair order
     out = weighted_reduce(ybuf, topk_ids, topk_weights, expert_offset, d.experts, shared_out)
